@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# bench/gpu_check.sh — the GPU CI of lossfuse, run on the device machine in one call:
+# build, GPU test suite, compute-sanitizer (memcheck + racecheck) on the small cases, benchmarks
+# against PyTorch (eager, torch.compile) in the same run, then a short table last.
+#   bench/gpu_check.sh [build] [test] [sanitize] [bench] [peers]     (default: all of them)
+# Logs and the table/chart go to $OUT (or ./gpu_out).
+set -u -o pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu_out}
+mkdir -p "$OUT"
+stages=${*:-build test sanitize bench peers}
+has() { [[ " $stages " == *" $1 "* ]]; }
+B=build-gpu
+summary=()
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
+
+if has build; then
+  t0=$(date +%s)
+  if [ ! -d "$B" ]; then meson setup "$B" -Dgpu_archs=90 --buildtype=release >"$OUT/setup.log" 2>&1 || { tail -30 "$OUT/setup.log"; exit 1; }; fi
+  ninja -C "$B" >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+  summary+=("build: ok ($(( $(date +%s) - t0 )) s)")
+fi
+if has test; then
+  meson test -C "$B" --no-rebuild --print-errorlogs >"$OUT/test.log" 2>&1
+  grep -E "^ *[0-9]+/[0-9]+ " "$OUT/test.log"
+  cp "$B/meson-logs/testlog.txt" "$OUT/testlog.txt" 2>/dev/null
+  grep -E "^(ok|FAIL) |FAIL \[|test_ce_gpu:" "$B/meson-logs/testlog.txt" | grep -v "^ok " | tail -40
+  summary+=("tests: $(grep -E '^(Ok|Fail|Skipped|Timeout):' "$OUT/test.log" | tr -s ' ' | tr '\n' ' ')")
+fi
+if has sanitize; then
+  for tool in memcheck racecheck; do
+    compute-sanitizer --tool $tool --error-exitcode 9 "$B/tests/test_ce_gpu" --small >"$OUT/$tool.log" 2>&1
+    rc=$?
+    summary+=("compute-sanitizer $tool (test_ce_gpu --small): rc=$rc, $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$tool.log" | tail -1), $(grep 'test_ce_gpu:' "$OUT/$tool.log" | tail -1)")
+  done
+fi
+if has bench; then
+  "$B/bench/bench_ce" --variants ${BENCH_ARGS:-} | tee "$OUT/bench.log"
+fi
+if has peers; then
+  PYTHONUNBUFFERED=1 python3 bench/torch_peers.py ${PEERS_ARGS:-} 2>"$OUT/peers.err" | tee -a "$OUT/bench.log"
+  tail -5 "$OUT/peers.err"
+fi
+if has bench || has peers; then
+  python3 bench/report.py "$OUT/bench.log" --md "$OUT/results_table.md" --png "$OUT/results.png" >/dev/null 2>"$OUT/report.err" || tail "$OUT/report.err"
+fi
+echo "================ summary ($(head -1 "$OUT/device.txt"))"
+for s in "${summary[@]}"; do echo "$s"; done
+[ -f "$OUT/results_table.md" ] && cat "$OUT/results_table.md"
+exit 0

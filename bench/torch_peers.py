@@ -1,0 +1,452 @@
+#!/usr/bin/env python3
+"""PyTorch peers for the lossfuse benchmark: the same ops, the same shapes, the same output format.
+
+Run (on a GPU machine, from the repository root):
+
+    python3 bench/torch_peers.py                                   # everything (several minutes)
+    python3 bench/torch_peers.py --shapes 4096x32768 --iters 20 \
+        --impls eager_bf16,eager_fp32,compile --modes fwdbwd,fwd | tee bench/torch_peers.log
+    python3 bench/report.py bench/torch_peers.log cuda_bench.log \
+        --md bench/results_table.md --png bench/results.png
+
+What it measures, for each shape [N, V] (bf16 logits, int64 labels, ~5% ignore_index=-100):
+
+  mode=fwdbwd  cross-entropy, mean over the non-ignored tokens, forward + loss.backward(); the
+               gradient w.r.t. the bf16 logits leaf (a new bf16 [N, V] buffer: PyTorch cannot
+               write it in place over the logits).
+                 torch_eager_bf16  F.cross_entropy(logits, labels)           (bf16 math in ATen)
+                 torch_eager_fp32  F.cross_entropy(logits.float(), labels)
+                 torch_compile     torch.compile(<the fp32 one>, dynamic=False), mode default
+  mode=fwd     forward only, under torch.no_grad(): per-token label log-prob (0 for ignored
+               tokens), lse, entropy and argmax.
+                 torch_eager_fp32  x = logits.float(); lse = logsumexp(x); lp = log_softmax(x);
+                                   logprob = lp.gather(labels.clamp(min=0)); entropy =
+                                   -(lp.exp() * lp).sum(-1); argmax = logits.argmax(-1)
+                                   (x is dropped before the entropy, which keeps the peak
+                                   memory at ~3 fp32 copies of the logits instead of 4)
+                 torch_eager_bf16  the same on the bf16 logits (bf16 intermediates, the entropy
+                                   summed in fp32): the least traffic eager can do, lower accuracy
+                 torch_compile     torch.compile(<the fp32 one>, dynamic=False)
+
+Timing: CUDA events around ONLY the op (fwdbwd: forward + backward; logits.grad = None before
+each iteration, outside the timed region). Before each timed iteration a 256 MiB scratch buffer
+is written (untimed) to flush L2, then the events are recorded around the op and the device is
+synchronised after it; launch overheads of eager's several kernels are therefore included, as
+a user would see them (part of the first launch hides behind the flush). 3 warm-up iterations
+(compile: compilation + 5), then --iters timed ones; the MEDIAN is reported.
+
+Extra device memory: after warm-up, with the inputs alive and logits.grad = None, the peak stats
+are reset, baseline = memory_allocated(), one iteration runs, extra = max_memory_allocated() -
+baseline. For fwdbwd it includes the bf16 gradient buffer (N*V*2 bytes): fair, PyTorch has to
+allocate it.
+
+bytes= in the output is the FLOOR traffic of the op: fwdbwd N*V*4 (read bf16 logits once,
+write the bf16 gradient once), fwd N*V*2 (read once). GB/s = bytes / time, so the figure is
+an "effective" bandwidth comparable with the device-to-device copy bandwidth measured at the
+start (COPY line: dst.copy_(src) of 2 GiB, median of 10, bandwidth = 2 * bytes / time).
+
+Output (stdout, one line per measurement, key=value, no spaces inside values):
+    DEVICE name=NVIDIA_H100_80GB_HBM3
+    COPY impl=torch gbps=2950.1 bytes=2147483648
+    RESULT impl=torch_eager_bf16 mode=fwdbwd N=4096 V=32768 dtype=bf16 ms=1.2340 bytes=536870912 extra_bytes=123456 status=ok
+status is ok, OOM (ms=nan) or ERROR (ms=nan, an ERROR line with the message precedes it).
+INFO / NOTE / WARNING lines are human-readable context; report.py ignores them.
+
+--device cpu exists only to smoke-test this script's logic without a GPU (wall-clock timer, no
+memory stats, no L2 flush); its numbers mean nothing.
+"""
+import argparse
+import gc
+import logging
+import math
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+DEFAULT_SHAPES = [(n, v) for n in (4096, 16384) for v in (32768, 131072, 151936, 262144)]
+ALL_IMPLS = ["eager_bf16", "eager_fp32", "compile"]
+ALL_MODES = ["fwdbwd", "fwd"]
+IMPL_NAME = {"eager_bf16": "torch_eager_bf16", "eager_fp32": "torch_eager_fp32",
+             "compile": "torch_compile"}
+IGNORE_INDEX = -100
+FLUSH_BYTES = 256 << 20
+COPY_BYTES = 2 << 30
+
+
+def out(line):
+    print(line, flush=True)
+
+
+# --------------------------------------------------------------------------------------------
+# The ops
+# --------------------------------------------------------------------------------------------
+def ce_bf16(logits, labels):
+    return F.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX)
+
+
+def ce_fp32(logits, labels):
+    return F.cross_entropy(logits.float(), labels, ignore_index=IGNORE_INDEX)
+
+
+def stats_fp32(logits, labels):
+    x = logits.float()
+    lse = torch.logsumexp(x, dim=-1)
+    lp = torch.log_softmax(x, dim=-1)
+    del x  # eager: frees the fp32 copy before the entropy's temporaries (no-op for compile)
+    valid = labels != IGNORE_INDEX
+    logprob = lp.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    logprob = torch.where(valid, logprob, torch.zeros_like(logprob))
+    entropy = -(lp.exp() * lp).sum(dim=-1)
+    argmax = logits.argmax(dim=-1)
+    return logprob, lse, entropy, argmax
+
+
+def stats_bf16(logits, labels):
+    lse = torch.logsumexp(logits, dim=-1)              # bf16 output
+    lp = torch.log_softmax(logits, dim=-1)             # bf16 [N, V]
+    valid = labels != IGNORE_INDEX
+    logprob = lp.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    logprob = torch.where(valid, logprob, torch.zeros_like(logprob))
+    entropy = -(lp.exp() * lp).sum(dim=-1, dtype=torch.float32)
+    argmax = logits.argmax(dim=-1)
+    return logprob, lse, entropy, argmax
+
+
+# --------------------------------------------------------------------------------------------
+# Device helpers (CUDA; a CPU fallback only for smoke tests)
+# --------------------------------------------------------------------------------------------
+class Dev:
+    def __init__(self, kind):
+        self.kind = kind
+        self.cuda = kind == "cuda"
+        self.device = torch.device(kind)
+        self.scratch = None
+        self.flush_count = 0
+
+    def sync(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def make_scratch(self):
+        if self.cuda and self.scratch is None:
+            self.scratch = torch.empty(FLUSH_BYTES // 4, dtype=torch.float32, device=self.device)
+
+    def flush_l2(self):
+        if self.scratch is not None:
+            self.flush_count += 1
+            self.scratch.fill_(float(self.flush_count & 0xFFFF))
+
+    def time_once(self, op):
+        """ms of one call of op(), device-timed; flushes L2 before (untimed)."""
+        self.flush_l2()
+        if self.cuda:
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            op()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end)
+        t0 = time.perf_counter()
+        op()
+        return (time.perf_counter() - t0) * 1e3
+
+    def reset_peak(self):
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats()
+
+    def allocated(self):
+        return torch.cuda.memory_allocated() if self.cuda else 0
+
+    def peak(self):
+        return torch.cuda.max_memory_allocated() if self.cuda else 0
+
+    def free(self):
+        gc.collect()
+        if self.cuda:
+            torch.cuda.empty_cache()
+
+
+def is_oom(exc):
+    """True when exc, or any exception it chains to (compile wraps errors), is an OOM."""
+    seen = set()
+    e = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, torch.cuda.OutOfMemoryError):
+            return True
+        msg = str(e)
+        if "out of memory" in msg.lower() or "CUDA_ERROR_OUT_OF_MEMORY" in msg:
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def one_line(s, limit=300):
+    s = " ".join(str(s).split())
+    return s if len(s) <= limit else s[:limit] + "..."
+
+
+# --------------------------------------------------------------------------------------------
+# torch.compile bookkeeping
+# --------------------------------------------------------------------------------------------
+class LimitWatcher(logging.Handler):
+    """Catches dynamo's 'hit config.recompile_limit / cache_size_limit' warning."""
+
+    def __init__(self):
+        super().__init__(level=logging.WARNING)
+        self.hits = []
+
+    def emit(self, record):
+        try:
+            msg = record.getMessage()
+        except Exception:  # noqa: BLE001
+            return
+        if "recompile_limit" in msg or "cache_size_limit" in msg:
+            self.hits.append(one_line(msg, 200))
+
+
+def setup_dynamo():
+    import torch._dynamo
+    cfg = torch._dynamo.config
+    for name, val in (("cache_size_limit", 64), ("recompile_limit", 64),
+                      ("accumulated_cache_size_limit", 1024),
+                      ("accumulated_recompile_limit", 1024)):
+        if hasattr(cfg, name):
+            try:
+                setattr(cfg, name, val)
+            except Exception:  # noqa: BLE001
+                pass
+    watcher = LimitWatcher()
+    logging.getLogger("torch._dynamo").addHandler(watcher)
+    return watcher
+
+
+# --------------------------------------------------------------------------------------------
+# Measurements
+# --------------------------------------------------------------------------------------------
+def make_data(dev, n, v, seed):
+    torch.manual_seed(seed)
+    logits = torch.randn(n, v, dtype=torch.bfloat16, device=dev.device)
+    logits.mul_(2.0)
+    n_out = max(1, (n * v) // 10000)  # 0.01% outliers at +-30
+    idx = torch.randint(0, n * v, (n_out,), device=dev.device)
+    sign = torch.randint(0, 2, (n_out,), device=dev.device).to(torch.bfloat16).mul_(60.0).sub_(30.0)
+    logits.view(-1)[idx] = sign
+    labels = torch.randint(0, v, (n,), dtype=torch.int64, device=dev.device)
+    ignore = torch.rand(n, device=dev.device) < 0.05
+    labels[ignore] = IGNORE_INDEX
+    logits.requires_grad_(True)
+    dev.sync()
+    return logits, labels
+
+
+def build_op(impl, mode, logits, labels):
+    """Returns (op, warmup_iters). op() runs one forward(+backward) and keeps nothing alive."""
+    if mode == "fwdbwd":
+        if impl == "eager_bf16":
+            fn = ce_bf16
+        elif impl == "eager_fp32":
+            fn = ce_fp32
+        else:
+            fn = torch.compile(ce_fp32, dynamic=False)
+
+        def op():
+            loss = fn(logits, labels)
+            loss.backward()
+    else:
+        if impl == "eager_bf16":
+            fn = stats_bf16
+        elif impl == "eager_fp32":
+            fn = stats_fp32
+        else:
+            fn = torch.compile(stats_fp32, dynamic=False)
+
+        def op():
+            with torch.no_grad():
+                fn(logits, labels)
+    return op, (6 if impl == "compile" else 3)
+
+
+def measure(dev, impl, mode, logits, labels, iters):
+    """Returns (median_ms, extra_bytes, compile_s or None)."""
+    op, warmup = build_op(impl, mode, logits, labels)
+    compile_s = None
+    for i in range(warmup):
+        logits.grad = None
+        dev.sync()
+        t0 = time.perf_counter()
+        op()
+        dev.sync()
+        if i == 0 and impl == "compile":
+            compile_s = time.perf_counter() - t0
+
+    times = []
+    for _ in range(iters):
+        logits.grad = None
+        dev.sync()
+        times.append(dev.time_once(op))
+
+    # extra device memory of one call
+    logits.grad = None
+    dev.sync()
+    dev.reset_peak()
+    base = dev.allocated()
+    op()
+    dev.sync()
+    extra = max(0, dev.peak() - base)
+    logits.grad = None
+    return statistics.median(times), extra, compile_s
+
+
+def result_line(impl, mode, n, v, ms, extra, status):
+    floor = n * v * (4 if mode == "fwdbwd" else 2)
+    ms_s = "nan" if ms is None or (isinstance(ms, float) and math.isnan(ms)) else f"{ms:.4f}"
+    ex_s = "nan" if extra is None else str(int(extra))
+    return (f"RESULT impl={IMPL_NAME[impl]} mode={mode} N={n} V={v} dtype=bf16 ms={ms_s} "
+            f"bytes={floor} extra_bytes={ex_s} status={status}")
+
+
+def copy_bandwidth(dev, reps=10):
+    src = torch.empty(COPY_BYTES, dtype=torch.uint8, device=dev.device)
+    dst = torch.empty_like(src)
+    src.fill_(1)
+    for _ in range(2):
+        dst.copy_(src)
+    dev.sync()
+    times = []
+    for _ in range(reps):
+        if dev.cuda:
+            s = torch.cuda.Event(enable_timing=True)
+            e = torch.cuda.Event(enable_timing=True)
+            s.record()
+            dst.copy_(src)
+            e.record()
+            e.synchronize()
+            times.append(s.elapsed_time(e))
+        else:
+            t0 = time.perf_counter()
+            dst.copy_(src)
+            times.append((time.perf_counter() - t0) * 1e3)
+    ms = statistics.median(times)
+    del src, dst
+    dev.free()
+    return 2.0 * COPY_BYTES / (ms * 1e-3) / 1e9
+
+
+def parse_shapes(s):
+    shapes = []
+    for tok in s.split(","):
+        tok = tok.strip().lower()
+        if not tok:
+            continue
+        a, b = tok.split("x")
+        shapes.append((int(a), int(b)))
+    return shapes
+
+
+def parse_list(s, allowed, what):
+    items = [t.strip() for t in s.split(",") if t.strip()]
+    bad = [t for t in items if t not in allowed]
+    if bad:
+        sys.exit(f"unknown {what}: {','.join(bad)} (choose from {','.join(allowed)})")
+    return items
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default=",".join(f"{n}x{v}" for n, v in DEFAULT_SHAPES),
+                    help="comma-separated NxV list")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--impls", default=",".join(ALL_IMPLS))
+    ap.add_argument("--modes", default=",".join(ALL_MODES))
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-copy", action="store_true", help="skip the copy-bandwidth measurement")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
+                    help="cpu: smoke test of the script only, meaningless numbers")
+    args = ap.parse_args()
+
+    shapes = parse_shapes(args.shapes)
+    impls = parse_list(args.impls, ALL_IMPLS, "impls")
+    modes = parse_list(args.modes, ALL_MODES, "modes")
+    if args.iters < 1:
+        sys.exit("--iters must be >= 1")
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("CUDA is not available (use --device cpu only for a smoke test)")
+    dev = Dev(args.device)
+
+    name = torch.cuda.get_device_name() if dev.cuda else "cpu"
+    out(f"DEVICE name={'_'.join(name.split())}")
+    out(f"INFO torch={torch.__version__} cuda={torch.version.cuda} iters={args.iters} "
+        f"impls={','.join(impls)} modes={','.join(modes)} "
+        f"shapes={','.join(f'{n}x{v}' for n, v in shapes)}")
+    if "eager_bf16" in impls and "fwd" in modes:
+        out("NOTE torch_eager_bf16 mode=fwd computes log_softmax/logsumexp in bf16 "
+            "(bf16 intermediates, entropy summed in fp32): fastest eager, lower accuracy")
+
+    watcher = setup_dynamo() if "compile" in impls else None
+
+    if not args.no_copy:
+        try:
+            gbps = copy_bandwidth(dev)
+            out(f"COPY impl=torch gbps={gbps:.1f} bytes={COPY_BYTES}")
+        except Exception as e:  # noqa: BLE001
+            out(f"WARNING copy bandwidth failed: {one_line(e)}")
+        dev.free()
+
+    dev.make_scratch()
+    t_start = time.perf_counter()
+    for (n, v) in shapes:
+        data_err = None
+        logits = labels = None
+        try:
+            logits, labels = make_data(dev, n, v, args.seed)
+        except Exception as e:  # noqa: BLE001
+            data_err = "OOM" if is_oom(e) else "ERROR"
+            if data_err == "ERROR":
+                out(f"ERROR making data N={n} V={v}: {one_line(e)}")
+        if data_err is not None:
+            logits = labels = None
+            dev.free()
+            for mode in modes:
+                for impl in impls:
+                    out(result_line(impl, mode, n, v, float("nan"), None, data_err))
+            continue
+
+        for mode in modes:
+            for impl in impls:
+                status, ms, extra, compile_s, err = "ok", float("nan"), None, None, None
+                if impl == "compile":
+                    torch._dynamo.reset()  # compile once per shape, fresh cache
+                    hits_before = len(watcher.hits)
+                try:
+                    ms, extra, compile_s = measure(dev, impl, mode, logits, labels, args.iters)
+                except Exception as e:  # noqa: BLE001
+                    status = "OOM" if is_oom(e) else "ERROR"
+                    err = one_line(e)
+                    ms, extra = float("nan"), None
+                # the exception (and the frames holding big temporaries) is gone here
+                logits.grad = None
+                dev.free()
+                if status == "ERROR":
+                    out(f"ERROR impl={IMPL_NAME[impl]} mode={mode} N={n} V={v}: {err}")
+                if impl == "compile":
+                    for h in watcher.hits[hits_before:]:
+                        out(f"WARNING impl=torch_compile mode={mode} N={n} V={v} dynamo "
+                            f"recompile limit hit, may have fallen back to eager: {h}")
+                    if compile_s is not None:
+                        out(f"INFO impl=torch_compile mode={mode} N={n} V={v} "
+                            f"first_call_s={compile_s:.1f}")
+                out(result_line(impl, mode, n, v, ms, extra, status))
+        del logits, labels
+        dev.free()
+    out(f"INFO done elapsed_s={time.perf_counter() - t_start:.1f}")
+
+
+if __name__ == "__main__":
+    main()

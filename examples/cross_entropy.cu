@@ -1,0 +1,799 @@
+/* examples/cross_entropy.cu — a fused cross-entropy built only from lossfuse's two headers.
+ *
+ * Build and run (from the repository root; meson does the same, see README.md):
+ *     nvcc -O3 -std=c++17 -arch=sm_90 -I. examples/cross_entropy.cu -o cross_entropy
+ *     ./cross_entropy [N=4096] [V=32768] [bf16|fp16|fp32]
+ *
+ * What it does
+ *   Forward + backward in ONE launch: each row of logits is read from HBM once, its lse (and
+ *   whatever else is asked for) is reduced, and the gradient is written — in place over the
+ *   logits, or to another buffer. 4 bytes of traffic per bf16 element, the floor.
+ *   Forward only: per-token label log-prob, lse, entropy, argmax / accuracy (RL, eval), 2 B/elem.
+ *   Options: ignore_index, label smoothing, z-loss (returned separately too), tanh softcap,
+ *   logit scale (1/temperature), per-class weights, reduction none / sum / mean with the mean's
+ *   divisor a DEVICE scalar (e.g. a token count all-reduced over ranks: no host sync), an
+ *   upstream gradient (device scalar or per row) and a host gradient scale.
+ *   Logits bf16 / fp16 / fp32 with any row stride; labels int32 or int64; fp32 loss outputs.
+ *
+ * How a row is read once, whatever V is
+ *   Persistent CTAs of 256 threads (three per SM) stage rows in shared memory with cp.async: two
+ *   32 KB buffers each, so the copies of the next row are in flight while the current row is
+ *   reduced and its gradient written (each thread copies and reads back only its own 16-byte
+ *   vectors: the pipeline needs no barrier). A row larger than 32 KB is split over a thread-block
+ *   cluster of 2..16 CTAs on sm_90 (16K bf16 per CTA: 2 at V = 32K, 16 at V = 256K); the CTAs
+ *   merge their 28-byte row statistics through distributed shared memory
+ *   (lf_cluster_row_stats) and each writes the gradient of the slice it holds. Without clusters
+ *   (sm_80), or where the slice is still larger than the buffer, a CTA streams its slice in several
+ *   pieces and reads them a second time for the gradient (from L2 when they are still there):
+ *   correct for any V. Automatically clusters are capped at 4 CTAs (measured: the per-row cluster
+ *   barrier costs more than a second read from L2 beyond that; see ce_launch_kernel).
+ *
+ * Contract (as DESIGN.md)
+ *   - A label outside [0, V) that is not ignore_index adds 1 to *n_errors; that row, like an
+ *     ignored row, has loss 0, zero gradient and weight 0. All rows ignored: loss 0, grad 0.
+ *   - A NaN or +inf logit in a valid row makes that row's loss NaN and its gradient NaN.
+ *   - The batch loss is summed in a fixed order (per-row values in the workspace, summed in
+ *     double by the last CTA to finish): bit-identical run to run. No float atomics.
+ *   - No host synchronisation; CUDA-graph capturable; N = 0 launches no kernel.
+ *
+ * Sections: 1. API   2. kernels   3. launcher   4. main (make data, check, time)
+ */
+#include "lossfuse_cuda.cuh"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ============================================================================================
+ * 1. API
+ * ========================================================================================== */
+
+typedef struct ce_args {
+    /* inputs */
+    const void *logits;  /* [N, V] with row stride `stride` (elements) */
+    lf_dtype dtype;      /* of logits and grad */
+    int64_t n_rows, vocab, stride;
+    const void *labels;  /* [N] int32 or int64 */
+    int labels_i64;
+    lf_ce_opts opts;     /* class_weights, when set, is a DEVICE pointer to V floats */
+    lf_reduction reduction;
+    const float *divisor; /* device scalar for LF_REDUCE_MEAN, or NULL: sum of w_y over valid rows */
+    const float *dloss;   /* device upstream gradient: [1] for sum/mean, [N] for none; NULL = 1 */
+    float grad_scale;     /* host multiplier of the gradient (1 = plain gradient) */
+    /* outputs (device pointers) */
+    void *grad;           /* NULL: forward only; == logits: in place */
+    int64_t grad_stride;
+    float *loss;          /* [N] for none, [1] otherwise; required */
+    float *z_loss_out;    /* optional, shaped like loss: the lam*lse^2 part of it */
+    float *logprob, *lse, *entropy; /* optional [N]; 0 for ignored/bad rows */
+    int32_t *argmax;      /* optional [N]; -1 for ignored/bad rows */
+    unsigned int *n_correct; /* optional: += valid rows with argmax == label */
+    unsigned int *n_errors;  /* optional: += rows with a bad label */
+    void *workspace;      /* ce_workspace_bytes(n_rows) bytes, zeroed once before first use */
+    size_t workspace_bytes;
+    int max_cluster;      /* 0: automatic (<= 4 with a gradient, none forward only); n: at most n
+                           * CTAs per cluster (1: none); the device's limit applies either way */
+    struct ce_plan *plan; /* optional host out: the launch configuration chosen */
+} ce_args;
+
+/* What ce_launch chose (for benchmarks, tests, and the curious). */
+typedef struct ce_plan {
+    int cluster;   /* CTAs per cluster sharing a row (1: none) */
+    int pieces;    /* pieces per CTA slice; 1 = each row read from HBM once */
+    int clusters;  /* persistent clusters (or CTAs) launched */
+    int ctas;      /* CTAs launched */
+} ce_plan;
+
+/* Arguments with every option at its default: the caller sets pointers and sizes. */
+static ce_args ce_args_default(void)
+{
+    ce_args a;
+    memset(&a, 0, sizeof a);
+    a.dtype = LF_BF16;
+    a.opts = lf_ce_opts_default();
+    a.reduction = LF_REDUCE_MEAN;
+    a.grad_scale = 1.0f;
+    return a;
+}
+
+/* Workspace: a 64-byte header (completion counter, default divisor) and two floats per row.
+ * Zero it once after allocating (cudaMemsetAsync); every launch leaves the counter at zero
+ * again, so graph replays need nothing. One workspace per launch in flight. */
+typedef struct ce_ws_header {
+    unsigned long long rows_done;
+    float divisor;
+    float pad[13];
+} ce_ws_header;
+
+static size_t ce_workspace_bytes(int64_t n_rows)
+{
+    return sizeof(ce_ws_header) + 2 * sizeof(float) * (size_t)(n_rows > 0 ? n_rows : 0);
+}
+
+/* ============================================================================================
+ * 2. Kernels
+ * ========================================================================================== */
+
+#define CE_THREADS 256     /* threads per CTA; three CTAs per SM (persistent) */
+#define CE_CTAS_PER_SM 3   /* so that one CTA's reductions overlap the others' streaming */
+#define CE_PIECE_VECS 2048 /* 16-byte vectors per shared-memory buffer: 32 KB, two buffers */
+#define CE_LABEL_CACHE 512
+#define CE_AUTO_CLUSTER_MAX 4 /* see ce_launch_kernel */
+#define CE_SMEM_BYTES (2 * CE_PIECE_VECS * 16 + CE_LABEL_CACHE * 8)
+
+/* What the kernels read from the launcher: ce_args resolved to device-side values. */
+typedef struct ce_kparams {
+    const void *logits;
+    int64_t stride, n_rows, vocab;
+    const void *labels;
+    int labels_i64;
+    int64_t ignore_index;
+    const float *class_w;
+    float eps, lam;
+    lf_xform xf;
+    int reduction;
+    const float *divisor, *dloss;
+    float grad_scale;
+    void *grad;
+    int64_t grad_stride;
+    float *loss, *z_out, *logprob, *lse, *entropy;
+    int32_t *argmax;
+    unsigned int *n_correct, *n_errors;
+    ce_ws_header *ws;
+    float *ws_loss, *ws_z;
+} ce_kparams;
+
+static __device__ __forceinline__ int64_t ce_label(const ce_kparams &p, int64_t row)
+{
+    return p.labels_i64 ? ((const int64_t *)p.labels)[row] : (int64_t)((const int32_t *)p.labels)[row];
+}
+
+static __device__ __forceinline__ float ce_mean_divisor(const ce_kparams &p)
+{
+    return p.divisor ? *p.divisor : p.ws->divisor;
+}
+
+/* The default mean divisor, sum of w_y over valid rows, in a fixed order (one CTA): launched
+ * before the main kernel only for reduction mean without a caller-provided divisor. */
+__global__ void __launch_bounds__(1024) ce_divisor_kernel(const ce_kparams p)
+{
+    __shared__ double scratch[1024 / 32];
+    double acc = 0.0;
+    for (int64_t i = threadIdx.x; i < p.n_rows; i += 1024) {
+        const int64_t y = ce_label(p, i);
+        if (y != p.ignore_index && y >= 0 && y < p.vocab) acc += p.class_w ? (double)p.class_w[y] : 1.0;
+    }
+    acc = lf_block_sum_f64<1024>(acc, scratch);
+    if (threadIdx.x == 0) p.ws->divisor = (float)acc;
+}
+
+/* One job = one piece of one row for this CTA. Everything the row needs that comes from a
+ * scalar load (label, edge elements, label logit, per-row upstream gradient) is loaded when
+ * the job is *issued* — one job ahead of its use — so that latency hides behind the pieces. */
+typedef struct ce_job {
+    int64_t row, y;
+    int status;     /* 0 valid, 1 ignored, 2 bad label */
+    int k;          /* job index within the row */
+    int sbeg, send; /* this CTA's slice of the row's body vectors */
+    lf_row_span sp;
+    lf_edge edge;   /* this thread's head/tail element (rank 0) */
+    float x_y;      /* label logit (thread 0 of every CTA: read before anyone writes the row) */
+    float g;        /* upstream gradient of the row, without the mean's 1/divisor */
+} ce_job;
+
+/* The persistent fused kernel. A cluster of `nranks` CTAs (1: no cluster) takes rows cid,
+ * cid + nclusters, ...; CTA `rank` takes slice `rank` of each row, in `npieces` pieces of at
+ * most CE_PIECE_VECS vectors. With one piece (the row slice fits in one 32 KB buffer) the
+ * row is read from HBM once: statistics, cluster merge, then the gradient from shared memory.
+ * With several, the statistics stream through the buffers and the gradient pass reads the
+ * pieces again. Either way the copies of the next job are in flight while the current one is
+ * reduced and written: two 32 KB buffers, per-thread cp.async, no barrier for the pipeline, and
+ * three CTAs per SM so that one CTA's reductions and barriers overlap the others' streaming.
+ *   GRAD    : write the gradient (else forward only)
+ *   FULL    : entropy, argmax, weighted logit sums (label smoothing, stats outputs)
+ *   SOFTCAP : the tanh cap is on */
+template <typename T, bool GRAD, bool FULL, bool SOFTCAP>
+__global__ void __launch_bounds__(CE_THREADS, CE_CTAS_PER_SM) ce_kernel(const ce_kparams p, int nranks, int npieces, int nclusters)
+{
+    extern __shared__ uint4 ce_smem[]; /* [2][CE_PIECE_VECS] pieces, then the label cache */
+    __shared__ lf_row_stats red[2][CE_THREADS / 32];
+    __shared__ lf_row_stats xchg[2];
+    __shared__ double fin[CE_THREADS / 32];
+    __shared__ int is_last;
+    uint4 *const buf0 = ce_smem, *const buf1 = ce_smem + CE_PIECE_VECS;
+    int64_t *const ycache = reinterpret_cast<int64_t *>(ce_smem + 2 * CE_PIECE_VECS);
+
+    const int rank = (int)(blockIdx.x % nranks); /* the cluster spans consecutive x: = cluster rank */
+    const int64_t cid = blockIdx.x / nranks, N = p.n_rows, V = p.vocab;
+    const int64_t my_rows = cid < N ? (N - 1 - cid) / nclusters + 1 : 0;
+    const bool resident = npieces == 1;
+    const int J = resident ? 1 : (GRAD ? 2 * npieces : npieces);
+    const int64_t njobs = my_rows * J;
+    float inv_div = 1.0f;
+    if (GRAD && p.reduction == LF_REDUCE_MEAN) {
+        const float d = ce_mean_divisor(p);
+        inv_div = d == 0.0f ? 0.0f : 1.0f / d;
+    }
+
+    /* Job jj of this CTA; k > 0 continues the row of `prev`. Called by all threads alike. */
+    auto start_job = [&](int64_t jj, const ce_job &prev) -> ce_job {
+        const int64_t lr = jj / J;
+        ce_job j = prev;
+        j.k = (int)(jj % J);
+        if (j.k > 0) return j;
+        if (lr % CE_LABEL_CACHE == 0) { /* labels of the next CE_LABEL_CACHE rows, one parallel load */
+            __syncthreads();
+            for (int64_t i = threadIdx.x; i < CE_LABEL_CACHE && lr + i < my_rows; i += CE_THREADS)
+                ycache[i] = ce_label(p, cid + (lr + i) * nclusters);
+            __syncthreads();
+        }
+        j.row = cid + lr * nclusters;
+        j.y = ycache[lr % CE_LABEL_CACHE];
+        j.status = j.y == p.ignore_index ? 1 : (j.y < 0 || j.y >= V) ? 2 : 0;
+        if (j.status) return j;
+        const T *x = (const T *)p.logits + j.row * p.stride;
+        j.sp = lf_row_span_make(x, V);
+        lf_row_slice(j.sp, rank, nranks, &j.sbeg, &j.send);
+        j.edge.j = -1;
+        if (rank == 0) j.edge = lf_row_edge_load(x, j.sp);
+        j.x_y = threadIdx.x == 0 ? lf_elem<T>::to_f32(x[j.y]) : 0.0f;
+        j.g = GRAD ? p.grad_scale * (p.dloss ? p.dloss[p.reduction == LF_REDUCE_NONE ? j.row : 0] : 1.0f) : 0.0f;
+        return j;
+    };
+    auto piece_range = [&](const ce_job &j, int *pb, int *pe) {
+        const int piece = j.k % npieces;
+        *pb = min(j.send, j.sbeg + piece * CE_PIECE_VECS);
+        *pe = min(j.send, *pb + CE_PIECE_VECS);
+    };
+    auto issue = [&](const ce_job &j, uint4 *b) {
+        if (j.status) return;
+        int pb, pe;
+        piece_range(j, &pb, &pe);
+        lf_piece_load<CE_THREADS>(b, (const T *)p.logits + j.row * p.stride, j.sp, pb, pe);
+    };
+
+    lf_row_stats st = lf_row_stats_init();
+    lf_grad_coef coef;
+    memset(&coef, 0, sizeof coef);
+    int par = 0;
+    ce_job cur;
+    memset(&cur, 0, sizeof cur);
+    if (njobs > 0) {
+        cur = start_job(0, cur);
+        issue(cur, buf0);
+    }
+    lf_cp_async_commit();
+    for (int64_t jj = 0; jj < njobs; ++jj) {
+        uint4 *const b = (jj & 1) ? buf1 : buf0;
+        ce_job nxt = cur;
+        if (jj + 1 < njobs) {
+            nxt = start_job(jj + 1, cur);
+            issue(nxt, (jj & 1) ? buf0 : buf1); /* that buffer held job jj-1: already consumed */
+        }
+        lf_cp_async_commit();
+        lf_cp_async_wait<1>(); /* job jj's copies (this thread's) have landed */
+
+        const int64_t row = cur.row;
+        T *out = GRAD ? (T *)p.grad + row * p.grad_stride : nullptr;
+        if (cur.status) {
+            if (cur.k == 0) {
+                if (GRAD) lf_row_zero<CE_THREADS>(out, V, rank, nranks);
+                if (rank == 0 && threadIdx.x == 0) {
+                    if (cur.status == 2 && p.n_errors) atomicAdd(p.n_errors, 1u);
+                    if (p.logprob) p.logprob[row] = 0.0f;
+                    if (p.lse) p.lse[row] = 0.0f;
+                    if (p.entropy) p.entropy[row] = 0.0f;
+                    if (p.argmax) p.argmax[row] = -1;
+                    if (p.reduction == LF_REDUCE_NONE) {
+                        p.loss[row] = 0.0f;
+                        if (p.z_out) p.z_out[row] = 0.0f;
+                    } else {
+                        p.ws_loss[row] = 0.0f;
+                        p.ws_z[row] = 0.0f;
+                    }
+                }
+            }
+        } else {
+            int pb, pe;
+            piece_range(cur, &pb, &pe);
+            const int piece = cur.k % npieces;
+            bool write_now = false;
+            if (cur.k < npieces) { /* statistics pass */
+                if (piece == 0) {
+                    st = lf_row_stats_init();
+                    lf_edge_stats<FULL, SOFTCAP>(st, cur.edge, p.xf, p.class_w);
+                }
+                lf_piece_stats<CE_THREADS, T, FULL, SOFTCAP>(st, b, cur.sp, pb, pe, p.xf, p.class_w);
+                if (piece == npieces - 1) {
+                    /* the plain loss needs only (m, s): a 3-word merge instead of the 7-word one */
+                    if (FULL) st = lf_block_row_stats<CE_THREADS>(st, red[par]);
+                    else st.lse = lf_block_lse<CE_THREADS>(st.lse, reinterpret_cast<lf_lse *>(red[par]));
+                    if (nranks > 1) st = lf_cluster_row_stats(st, &xchg[par]);
+                    par ^= 1;
+                    const float lse = lf_lse_final(st.lse);
+                    const float w_y = p.class_w ? __ldg(p.class_w + cur.y) : 1.0f;
+                    const float wsum = (FULL && p.class_w) ? st.w : (float)V;
+                    if (GRAD) coef = lf_grad_coef_make(cur.g * inv_div, lse, p.eps, p.lam, w_y, wsum, V, p.xf);
+                    if (rank == 0 && threadIdx.x == 0) {
+                        const float z_y = lf_xform_apply<SOFTCAP>(cur.x_y, p.xf);
+                        /* lse - z_y as (m - z_y) + log(s): exact when the label is the max, even
+                         * at |x| ~ 1e4 */
+                        const float nll = (st.lse.m - z_y) + logf(st.lse.s);
+                        const float smooth = (FULL && p.eps > 0.0f) ? (wsum * lse - st.wz) / (float)V : 0.0f;
+                        const float zterm = p.lam * lse * lse;
+                        float loss = (1.0f - p.eps) * w_y * nll + p.eps * smooth + zterm;
+                        if (!(fabsf(lse) < LF_INF_F)) loss = NAN;
+                        if (p.logprob) p.logprob[row] = -nll;
+                        if (p.lse) p.lse[row] = lse;
+                        if (FULL && p.entropy) p.entropy[row] = lf_lse_entropy(st.lse);
+                        if (FULL && p.argmax) p.argmax[row] = st.am.i;
+                        if (FULL && p.n_correct && st.am.i == (int32_t)cur.y) atomicAdd(p.n_correct, 1u);
+                        if (p.reduction == LF_REDUCE_NONE) {
+                            p.loss[row] = loss;
+                            if (p.z_out) p.z_out[row] = zterm;
+                        } else {
+                            p.ws_loss[row] = loss;
+                            p.ws_z[row] = zterm;
+                        }
+                    }
+                    write_now = GRAD && resident;
+                }
+            } else {
+                write_now = true; /* gradient pass of a row streamed in several pieces */
+            }
+            if (GRAD && write_now) {
+                const bool vec_ok = ((uintptr_t)out & 15u) == (uintptr_t)cur.sp.phase;
+                if (piece == 0 && rank == 0) lf_edge_grad_store<FULL, SOFTCAP>(out, cur.edge, coef, p.xf, p.class_w);
+                lf_piece_grad_store<CE_THREADS, FULL, SOFTCAP>(out, vec_ok, b, cur.sp, pb, pe, coef, p.xf, p.class_w);
+                if (piece == npieces - 1 && rank == lf_row_owner_rank<T>(cur.y, cur.sp, nranks)) {
+                    __syncthreads(); /* the dense store of g_y (by whichever thread) happens before the patch */
+                    if (threadIdx.x == 0)
+                        out[cur.y] = lf_elem<T>::from_f32(lf_ce_label_grad<FULL, SOFTCAP>(cur.x_y, (int32_t)cur.y, coef, p.xf, p.class_w));
+                }
+            }
+        }
+        cur = nxt;
+    }
+    lf_cp_async_wait<0>();
+    if (nranks > 1) lf_cluster_sync(); /* no CTA leaves while another may still read its xchg */
+    if (rank != 0 || p.reduction == LF_REDUCE_NONE) return;
+
+    /* Last-cluster-done: publish this cluster's rows, then count it. The CTA that completes the
+     * count sums all rows in a fixed order, so the total never depends on timing. */
+    if (threadIdx.x == 0) {
+        __threadfence();
+        is_last = atomicAdd(&p.ws->rows_done, 1ull) == (unsigned long long)(nclusters - 1);
+    }
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    double a = 0.0, bz = 0.0;
+    for (int64_t i = threadIdx.x; i < N; i += CE_THREADS) {
+        a += (double)__ldcg(p.ws_loss + i); /* L2 reads: other SMs wrote these */
+        bz += (double)__ldcg(p.ws_z + i);
+    }
+    a = lf_block_sum_f64<CE_THREADS>(a, fin);
+    __syncthreads(); /* fin is reused below */
+    bz = lf_block_sum_f64<CE_THREADS>(bz, fin);
+    if (threadIdx.x == 0) {
+        if (p.reduction == LF_REDUCE_MEAN) {
+            const double d = (double)ce_mean_divisor(p);
+            a = d == 0.0 ? a * 0.0 : a / d; /* 0, or NaN when a row is NaN: never hidden */
+            bz = d == 0.0 ? bz * 0.0 : bz / d;
+        }
+        p.loss[0] = (float)a;
+        if (p.z_out) p.z_out[0] = (float)bz;
+        p.ws->rows_done = 0; /* ready for the next launch (or graph replay) */
+    }
+}
+
+/* ============================================================================================
+ * 3. Launcher
+ * ========================================================================================== */
+
+#define CE_CHECK(call)                                                                              \
+    do {                                                                                            \
+        cudaError_t e_ = (call);                                                                    \
+        if (e_ != cudaSuccess) {                                                                    \
+            if (cuda_err) *cuda_err = e_;                                                           \
+            return LF_ERR_DEVICE;                                                                   \
+        }                                                                                           \
+    } while (0)
+
+/* How many clusters of `c` CTAs (c = 1: CTAs) of this kernel the device runs at once; 0 if a
+ * cluster of c cannot be scheduled. */
+template <typename K>
+static int ce_active_groups(K kernel, int c)
+{
+    int dev = 0, n = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return 0;
+    if (c == 1) {
+        int sms = 0, per_sm = 0;
+        if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, CE_THREADS, CE_SMEM_BYTES) != cudaSuccess)
+            return 0;
+        return sms * per_sm;
+    }
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr = {};
+    cfg.gridDim = dim3((unsigned)c, 1, 1);
+    cfg.blockDim = dim3(CE_THREADS, 1, 1);
+    cfg.dynamicSmemBytes = CE_SMEM_BYTES;
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = (unsigned)c;
+    attr.val.clusterDim.y = 1;
+    attr.val.clusterDim.z = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+template <typename T, bool GRAD, bool FULL, bool SOFTCAP>
+static lf_status ce_launch_kernel(const ce_kparams &p, int max_cluster, ce_plan *plan, cudaStream_t stream,
+                                  cudaError_t *cuda_err)
+{
+    auto kernel = ce_kernel<T, GRAD, FULL, SOFTCAP>;
+    /* Per instantiation, once: the shared-memory opt-in, whether clusters exist, and how many
+     * groups of each cluster size fit (host-side queries only: safe under graph capture). */
+    static int ready = 0, cluster_max = 1, active[17];
+    if (!ready) {
+        int dev = 0, cc = 0;
+        CE_CHECK(cudaGetDevice(&dev));
+        CE_CHECK(cudaDeviceGetAttribute(&cc, cudaDevAttrComputeCapabilityMajor, dev));
+        CE_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, CE_SMEM_BYTES));
+        if (cc >= 9) {
+            cluster_max = 8;
+            if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) cluster_max = 16;
+            else (void)cudaGetLastError();
+        }
+        for (int c = 0; c <= 16; ++c) active[c] = c >= 1 && c <= cluster_max ? ce_active_groups(kernel, c) : 0;
+        if (active[1] == 0) return LF_ERR_DEVICE;
+        ready = 1;
+    }
+    /* Cluster size: the smallest power of two whose slices fit one 32 KB buffer (then each row is
+     * read once), capped by the caller and by what the device can schedule; past that, pieces.
+     * Automatic cap, measured on an H200 (bench_ce --clusters, 2026-11-21): the per-row cluster
+     * exchange costs more than it saves beyond 4 CTAs (V = 152K: 0.90 ms at 4, 1.35 at 8, 2.86 at
+     * 16; without clusters 0.96), and a forward-only pass, which needs no residency, is fastest
+     * without clusters at every V. */
+    const int64_t nvec_max = (p.vocab + lf_elem<T>::per_vec - 1) / lf_elem<T>::per_vec;
+    int c = 1;
+    while ((nvec_max + c - 1) / c > CE_PIECE_VECS && c < 16) c *= 2;
+    const int cap = max_cluster > 0 ? max_cluster : (GRAD ? CE_AUTO_CLUSTER_MAX : 1);
+    if (c > cap) c = cap;
+    while (c > 1 && (c > cluster_max || active[c] == 0)) --c;
+    const int64_t slice = (nvec_max + c - 1) / c;
+    const int npieces = (int)((slice + CE_PIECE_VECS - 1) / CE_PIECE_VECS);
+    const int64_t nclusters = p.n_rows < active[c] ? p.n_rows : active[c];
+    if (plan) {
+        plan->cluster = c;
+        plan->pieces = npieces;
+        plan->clusters = (int)nclusters;
+        plan->ctas = (int)(nclusters * c);
+    }
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr = {};
+    cfg.gridDim = dim3((unsigned)(nclusters * c), 1, 1);
+    cfg.blockDim = dim3(CE_THREADS, 1, 1);
+    cfg.dynamicSmemBytes = CE_SMEM_BYTES;
+    cfg.stream = stream;
+    if (c > 1) {
+        attr.id = cudaLaunchAttributeClusterDimension;
+        attr.val.clusterDim.x = (unsigned)c;
+        attr.val.clusterDim.y = 1;
+        attr.val.clusterDim.z = 1;
+        cfg.attrs = &attr;
+        cfg.numAttrs = 1;
+    }
+    CE_CHECK(cudaLaunchKernelEx(&cfg, kernel, p, c, npieces, (int)nclusters));
+    CE_CHECK(cudaGetLastError());
+    return LF_OK;
+}
+
+template <typename T>
+static lf_status ce_dispatch(const ce_kparams &p, bool grad, bool full, bool softcap, int max_cluster, ce_plan *plan,
+                             cudaStream_t s, cudaError_t *e)
+{
+    if (!grad) return softcap ? ce_launch_kernel<T, false, true, true>(p, max_cluster, plan, s, e)
+                              : ce_launch_kernel<T, false, true, false>(p, max_cluster, plan, s, e);
+    if (full) return softcap ? ce_launch_kernel<T, true, true, true>(p, max_cluster, plan, s, e)
+                             : ce_launch_kernel<T, true, true, false>(p, max_cluster, plan, s, e);
+    return softcap ? ce_launch_kernel<T, true, false, true>(p, max_cluster, plan, s, e)
+                   : ce_launch_kernel<T, true, false, false>(p, max_cluster, plan, s, e);
+}
+
+/* Validate, then launch (one kernel; two for reduction mean without a divisor). Returns LF_OK,
+ * LF_ERR_* for bad arguments (nothing launched), or LF_ERR_DEVICE with *cuda_err set. */
+static lf_status ce_launch(const ce_args *a, cudaStream_t stream, cudaError_t *cuda_err)
+{
+    if (cuda_err) *cuda_err = cudaSuccess;
+    if (!a) return LF_ERR_NULL;
+    lf_status st = lf_check_ce_opts(&a->opts);
+    if (st != LF_OK) return st;
+    if (a->n_rows < 0 || a->vocab < 1 || a->vocab > 0x7fffffff || a->stride < a->vocab) return LF_ERR_SIZE;
+    if (a->dtype != LF_F32 && a->dtype != LF_BF16 && a->dtype != LF_F16) return LF_ERR_ARG;
+    if ((int)a->reduction < 0 || (int)a->reduction > 2) return LF_ERR_ARG;
+    if (a->grad && a->grad_stride < a->vocab) return LF_ERR_SIZE;
+    if (a->grad && a->n_rows > 0) {
+        /* In place means the same rows; any other overlap of gradient and logits would race. */
+        const size_t esz = (size_t)lf_dtype_size(a->dtype);
+        const char *x0 = (const char *)a->logits, *g0 = (const char *)a->grad;
+        const char *x1 = x0 + ((size_t)(a->n_rows - 1) * a->stride + a->vocab) * esz;
+        const char *g1 = g0 + ((size_t)(a->n_rows - 1) * a->grad_stride + a->vocab) * esz;
+        const bool same = a->grad == a->logits && a->grad_stride == a->stride;
+        if (!same && g0 < x1 && x0 < g1) return LF_ERR_ARG;
+    }
+    if (a->n_rows == 0) {
+        /* nothing to launch; a reduced loss of no rows is 0 */
+        if (a->reduction != LF_REDUCE_NONE && a->loss) CE_CHECK(cudaMemsetAsync(a->loss, 0, sizeof(float), stream));
+        if (a->reduction != LF_REDUCE_NONE && a->z_loss_out) CE_CHECK(cudaMemsetAsync(a->z_loss_out, 0, sizeof(float), stream));
+        return LF_OK;
+    }
+    if (!a->logits || !a->labels || !a->loss || !a->workspace) return LF_ERR_NULL;
+    if (a->workspace_bytes < ce_workspace_bytes(a->n_rows)) return LF_ERR_SIZE;
+
+    ce_kparams p;
+    memset(&p, 0, sizeof p);
+    p.logits = a->logits;
+    p.stride = a->stride;
+    p.n_rows = a->n_rows;
+    p.vocab = a->vocab;
+    p.labels = a->labels;
+    p.labels_i64 = a->labels_i64;
+    p.ignore_index = a->opts.ignore_index;
+    p.class_w = a->opts.class_weights;
+    p.eps = a->opts.label_smoothing;
+    p.lam = a->opts.z_loss;
+    p.xf = lf_xform_make(a->opts.logit_scale, a->opts.softcap);
+    p.reduction = (int)a->reduction;
+    p.divisor = a->divisor;
+    p.dloss = a->dloss;
+    p.grad_scale = a->grad_scale;
+    p.grad = a->grad;
+    p.grad_stride = a->grad_stride;
+    p.loss = a->loss;
+    p.z_out = a->z_loss_out;
+    p.logprob = a->logprob;
+    p.lse = a->lse;
+    p.entropy = a->entropy;
+    p.argmax = a->argmax;
+    p.n_correct = a->n_correct;
+    p.n_errors = a->n_errors;
+    p.ws = (ce_ws_header *)a->workspace;
+    p.ws_loss = (float *)((char *)a->workspace + sizeof(ce_ws_header));
+    p.ws_z = p.ws_loss + a->n_rows;
+
+    if (a->reduction == LF_REDUCE_MEAN && !a->divisor) {
+        ce_divisor_kernel<<<1, 1024, 0, stream>>>(p);
+        CE_CHECK(cudaGetLastError());
+    }
+    const bool grad = a->grad != NULL;
+    const bool full = !grad || p.eps > 0.0f || a->entropy || a->argmax || a->n_correct;
+    const bool softcap = p.xf.softcap > 0.0f;
+    switch (a->dtype) {
+    case LF_F32: return ce_dispatch<float>(p, grad, full, softcap, a->max_cluster, a->plan, stream, cuda_err);
+    case LF_BF16: return ce_dispatch<__nv_bfloat16>(p, grad, full, softcap, a->max_cluster, a->plan, stream, cuda_err);
+    default: return ce_dispatch<__half>(p, grad, full, softcap, a->max_cluster, a->plan, stream, cuda_err);
+    }
+}
+
+#undef CE_CHECK
+
+/* ============================================================================================
+ * 4. main: make data with outliers, run forward-only and forward+backward, check rows against
+ *    lf_ref_ce_row, time the fused forward+backward in place.
+ * ========================================================================================== */
+#ifndef CE_NO_MAIN
+
+#define CHECK_CUDA(call)                                                                            \
+    do {                                                                                            \
+        cudaError_t e_ = (call);                                                                    \
+        if (e_ != cudaSuccess) {                                                                    \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_));  \
+            exit(1);                                                                                \
+        }                                                                                           \
+    } while (0)
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static double rng_uniform(void) /* splitmix64 -> [0, 1) */
+{
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return (double)((z ^ (z >> 31)) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+/* Logits like a language model's: a normal bulk, a few strong candidates, rare large outliers. */
+static float make_logit(void)
+{
+    double u = rng_uniform(), n = 0.0;
+    for (int k = 0; k < 4; ++k) n += rng_uniform() - 0.5;
+    if (u < 1e-4) return (float)(40.0 * (rng_uniform() - 0.3));
+    if (u < 1e-2) return (float)(8.0 + 4.0 * n);
+    return (float)(2.0 * n * 1.7);
+}
+
+static uint16_t to_half_bits(float v, lf_dtype t) { return t == LF_BF16 ? lf_f32_to_bf16(v) : lf_f32_to_f16(v); }
+static float from_half_bits(uint16_t h, lf_dtype t) { return t == LF_BF16 ? lf_bf16_to_f32(h) : lf_f16_to_f32(h); }
+
+int main(int argc, char **argv)
+{
+    int64_t N = argc > 1 ? atoll(argv[1]) : 4096;
+    int64_t V = argc > 2 ? atoll(argv[2]) : 32768;
+    lf_dtype dt = LF_BF16;
+    if (argc > 3) dt = !strcmp(argv[3], "fp32") ? LF_F32 : !strcmp(argv[3], "fp16") ? LF_F16 : LF_BF16;
+    const char *dname = dt == LF_F32 ? "fp32" : dt == LF_F16 ? "fp16" : "bf16";
+    const int esz = lf_dtype_size(dt);
+
+    lf_ce_opts o = lf_ce_opts_default();
+    o.label_smoothing = 0.1f;
+    o.z_loss = 1e-4f;
+
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+        /* Say so plainly, and still show the host reference at work. */
+        const int64_t n = 8, v = 1000;
+        float *xh = (float *)malloc(sizeof(float) * n * v);
+        int64_t *yh = (int64_t *)malloc(sizeof(int64_t) * n);
+        for (int64_t i = 0; i < n * v; ++i) xh[i] = make_logit();
+        for (int64_t i = 0; i < n; ++i) yh[i] = i == 3 ? o.ignore_index : (int64_t)(rng_uniform() * v);
+        double loss = 0.0, z = 0.0;
+        lf_status st = lf_ref_cross_entropy(n, v, xh, v, yh, &o, LF_REDUCE_MEAN, -1.0, &loss, &z, NULL, NULL);
+        printf("no CUDA device found: ran the host reference only\n");
+        printf("lf_ref_cross_entropy N=%lld V=%lld smoothing=0.1 z_loss=1e-4: status=%s mean loss=%.6f (z part %.3g)\n",
+               (long long)n, (long long)v, lf_status_str(st), loss, z);
+        free(xh);
+        free(yh);
+        return st == LF_OK ? 0 : 1;
+    }
+
+    cudaDeviceProp prop;
+    CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+    printf("device: %s (sm_%d%d)  N=%lld V=%lld %s  smoothing=0.1 z_loss=1e-4\n", prop.name, prop.major, prop.minor,
+           (long long)N, (long long)V, dname);
+
+    /* host data */
+    const size_t nel = (size_t)N * (size_t)V;
+    float *xf = (float *)malloc(nel * sizeof(float));
+    void *xh = malloc(nel * esz);
+    int64_t *yh = (int64_t *)malloc(N * sizeof(int64_t));
+    for (size_t i = 0; i < nel; ++i) {
+        float v = make_logit();
+        if (dt == LF_F32) ((float *)xh)[i] = v;
+        else v = from_half_bits(((uint16_t *)xh)[i] = to_half_bits(v, dt), dt);
+        xf[i] = v; /* the reference sees exactly what the kernel sees */
+    }
+    for (int64_t i = 0; i < N; ++i) yh[i] = rng_uniform() < 0.05 ? o.ignore_index : (int64_t)(rng_uniform() * V);
+
+    void *xd, *wsd;
+    int64_t *yd;
+    float *loss_d, *lp_d, *lse_d, *ent_d;
+    int32_t *am_d;
+    unsigned *cnt_d;
+    const size_t wsb = ce_workspace_bytes(N);
+    CHECK_CUDA(cudaMalloc(&xd, nel * esz));
+    CHECK_CUDA(cudaMalloc(&yd, N * sizeof(int64_t)));
+    CHECK_CUDA(cudaMalloc(&loss_d, N * sizeof(float)));
+    CHECK_CUDA(cudaMalloc(&lp_d, N * sizeof(float)));
+    CHECK_CUDA(cudaMalloc(&lse_d, N * sizeof(float)));
+    CHECK_CUDA(cudaMalloc(&ent_d, N * sizeof(float)));
+    CHECK_CUDA(cudaMalloc(&am_d, N * sizeof(int32_t)));
+    CHECK_CUDA(cudaMalloc(&cnt_d, 2 * sizeof(unsigned)));
+    CHECK_CUDA(cudaMalloc(&wsd, wsb));
+    CHECK_CUDA(cudaMemset(wsd, 0, wsb));
+    CHECK_CUDA(cudaMemset(cnt_d, 0, 2 * sizeof(unsigned)));
+    CHECK_CUDA(cudaMemcpy(xd, xh, nel * esz, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(yd, yh, N * sizeof(int64_t), cudaMemcpyHostToDevice));
+
+    /* forward only: per-row statistics */
+    ce_args a = ce_args_default();
+    a.logits = xd;
+    a.dtype = dt;
+    a.n_rows = N;
+    a.vocab = V;
+    a.stride = V;
+    a.labels = yd;
+    a.labels_i64 = 1;
+    a.opts = o;
+    a.reduction = LF_REDUCE_NONE;
+    a.loss = loss_d;
+    a.logprob = lp_d;
+    a.lse = lse_d;
+    a.entropy = ent_d;
+    a.argmax = am_d;
+    a.n_correct = cnt_d;
+    a.n_errors = cnt_d + 1;
+    a.workspace = wsd;
+    a.workspace_bytes = wsb;
+    cudaError_t ce;
+    lf_status st = ce_launch(&a, 0, &ce);
+    if (st != LF_OK) {
+        fprintf(stderr, "ce_launch: %s (%s)\n", lf_status_str(st), cudaGetErrorString(ce));
+        return 1;
+    }
+    CHECK_CUDA(cudaDeviceSynchronize());
+    float *lossh = (float *)malloc(N * sizeof(float)), *lph = (float *)malloc(N * sizeof(float));
+    float *entrh = (float *)malloc(N * sizeof(float));
+    CHECK_CUDA(cudaMemcpy(lossh, loss_d, N * sizeof(float), cudaMemcpyDeviceToHost));
+    CHECK_CUDA(cudaMemcpy(lph, lp_d, N * sizeof(float), cudaMemcpyDeviceToHost));
+    CHECK_CUDA(cudaMemcpy(entrh, ent_d, N * sizeof(float), cudaMemcpyDeviceToHost));
+
+    /* forward + backward in place, mean over valid tokens */
+    a.reduction = LF_REDUCE_MEAN;
+    a.logprob = a.lse = a.entropy = NULL;
+    a.argmax = NULL;
+    a.n_correct = NULL;
+    a.grad = xd;
+    a.grad_stride = V;
+    st = ce_launch(&a, 0, &ce);
+    if (st != LF_OK) {
+        fprintf(stderr, "ce_launch: %s (%s)\n", lf_status_str(st), cudaGetErrorString(ce));
+        return 1;
+    }
+    CHECK_CUDA(cudaDeviceSynchronize());
+    float mean_loss;
+    CHECK_CUDA(cudaMemcpy(&mean_loss, loss_d, sizeof(float), cudaMemcpyDeviceToHost));
+
+    /* check 16 rows (first, last, random) against the double reference */
+    double *dx = (double *)malloc(V * sizeof(double)), max_rel_loss = 0.0, max_grad_err = 0.0;
+    double wsum = 0.0;
+    for (int64_t i = 0; i < N; ++i) wsum += yh[i] != o.ignore_index ? 1.0 : 0.0;
+    /* A bf16 / fp16 gradient can differ from the exact one by its rounding, 2^-8 / 2^-11 relative;
+     * fp32 by the kernel's own arithmetic (ex2.approx, fp32 sums): 2^-17. Plus 1e-6 of the row's
+     * largest entry for the cancellation in a p_j - eps/V. Error 1.0 = exactly at tolerance. */
+    const double unit = dt == LF_BF16 ? 0x1p-8 : dt == LF_F16 ? 0x1p-11 : 0x1p-17;
+    void *grow = malloc(V * esz);
+    for (int k = 0; k < 16; ++k) {
+        int64_t i = k == 0 ? 0 : k == 1 ? N - 1 : (int64_t)(rng_uniform() * N);
+        lf_ce_row r = lf_ref_ce_row(xf + i * V, V, yh[i], &o, dx);
+        double e = fabs(lossh[i] - r.loss) / fmax(1.0, fabs(r.loss));
+        if (r.status == LF_ROW_OK) e = fmax(e, fabs(lph[i] - r.logprob) / fmax(1.0, fabs(r.logprob)));
+        max_rel_loss = fmax(max_rel_loss, e);
+        CHECK_CUDA(cudaMemcpy(grow, (char *)xd + (size_t)i * V * esz, V * esz, cudaMemcpyDeviceToHost));
+        double rowmax = 0.0;
+        for (int64_t j = 0; j < V; ++j) rowmax = fmax(rowmax, fabs(dx[j] / wsum));
+        for (int64_t j = 0; j < V; ++j) {
+            double g = dt == LF_F32 ? ((float *)grow)[j] : from_half_bits(((uint16_t *)grow)[j], dt);
+            double want = dx[j] / wsum;
+            max_grad_err = fmax(max_grad_err, fabs(g - want) / (fabs(want) * unit + 1e-6 * rowmax + 1e-30));
+        }
+    }
+
+    /* time the fused forward + backward in place (input restored before every run, untimed) */
+    void *pristine;
+    CHECK_CUDA(cudaMalloc(&pristine, nel * esz));
+    CHECK_CUDA(cudaMemcpy(pristine, xh, nel * esz, cudaMemcpyHostToDevice));
+    cudaEvent_t e0, e1;
+    CHECK_CUDA(cudaEventCreate(&e0));
+    CHECK_CUDA(cudaEventCreate(&e1));
+    float best = 1e30f;
+    for (int it = 0; it < 6; ++it) {
+        CHECK_CUDA(cudaMemcpy(xd, pristine, nel * esz, cudaMemcpyDeviceToDevice));
+        CHECK_CUDA(cudaEventRecord(e0));
+        st = ce_launch(&a, 0, &ce);
+        CHECK_CUDA(cudaEventRecord(e1));
+        CHECK_CUDA(cudaEventSynchronize(e1));
+        if (st != LF_OK) return 1;
+        float ms;
+        CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+        if (it > 0 && ms < best) best = ms;
+    }
+    unsigned cnt[2];
+    CHECK_CUDA(cudaMemcpy(cnt, cnt_d, sizeof cnt, cudaMemcpyDeviceToHost));
+
+    printf("forward only : accuracy %.4f, entropy[0] %.4f, 16 rows vs lf_ref: max rel err %.2e\n",
+           (double)cnt[0] / wsum, entrh[0], max_rel_loss);
+    printf("fwd+bwd      : mean loss %.6f, gradient vs lf_ref: max err %.3f of tolerance (%s)\n", mean_loss,
+           max_grad_err, dname);
+    printf("fwd+bwd time : %.3f ms, %.1f GB/s (read logits once + write gradient once = %d B/elem)\n", best,
+           2.0 * nel * esz / (best * 1e6), 2 * esz);
+    printf("bad labels   : %u\n", cnt[1]);
+    const int ok = max_rel_loss < 1e-5 && max_grad_err <= 1.0;
+    printf("%s\n", ok ? "OK" : "MISMATCH");
+    return ok ? 0 : 1;
+}
+#endif /* CE_NO_MAIN */

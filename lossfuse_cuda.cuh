@@ -1,0 +1,672 @@
+/* lossfuse_cuda.cuh — CUDA collectives for fused LLM-training loss kernels
+ *
+ * Version 0.1.0 (matches lossfuse.h).  Licence: MIT (see LICENSE).
+ *
+ * What this is
+ *   Device-only `static __forceinline__` building blocks that you compose inside your own
+ *   kernel: warp/block reductions of the lossfuse.h states, 16-byte vectorized row access with
+ *   misaligned heads and tails, the one-read online-softmax row pass (lse, entropy, argmax,
+ *   weighted logit sum), the cross-entropy gradient writer (in place or to another buffer),
+ *   and on sm_90 the cluster merge that lets 2..16 CTAs share one vocabulary row through
+ *   distributed shared memory so that a 256K-wide row is read from HBM exactly once.
+ *   Nothing here launches a kernel, allocates, or hides __shared__ arrays: scratch is yours.
+ *
+ * Quick start — one CTA of 256 threads per row, forward only, the row in shared memory
+ * (see examples/cross_entropy.cu for the pipelined, clustered, fused forward+backward):
+ *     __global__ void row_lse(const __nv_bfloat16 *x, int64_t V, int64_t stride, float *out) {
+ *         extern __shared__ uint4 buf[];                   // ceil(V / 8) vectors
+ *         __shared__ lf_row_stats red[256 / 32];
+ *         const __nv_bfloat16 *row = x + blockIdx.x * stride;
+ *         const lf_row_span sp = lf_row_span_make(row, V);  // head | 16-byte body | tail
+ *         const lf_xform t = lf_xform_make(1.0f, 0.0f);     // scale 1, no softcap
+ *         lf_piece_load<256>(buf, row, sp, 0, sp.nvec);     // this thread's cp.async copies
+ *         lf_cp_async_commit();
+ *         const lf_edge e = lf_row_edge_load(row, sp);      // the <= 14 unaligned elements
+ *         lf_cp_async_wait<0>();                             // own copies landed: no barrier
+ *         lf_row_stats st = lf_row_stats_init();
+ *         lf_edge_stats<false, false>(st, e, t, NULL);
+ *         lf_piece_stats<256, __nv_bfloat16, false, false>(st, buf, sp, 0, sp.nvec, t, NULL);
+ *         st = lf_block_row_stats<256>(st, red);            // same value in every thread
+ *         if (threadIdx.x == 0) out[blockIdx.x] = lf_lse_final(st.lse);
+ *     }
+ *
+ * Contents (in file order)
+ *   1. Configuration, fast exp2, element types (lf_elem<T>)
+ *   2. Warp reductions (lf_warp_*): results broadcast to all 32 lanes
+ *   3. Block reductions (lf_block_*): caller-owned scratch, results broadcast to all threads
+ *   4. Vectorized row access: lf_row_span (head / 16-byte body / tail), 16-byte loads/stores
+ *   5. Shared-memory pieces and the online-softmax row pass: cp.async, lf_row_slice,
+ *      lf_piece_load, lf_row_edge_load, lf_piece_stats, lf_edge_stats
+ *   6. Cross-entropy gradient writer: lf_grad_coef_make, lf_ce_grad_elem, lf_ce_label_grad,
+ *      lf_piece_grad_store, lf_edge_grad_store, lf_row_zero
+ *   7. Clusters (sm_90): lf_cluster_row_stats, lf_cluster_sync (= lf_cluster_arrive + _wait)
+ *
+ * Configuration macros: those of lossfuse.h (LF_HD, LF_USE_EXP2, LF_ASSERT). Nothing else.
+ *
+ * Rules kept throughout
+ *   - Every function is static; no __device__ or __constant__ variables; no hidden __shared__.
+ *   - Each collective says which threads hold its result and which barrier you owe before
+ *     reusing its scratch.
+ *   - Reductions combine in a fixed order and the merges are commutative bit for bit, so the
+ *     same launch configuration gives bit-identical results run to run.
+ *   - Element indices within a row are int32 (vocabularies < 2^31); row offsets are int64.
+ */
+#ifndef LOSSFUSE_CUDA_CUH
+#define LOSSFUSE_CUDA_CUH
+
+#include "lossfuse.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <float.h>
+
+/* ============================================================================================
+ * 1. Configuration, fast exp2, element types
+ * ========================================================================================== */
+
+/* 2^x with the MUFU.EX2 unit; flushes subnormal results to zero (harmless for probabilities:
+ * p < 2^-126 contributes nothing representable to a sum of order 1). Max relative error
+ * ~2^-22 over the range we use, well inside the 1e-5 tolerance of the examples. */
+static __device__ __forceinline__ float lf_ex2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+/* How raw logits x become the softmax's logits z: z = softcap(scale * x) (lossfuse.h §4).
+ * scale_l2e = scale * log2(e) is precomputed so that exp(z - m) is one FFMA + EX2. */
+typedef struct lf_xform {
+    float scale;
+    float softcap;   /* 0: off */
+    float inv_cap;   /* 1 / softcap, or 0 */
+    float scale_l2e; /* scale * log2(e) */
+} lf_xform;
+
+static __host__ __device__ __forceinline__ lf_xform lf_xform_make(float scale, float softcap)
+{
+    lf_xform t;
+    t.scale = scale;
+    t.softcap = softcap > 0.0f ? softcap : 0.0f;
+    t.inv_cap = softcap > 0.0f ? 1.0f / softcap : 0.0f;
+    t.scale_l2e = scale * LF_LOG2E;
+    return t;
+}
+
+/* z of a raw logit; SOFTCAP must match (t.softcap > 0) — it is a template parameter so that the
+ * common no-cap case carries no branch in the inner loops. */
+template <bool SOFTCAP>
+static __device__ __forceinline__ float lf_xform_apply(float x, const lf_xform &t)
+{
+    return SOFTCAP ? lf_softcap(x * t.scale, t.softcap) : x * t.scale;
+}
+
+/* Element types: how a 16-byte vector (uint4) unpacks to floats and packs back.
+ *   lf_elem<T>::per_vec   elements per 16 bytes (4 for float, 8 for bf16 / fp16)
+ *   lf_elem<T>::unpack    uint4 -> float[per_vec];  pack: float[per_vec] -> uint4 (RNE)
+ *   lf_elem<T>::to_f32 / from_f32  for single elements (heads, tails, label logits). */
+template <typename T> struct lf_elem;
+
+template <> struct lf_elem<float> {
+    enum { per_vec = 4 };
+    static __device__ __forceinline__ float to_f32(float v) { return v; }
+    static __device__ __forceinline__ float from_f32(float v) { return v; }
+    static __device__ __forceinline__ void unpack(const uint4 &r, float *f)
+    {
+        f[0] = __uint_as_float(r.x);
+        f[1] = __uint_as_float(r.y);
+        f[2] = __uint_as_float(r.z);
+        f[3] = __uint_as_float(r.w);
+    }
+    static __device__ __forceinline__ uint4 pack(const float *f)
+    {
+        return make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]),
+                          __float_as_uint(f[3]));
+    }
+};
+
+template <> struct lf_elem<__nv_bfloat16> {
+    enum { per_vec = 8 };
+    static __device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+    static __device__ __forceinline__ __nv_bfloat16 from_f32(float v) { return __float2bfloat16_rn(v); }
+    static __device__ __forceinline__ void unpack(const uint4 &r, float *f)
+    {
+        /* A bf16 is the top half of a float: two shifts/masks per pair, no conversion unit. */
+        const unsigned w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            f[2 * i] = __uint_as_float(w[i] << 16);
+            f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+        }
+    }
+    static __device__ __forceinline__ unsigned pack2(float a, float b)
+    {
+        __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+        return *reinterpret_cast<unsigned *>(&h);
+    }
+    static __device__ __forceinline__ uint4 pack(const float *f)
+    {
+        return make_uint4(pack2(f[0], f[1]), pack2(f[2], f[3]), pack2(f[4], f[5]), pack2(f[6], f[7]));
+    }
+};
+
+template <> struct lf_elem<__half> {
+    enum { per_vec = 8 };
+    static __device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
+    static __device__ __forceinline__ __half from_f32(float v) { return __float2half_rn(v); }
+    static __device__ __forceinline__ void unpack(const uint4 &r, float *f)
+    {
+        const unsigned w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            __half2 h = *reinterpret_cast<const __half2 *>(&w[i]);
+            float2 v = __half22float2(h);
+            f[2 * i] = v.x;
+            f[2 * i + 1] = v.y;
+        }
+    }
+    static __device__ __forceinline__ unsigned pack2(float a, float b)
+    {
+        __half2 h = __floats2half2_rn(a, b);
+        return *reinterpret_cast<unsigned *>(&h);
+    }
+    static __device__ __forceinline__ uint4 pack(const float *f)
+    {
+        return make_uint4(pack2(f[0], f[1]), pack2(f[2], f[3]), pack2(f[4], f[5]), pack2(f[6], f[7]));
+    }
+};
+
+/* ============================================================================================
+ * 2. Warp reductions
+ *    Usage:  float s = lf_warp_sum_f32(v);           // every lane of a full warp gets the sum
+ *    All 32 lanes must call (full mask). The xor butterfly with a commutative combine leaves
+ *    the bit-identical value in every lane, so no broadcast is needed afterwards.
+ * ========================================================================================== */
+
+static __device__ __forceinline__ float lf_impl_shfl(float v, int o) { return __shfl_xor_sync(0xffffffffu, v, o); }
+static __device__ __forceinline__ double lf_impl_shfl(double v, int o) { return __shfl_xor_sync(0xffffffffu, v, o); }
+static __device__ __forceinline__ int32_t lf_impl_shfl(int32_t v, int o) { return __shfl_xor_sync(0xffffffffu, v, o); }
+static __device__ __forceinline__ lf_lse lf_impl_shfl(lf_lse v, int o)
+{
+    v.m = lf_impl_shfl(v.m, o);
+    v.s = lf_impl_shfl(v.s, o);
+    v.u = lf_impl_shfl(v.u, o);
+    return v;
+}
+static __device__ __forceinline__ lf_argmax lf_impl_shfl(lf_argmax v, int o)
+{
+    v.v = lf_impl_shfl(v.v, o);
+    v.i = lf_impl_shfl(v.i, o);
+    return v;
+}
+static __device__ __forceinline__ lf_row_stats lf_impl_shfl(lf_row_stats v, int o)
+{
+    v.lse = lf_impl_shfl(v.lse, o);
+    v.am = lf_impl_shfl(v.am, o);
+    v.wz = lf_impl_shfl(v.wz, o);
+    v.w = lf_impl_shfl(v.w, o);
+    return v;
+}
+
+/* Combine functors: internal, so that one butterfly and one block pattern serve every type. */
+struct lf_impl_op_sum {
+    template <typename X> __device__ __forceinline__ X operator()(X a, X b) const { return a + b; }
+};
+struct lf_impl_op_max {
+    __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+struct lf_impl_op_lse {
+    __device__ __forceinline__ lf_lse operator()(lf_lse a, lf_lse b) const { return lf_lse_merge(a, b); }
+};
+struct lf_impl_op_argmax {
+    __device__ __forceinline__ lf_argmax operator()(lf_argmax a, lf_argmax b) const { return lf_argmax_merge(a, b); }
+};
+struct lf_impl_op_stats {
+    __device__ __forceinline__ lf_row_stats operator()(lf_row_stats a, lf_row_stats b) const
+    {
+        return lf_row_stats_merge(a, b);
+    }
+};
+
+template <typename S, typename Op>
+static __device__ __forceinline__ S lf_impl_warp_allreduce(S v, Op op)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = op(v, lf_impl_shfl(v, o));
+    return v;
+}
+
+static __device__ __forceinline__ float lf_warp_sum_f32(float v) { return lf_impl_warp_allreduce(v, lf_impl_op_sum()); }
+static __device__ __forceinline__ double lf_warp_sum_f64(double v) { return lf_impl_warp_allreduce(v, lf_impl_op_sum()); }
+/* fmaxf semantics: NaN inputs are ignored unless every lane holds NaN. */
+static __device__ __forceinline__ float lf_warp_max_f32(float v) { return lf_impl_warp_allreduce(v, lf_impl_op_max()); }
+static __device__ __forceinline__ lf_lse lf_warp_lse(lf_lse v) { return lf_impl_warp_allreduce(v, lf_impl_op_lse()); }
+static __device__ __forceinline__ lf_argmax lf_warp_argmax(lf_argmax v) { return lf_impl_warp_allreduce(v, lf_impl_op_argmax()); }
+static __device__ __forceinline__ lf_row_stats lf_warp_row_stats(lf_row_stats v)
+{
+    return lf_impl_warp_allreduce(v, lf_impl_op_stats());
+}
+
+/* ============================================================================================
+ * 3. Block reductions
+ *    Usage:
+ *        __shared__ float scratch[THREADS / 32];
+ *        float total = lf_block_sum_f32<THREADS>(v, scratch);   // every thread gets the sum
+ *    THREADS = blockDim.x, a multiple of 32 (checked at compile time), at most 1024.
+ *    Scratch holds THREADS/32 values of the reduced type. The call contains one __syncthreads;
+ *    before the same scratch is passed to another call, the caller owes one more __syncthreads
+ *    (a thread may still be reading it). Every thread reads the warp partials in the same order,
+ *    so every thread holds the bit-identical result.
+ * ========================================================================================== */
+
+template <int THREADS, typename S, typename Op>
+static __device__ __forceinline__ S lf_impl_block_allreduce(S v, S *scratch, Op op)
+{
+    static_assert(THREADS % 32 == 0 && THREADS >= 32 && THREADS <= 1024, "THREADS: multiple of 32 in [32, 1024]");
+    v = lf_impl_warp_allreduce(v, op);
+    if (THREADS == 32) return v;
+    if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = v;
+    __syncthreads();
+    S r = scratch[0];
+#pragma unroll
+    for (int w = 1; w < THREADS / 32; ++w) r = op(r, scratch[w]);
+    return r;
+}
+
+template <int THREADS> static __device__ __forceinline__ float lf_block_sum_f32(float v, float *scratch)
+{
+    return lf_impl_block_allreduce<THREADS>(v, scratch, lf_impl_op_sum());
+}
+template <int THREADS> static __device__ __forceinline__ double lf_block_sum_f64(double v, double *scratch)
+{
+    return lf_impl_block_allreduce<THREADS>(v, scratch, lf_impl_op_sum());
+}
+template <int THREADS> static __device__ __forceinline__ float lf_block_max_f32(float v, float *scratch)
+{
+    return lf_impl_block_allreduce<THREADS>(v, scratch, lf_impl_op_max());
+}
+template <int THREADS> static __device__ __forceinline__ lf_lse lf_block_lse(lf_lse v, lf_lse *scratch)
+{
+    return lf_impl_block_allreduce<THREADS>(v, scratch, lf_impl_op_lse());
+}
+template <int THREADS>
+static __device__ __forceinline__ lf_row_stats lf_block_row_stats(lf_row_stats v, lf_row_stats *scratch)
+{
+    return lf_impl_block_allreduce<THREADS>(v, scratch, lf_impl_op_stats());
+}
+
+/* ============================================================================================
+ * 4. Vectorized row access
+ *    A row of V elements starting at any element-aligned address splits into
+ *        head: elements before the first 16-byte boundary (< per_vec of them),
+ *        body: nvec whole 16-byte vectors,
+ *        tail: the elements after the last whole vector (< per_vec).
+ *    So V not a multiple of 8 and rows of a strided view (stride not a multiple of 8) still get
+ *    16-byte loads for all but at most 2*(per_vec-1) elements per row.
+ * ========================================================================================== */
+
+typedef struct lf_row_span {
+    int32_t head;  /* scalar elements before the body */
+    int32_t tail;  /* scalar elements after the body */
+    int32_t nvec;  /* 16-byte vectors in the body (V < 2^31, so in-row indices are 32-bit) */
+    int32_t phase; /* row address mod 16: two rows with equal phase vectorize identically */
+} lf_row_span;
+
+template <typename T>
+static __device__ __forceinline__ lf_row_span lf_row_span_make(const T *row, int64_t V)
+{
+    const int pv = lf_elem<T>::per_vec;
+    lf_row_span sp;
+    sp.phase = (int32_t)((uintptr_t)row & 15u);
+    int64_t head = (int64_t)(((16 - sp.phase) & 15) / (int)sizeof(T));
+    if (head > V) head = V;
+    sp.head = (int32_t)head;
+    sp.nvec = (int32_t)((V - head) / pv);
+    sp.tail = (int32_t)(V - head - sp.nvec * pv);
+    return sp;
+}
+
+/* 16-byte store of data nobody reads in this kernel (streaming, evict-first). */
+static __device__ __forceinline__ void lf_st16(uint4 *p, uint4 v) { __stcs(p, v); }
+
+/* ============================================================================================
+ * 5. Shared-memory pieces and the online-softmax row pass
+ *
+ *    A piece is a range [vbeg, vend) of a row's 16-byte body vectors staged in shared memory.
+ *    Thread t owns vectors vbeg + t + k*THREADS, stored at buf[t + k*THREADS] (consecutive
+ *    threads, consecutive 16 bytes: coalesced in global memory, conflict-free in shared). The
+ *    owner copies them in with cp.async and is the only thread that reads them back, so
+ *    cp.async.wait_group — per thread — is all the synchronisation a piece needs.
+ *    Why shared memory and not registers: a kernel can then issue the copies of the NEXT piece
+ *    (or row) before it computes on the current one, keeping HBM busy while it reduces and
+ *    writes; and a row that is cached in shared memory is read from HBM once even when its
+ *    gradient can only be written after a reduction over the whole row.
+ *    Rows too large for one CTA's shared memory are split over the CTAs of a cluster
+ *    (lf_row_slice) or streamed in several pieces.
+ * ========================================================================================== */
+
+/* 16-byte asynchronous copy global -> shared (sm_80+), cached in L2 only (.cg): the data is
+ * streamed, L1 would only be polluted. Completion: lf_cp_async_commit closes a group of this
+ * thread's copies; lf_cp_async_wait<N> waits until at most N of its groups are in flight. */
+static __device__ __forceinline__ void lf_cp_async16(void *smem, const void *gmem)
+{
+    const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+static __device__ __forceinline__ void lf_cp_async_commit(void) { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> static __device__ __forceinline__ void lf_cp_async_wait(void)
+{
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+/* The share of a row's body that CTA `rank` of `nranks` (a cluster) takes: vectors
+ * [*beg, *end), contiguous, equal to within one vector. */
+static __device__ __forceinline__ void lf_row_slice(const lf_row_span &sp, int rank, int nranks, int *beg, int *end)
+{
+    const int per = (sp.nvec + nranks - 1) / nranks;
+    *beg = min(sp.nvec, rank * per);
+    *end = min(sp.nvec, *beg + per);
+}
+
+/* Which rank holds element y (rank 0 for head and tail elements). */
+template <typename T>
+static __device__ __forceinline__ int lf_row_owner_rank(int64_t y, const lf_row_span &sp, int nranks)
+{
+    const int64_t body_end = sp.head + (int64_t)sp.nvec * lf_elem<T>::per_vec;
+    if (y < sp.head || y >= body_end) return 0;
+    const int per = (sp.nvec + nranks - 1) / nranks;
+    return (int)(((y - sp.head) / lf_elem<T>::per_vec) / per);
+}
+
+/* Issue this thread's copies of body vectors [vbeg, vend) of `row` into `buf` (no commit). */
+template <int THREADS, typename T>
+static __device__ __forceinline__ void lf_piece_load(uint4 *buf, const T *row, const lf_row_span &sp, int vbeg, int vend)
+{
+    const uint4 *body = reinterpret_cast<const uint4 *>(row + sp.head);
+    for (int v = vbeg + (int)threadIdx.x; v < vend; v += THREADS) lf_cp_async16(buf + (v - vbeg), body + v);
+}
+
+/* The head/tail elements that do not fill a 16-byte vector: thread i < 8 takes head element i,
+ * thread 8 + i tail element i (j = -1: none). Load them early — e.g. with the piece copies — and
+ * the latency of these scalar loads hides behind the piece's. */
+typedef struct lf_edge {
+    float x;
+    int32_t j;
+} lf_edge;
+
+template <typename T>
+static __device__ __forceinline__ lf_edge lf_row_edge_load(const T *row, const lf_row_span &sp)
+{
+    lf_edge e;
+    const int i = (int)threadIdx.x;
+    e.j = -1;
+    e.x = 0.0f;
+    if (i < sp.head) e.j = i;
+    else if (i >= 8 && i - 8 < sp.tail) e.j = sp.head + sp.nvec * lf_elem<T>::per_vec + (i - 8);
+    if (e.j >= 0) e.x = lf_elem<T>::to_f32(row[e.j]);
+    return e;
+}
+
+/* Statistics of this thread's vectors of a piece, pushed into st (its partial of the row).
+ *   FULL = false: only the lse state's m and s (what the cross-entropy loss and gradient need).
+ *   FULL = true : also entropy (u), argmax of x, and sum_j w_j z_j, sum_j w_j with w_j from
+ *                 class_w; without class weights only sum_j z_j (st.w is left alone: W = V).
+ * Two sweeps over the thread's vectors: the max first, so the running sum is rescaled once per
+ * piece instead of once per element; then exp(z - m) as one FFMA + EX2 per element,
+ * exp2(x * scale*log2e - m*log2e). All terms share the one rounded shift m*log2e, so the
+ * rounding of that product cancels in lse = m + log(s) up to ~1 ulp of m. No barrier. */
+template <int THREADS, typename T, bool FULL, bool SOFTCAP>
+static __device__ __forceinline__ void lf_piece_stats(lf_row_stats &st, const uint4 *buf, const lf_row_span &sp,
+                                                      int vbeg, int vend, const lf_xform &t, const float *class_w)
+{
+    const int PV = lf_elem<T>::per_vec;
+    float xmax = -LF_INF_F;
+    lf_argmax am = lf_argmax_init(); /* this piece's: indices rise along the sweep, so ">" keeps the first */
+#pragma unroll 4
+    for (int v = vbeg + (int)threadIdx.x; v < vend; v += THREADS) {
+        float x[PV];
+        lf_elem<T>::unpack(buf[v - vbeg], x);
+#pragma unroll
+        for (int e = 0; e < PV; ++e) {
+            xmax = fmaxf(xmax, x[e]);
+            /* NaN beats every number and the first NaN stays (lf_argmax's rule, inlined cheaply) */
+            if (FULL && (x[e] > am.v || am.i < 0 || (x[e] != x[e] && am.v == am.v))) {
+                am.v = x[e];
+                am.i = sp.head + v * PV + e;
+            }
+        }
+    }
+    if (FULL) st.am = lf_argmax_merge(st.am, am);
+    /* z is increasing in x (scale > 0, tanh increasing), so max z = z(max x). */
+    const float m_new = fmaxf(st.lse.m, lf_xform_apply<SOFTCAP>(xmax, t));
+    lf_impl_lse_rescale(st.lse.m, m_new, &st.lse.s, &st.lse.u);
+    st.lse.m = m_new;
+    const float shift = (m_new == -LF_INF_F) ? 0.0f : m_new;
+    const float shift_l2e = shift * LF_LOG2E;
+    float s0 = 0.0f, s1 = 0.0f; /* two chains halve the FADD dependency latency */
+#pragma unroll 4
+    for (int v = vbeg + (int)threadIdx.x; v < vend; v += THREADS) {
+        float x[PV];
+        lf_elem<T>::unpack(buf[v - vbeg], x);
+#pragma unroll
+        for (int e = 0; e < PV; ++e) {
+            const float z = lf_xform_apply<SOFTCAP>(x[e], t);
+            const float p = lf_ex2(SOFTCAP ? fmaf(z, LF_LOG2E, -shift_l2e) : fmaf(x[e], t.scale_l2e, -shift_l2e));
+            if (e & 1) s1 += p;
+            else s0 += p;
+            if (FULL) {
+                st.lse.u = fmaf(p, fmaxf(z - shift, -FLT_MAX), st.lse.u);
+                if (class_w) {
+                    const float w = __ldg(class_w + (sp.head + v * PV + e));
+                    st.wz += (w != 0.0f) ? w * z : 0.0f;
+                    st.w += w;
+                } else {
+                    st.wz += z; /* st.w is not counted without weights: W = V */
+                }
+            }
+        }
+    }
+    st.lse.s += s0 + s1;
+}
+
+/* Push this thread's edge element (if any) into st. */
+template <bool FULL, bool SOFTCAP>
+static __device__ __forceinline__ void lf_edge_stats(lf_row_stats &st, const lf_edge &e, const lf_xform &t,
+                                                     const float *class_w)
+{
+    if (e.j < 0) return;
+    const float z = lf_xform_apply<SOFTCAP>(e.x, t);
+    if (FULL) {
+        lf_row_stats_push(&st, e.x, z, class_w ? __ldg(class_w + e.j) : 1.0f, e.j);
+        if (!class_w) st.w -= 1.0f; /* as lf_piece_stats: W is not counted without weights */
+    } else {
+        lf_lse_push(&st.lse, z);
+    }
+}
+
+/* ============================================================================================
+ * 6. Cross-entropy gradient writer
+ *    With p_j = exp(z_j - lse), the gradient of the (scaled) cross-entropy family is
+ *        g_j = dz_j/dx_j * (a p_j - e w_j)          for j != y
+ *        g_y = dz_y/dx_y * (a p_y - e w_y - b)
+ *    where lf_grad_coef_make folds the upstream scale, label smoothing, class weights, z-loss
+ *    and logit scale into a, b, e. The writers produce the dense part; the label element is
+ *    patched afterwards by one thread (lf_ce_label_grad) — cheaper than comparing every index
+ *    with y; a barrier between the two stores makes the patch the value that remains.
+ *    In place (out_row == the row the piece was copied from) is safe: a piece is in shared
+ *    memory before any of its elements is overwritten.
+ * ========================================================================================== */
+
+typedef struct lf_grad_coef {
+    float a;       /* multiplies p_j */
+    float b;       /* subtracted at the label */
+    float e;       /* multiplies w_j, subtracted everywhere (label smoothing) */
+    float lse_l2e; /* lse * log2(e): p_j = exp2(z_j log2e - lse_l2e) */
+} lf_grad_coef;
+
+/* Coefficients for loss_i = (1-eps) w_y (lse - z_y) + eps (W lse - sum w z)/V + lam lse^2,
+ * scaled by g (upstream gradient x 1/divisor ...). Non-finite lse gives a NaN gradient row
+ * (lossfuse.h §7). wsum = W = sum_j w_j (= V without class weights). */
+static __device__ __forceinline__ lf_grad_coef lf_grad_coef_make(float g, float lse, float eps, float lam, float w_y,
+                                                                 float wsum, int64_t V, const lf_xform &t)
+{
+    lf_grad_coef c;
+    const float gs = g * t.scale; /* dz/dx = scale (times the cap's factor, applied per element) */
+    const float invV = 1.0f / (float)V;
+    c.a = gs * ((1.0f - eps) * w_y + eps * wsum * invV + 2.0f * lam * lse);
+    c.b = gs * (1.0f - eps) * w_y;
+    c.e = gs * eps * invV;
+    c.lse_l2e = lse * LF_LOG2E;
+    if (!(fabsf(lse) < LF_INF_F)) c.a = NAN;
+    return c;
+}
+
+/* g_j for one element (the dense part: without the label's -b). */
+template <bool FULL, bool SOFTCAP>
+static __device__ __forceinline__ float lf_ce_grad_elem(float x, int32_t j, const lf_grad_coef &c, const lf_xform &t,
+                                                        const float *class_w)
+{
+    const float z = lf_xform_apply<SOFTCAP>(x, t);
+    const float p = lf_ex2(SOFTCAP ? fmaf(z, LF_LOG2E, -c.lse_l2e) : fmaf(x, t.scale_l2e, -c.lse_l2e));
+    float g = c.a * p;
+    if (FULL) g -= c.e * (class_w ? __ldg(class_w + j) : 1.0f);
+    if (SOFTCAP) {
+        const float tt = fmaxf(z * t.inv_cap, -1.0f); /* tanh; -1 at a masked -inf entry */
+        g *= 1.0f - tt * tt;
+    }
+    return g;
+}
+
+/* The label element's complete gradient: the dense part minus b through the same chain factor. */
+template <bool FULL, bool SOFTCAP>
+static __device__ __forceinline__ float lf_ce_label_grad(float x_y, int32_t y, const lf_grad_coef &c, const lf_xform &t,
+                                                         const float *class_w)
+{
+    float chain = 1.0f;
+    if (SOFTCAP) {
+        const float tt = fmaxf(lf_xform_apply<SOFTCAP>(x_y, t) * t.inv_cap, -1.0f);
+        chain = 1.0f - tt * tt;
+    }
+    return lf_ce_grad_elem<FULL, SOFTCAP>(x_y, y, c, t, class_w) - c.b * chain;
+}
+
+/* Write the gradient of this thread's vectors of a piece. vec_ok: the output row has the input
+ * row's phase (true in place), so 16-byte stores line up; otherwise elements go one by one. */
+template <int THREADS, bool FULL, bool SOFTCAP, typename T>
+static __device__ __forceinline__ void lf_piece_grad_store(T *out_row, bool vec_ok, const uint4 *buf, const lf_row_span &sp,
+                                                           int vbeg, int vend, const lf_grad_coef &c, const lf_xform &t,
+                                                           const float *class_w)
+{
+    const int PV = lf_elem<T>::per_vec;
+    uint4 *body = reinterpret_cast<uint4 *>(out_row + sp.head);
+#pragma unroll 4
+    for (int v = vbeg + (int)threadIdx.x; v < vend; v += THREADS) {
+        float x[PV], g[PV];
+        lf_elem<T>::unpack(buf[v - vbeg], x);
+#pragma unroll
+        for (int e = 0; e < PV; ++e) g[e] = lf_ce_grad_elem<FULL, SOFTCAP>(x[e], sp.head + v * PV + e, c, t, class_w);
+        if (vec_ok) {
+            lf_st16(body + v, lf_elem<T>::pack(g));
+        } else {
+#pragma unroll
+            for (int e = 0; e < PV; ++e) out_row[sp.head + v * PV + e] = lf_elem<T>::from_f32(g[e]);
+        }
+    }
+}
+
+/* Write the gradient of this thread's edge element (if any). */
+template <bool FULL, bool SOFTCAP, typename T>
+static __device__ __forceinline__ void lf_edge_grad_store(T *out_row, const lf_edge &e, const lf_grad_coef &c,
+                                                          const lf_xform &t, const float *class_w)
+{
+    if (e.j >= 0) out_row[e.j] = lf_elem<T>::from_f32(lf_ce_grad_elem<FULL, SOFTCAP>(e.x, e.j, c, t, class_w));
+}
+
+/* Zero this CTA's slice of an output row (and, on rank 0, its edges): the gradient of an
+ * ignored or bad row. */
+template <int THREADS, typename T>
+static __device__ __forceinline__ void lf_row_zero(T *out_row, int64_t V, int rank, int nranks)
+{
+    const lf_row_span sp = lf_row_span_make(out_row, V);
+    int beg, end;
+    lf_row_slice(sp, rank, nranks, &beg, &end);
+    uint4 *body = reinterpret_cast<uint4 *>(out_row + sp.head);
+    for (int v = beg + (int)threadIdx.x; v < end; v += THREADS) lf_st16(body + v, make_uint4(0, 0, 0, 0));
+    if (rank == 0) {
+        const int i = (int)threadIdx.x;
+        if (i < sp.head) out_row[i] = lf_elem<T>::from_f32(0.0f);
+        else if (i >= 8 && i - 8 < sp.tail) out_row[sp.head + sp.nvec * lf_elem<T>::per_vec + (i - 8)] = lf_elem<T>::from_f32(0.0f);
+    }
+}
+
+/* ============================================================================================
+ * 7. Clusters (sm_90)
+ *    Launch with a cluster of `nranks` CTAs along x (cudaLaunchAttributeClusterDimension); the
+ *    CTAs of a cluster share one row, each its lf_row_slice. After each CTA has reduced its
+ *    partial statistics with lf_block_row_stats:
+ *        __shared__ lf_row_stats xchg[2];                  // yours; alternate per row
+ *        st = lf_cluster_row_stats(st, &xchg[parity]);     // whole-row stats, every thread, every CTA
+ *        parity ^= 1;
+ *        ... write the gradient, go on to the next row ...
+ *        lf_cluster_sync();                                 // once, before the kernel exits
+ *    One cluster barrier per row is enough with two slots: a CTA writes slot k again only after
+ *    the barrier of the next row, which no CTA passes before it has finished reading slot k.
+ *    The final lf_cluster_sync keeps every CTA alive until all have read its slots (distributed
+ *    shared memory of an exited CTA is gone). lf_cluster_arrive / lf_cluster_wait are the two
+ *    halves of that barrier, for callers that want to overlap work with it.
+ *    The merge happens in lane order = rank order, identically in every warp of every CTA.
+ *    Compiled for an architecture below sm_90 these return their input / do nothing: launch
+ *    with nranks = 1 there.
+ * ========================================================================================== */
+
+static __device__ __forceinline__ lf_row_stats lf_cluster_row_stats(lf_row_stats cta, lf_row_stats *xchg)
+{
+    static_assert(sizeof(lf_row_stats) % 4 == 0, "lf_row_stats is read from remote CTAs word by word");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    unsigned n;
+    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
+    if (threadIdx.x == 0) *xchg = cta;
+    /* barrier.cluster with release/acquire: the write above is visible to every CTA after it,
+     * and every CTA of the cluster has started (a precondition of touching its shared memory). */
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+    const unsigned lane = threadIdx.x & 31u;
+    lf_row_stats v = lf_row_stats_init();
+    if (lane < n) {
+        /* map our xchg address into CTA `lane`'s shared memory window and read 24 bytes */
+        uint32_t local = (uint32_t)__cvta_generic_to_shared(xchg), remote;
+        uint32_t words[sizeof(lf_row_stats) / 4];
+        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(lane));
+#pragma unroll
+        for (int i = 0; i < (int)(sizeof(lf_row_stats) / 4); ++i)
+            asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(words[i]) : "r"(remote + 4u * i));
+        memcpy(&v, words, sizeof v);
+    }
+    return lf_warp_row_stats(v);
+#else
+    (void)xchg;
+    return cta;
+#endif
+}
+
+static __device__ __forceinline__ void lf_cluster_arrive(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#endif
+}
+
+static __device__ __forceinline__ void lf_cluster_wait(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+
+static __device__ __forceinline__ void lf_cluster_sync(void)
+{
+    lf_cluster_arrive();
+    lf_cluster_wait();
+}
+
+#endif /* LOSSFUSE_CUDA_CUH */

@@ -1,0 +1,113 @@
+// compile_cpp.cpp — lossfuse.h as strict C++17 with every configuration macro set explicitly:
+//     g++ -std=c++17 -Wall -Wextra -pedantic -Werror -I. tests/compile_cpp.cpp -o compile_cpp -lm
+// The same calls and checks as compile_c.c, but with LF_USE_EXP2 0 (plain expf), so that both
+// settings are compiled and run; the checks hold for either.
+#include <cassert>
+#include <cstdio>
+#include <cstring>
+
+#define LF_HD static inline
+#define LF_USE_EXP2 0
+#define LF_ASSERT(c) assert(c)
+#include "lossfuse.h"
+
+#if LF_USE_EXP2 != 0
+#error "LF_USE_EXP2 was overridden"
+#endif
+
+#if LF_VERSION_MAJOR != 0 || LF_VERSION_MINOR != 1 || LF_VERSION_PATCH != 0
+#error "unexpected lossfuse.h version"
+#endif
+
+namespace {
+int failures = 0;
+void expect(bool ok, const char *what)
+{
+    if (!ok) {
+        printf("compile_cpp: FAIL %s\n", what);
+        ++failures;
+    }
+}
+} // namespace
+
+int main()
+{
+    /* 1. configuration, status codes */
+    LF_ASSERT(lf_dtype_size(LF_BF16) == 2);
+    expect(lf_dtype_size(LF_F32) == 4 && lf_dtype_size(LF_F16) == 2, "lf_dtype_size");
+    expect(strcmp(lf_status_str(LF_OK), "ok") == 0 && strcmp(lf_status_str(99), "unknown status") == 0,
+           "lf_status_str");
+    /* 2. bf16 / fp16 */
+    expect(lf_f32_to_bf16(1.0f) == 0x3f80u && lf_bf16_to_f32(0xc000u) == -2.0f, "bf16");
+    expect(lf_f32_to_f16(1.0f) == 0x3c00u && lf_f16_to_f32(0x7bffu) == 65504.0f, "fp16");
+    expect(lf_f32_to_f16(65520.0f) == 0x7c00u, "fp16 overflow");
+    /* 3. lse, argmax, row stats */
+    {
+        lf_lse a = lf_lse_init(), b = lf_lse_init(), m;
+        lf_argmax am = lf_argmax_init();
+        lf_row_stats r = lf_row_stats_init(), r2 = lf_row_stats_init();
+        lf_lse_push(&a, 0.0f);
+        lf_lse_push(&b, 0.0f);
+        lf_lse_push(&b, -INFINITY);
+        m = lf_lse_merge(a, b);
+        expect(fabsf(lf_lse_final(m) - 0.69314718f) < 1e-6f, "lse of [0, 0] = log 2");
+        expect(fabsf(lf_lse_entropy(m) - 0.69314718f) < 1e-6f, "entropy of [0, 0] = log 2");
+        expect(lf_lse_final(lf_lse_init()) == -INFINITY, "empty lse");
+        expect(lf_exp_diff(1.0f, 1.0f) == 1.0f, "lf_exp_diff(x, x) == 1");
+        lf_argmax_push(&am, 3.0f, 0);
+        lf_argmax_push(&am, 5.0f, 1);
+        lf_argmax_push(&am, 5.0f, 2);
+        expect(am.i == 1 && lf_argmax_merge(am, lf_argmax_init()).i == 1, "argmax first index");
+        lf_row_stats_push(&r, 1.0f, 1.0f, 2.0f, 0);
+        lf_row_stats_push(&r2, 3.0f, 3.0f, 0.5f, 1);
+        r = lf_row_stats_merge(r, r2);
+        expect(r.wz == 3.5f && r.w == 2.5f && r.am.i == 1, "row stats");
+    }
+    /* 4. logit transform */
+    expect(lf_softcap(-INFINITY, 30.0f) == -INFINITY && lf_softcap(0.0f, 30.0f) == 0.0f, "softcap");
+    expect(lf_logit_xform(2.0f, 0.5f, 0.0f) == 1.0f && lf_logit_xform_grad(2.0f, 0.5f, 0.0f) == 0.5f,
+           "logit transform without cap");
+    expect(lf_logit_xform_grad(0.0f, 2.0f, 10.0f) == 2.0f, "logit transform grad at 0");
+    /* 5. packed sequences */
+    {
+        static const int32_t cu[] = {0, 0, 3, 3, 4, 9};
+        static const int64_t ids[] = {10, 11, 12, 13, 14, 15, 16, 17, 18};
+        expect(lf_seq_find(cu, 5, 0) == 1 && lf_seq_find(cu, 5, 3) == 3 && lf_seq_find(cu, 5, 9) == -1,
+               "lf_seq_find");
+        expect(lf_packed_next_label(cu, 5, ids, 1, -100) == 12 &&
+                   lf_packed_next_label(cu, 5, ids, 2, -100) == -100,
+               "lf_packed_next_label");
+    }
+    /* 6. validation */
+    {
+        static const int32_t labels[] = {0, -100, 7, 2};
+        static const int32_t cu[] = {0, 2, 4};
+        int64_t nb, fb;
+        lf_ce_opts o = lf_ce_opts_default();
+        expect(lf_check_labels(static_cast<const void *>(labels), 0, 4, 5, -100, &nb, &fb) == LF_ERR_LABEL && nb == 1 && fb == 2,
+               "lf_check_labels");
+        expect(lf_check_cu_seqlens(cu, 2, 4) == LF_OK && lf_check_cu_seqlens(cu, 2, 5) == LF_ERR_SEQLENS,
+               "lf_check_cu_seqlens");
+        expect(lf_check_ce_opts(&o) == LF_OK, "lf_check_ce_opts default");
+        o.logit_scale = 0.0f;
+        expect(lf_check_ce_opts(&o) == LF_ERR_ARG, "lf_check_ce_opts bad scale");
+    }
+    /* 7. references: equal logits give loss log(V) and gradient p - onehot */
+    {
+        static const float x[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+        static const int64_t y[2] = {3, -100};
+        double loss = -1.0, dx[8], g[8];
+        int64_t nbad = -1;
+        lf_ce_opts o = lf_ce_opts_default();
+        lf_ce_row r = lf_ref_ce_row(x, 8, 3, &o, dx);
+        expect(r.status == LF_ROW_OK && fabs(r.loss - log(8.0)) < 1e-12, "lf_ref_ce_row loss");
+        expect(fabs(dx[3] - (0.125 - 1.0)) < 1e-12 && fabs(dx[0] - 0.125) < 1e-12, "lf_ref_ce_row dx");
+        expect(lf_ref_cross_entropy(2, 4, x, 4, y, &o, LF_REDUCE_MEAN, -1.0, &loss, NULL, g, &nbad) ==
+                       LF_OK &&
+                   fabs(loss - log(4.0)) < 1e-12 && nbad == 0 && g[4] == 0.0 &&
+                   fabs(g[3] + 0.75) < 1e-12,
+               "lf_ref_cross_entropy mean");
+    }
+    printf("compile_cpp: %s (LF_USE_EXP2 %d)\n", failures ? "FAILED" : "ok", LF_USE_EXP2);
+    return failures ? 1 : 0;
+}

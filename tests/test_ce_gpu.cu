@@ -1,0 +1,840 @@
+/* tests/test_ce_gpu.cu — GPU tests of examples/cross_entropy.cu against the double-precision
+ * host reference lf_ref_ce_row (lossfuse.h).
+ *
+ *   test_ce_gpu            full suite (sizes V in {1 .. 262144}, N in {1, 3, 4096}, every dtype
+ *                          and option, N*V > 2^31, determinism, graph replay, bad input)
+ *   test_ce_gpu --small    small sizes only, for compute-sanitizer (memcheck, racecheck)
+ *   test_ce_gpu --seed S   reproduce a run (the seed is printed at start)
+ * Exit: 0 all passed, 1 a check failed, 77 no CUDA device (meson counts it as skipped).
+ *
+ * Every launch writes into outputs poisoned with signalling-NaN bit patterns the kernel can never
+ * produce, and every element of every output (and the untouched padding of strided rows) is
+ * checked afterwards on the device. Logits are drawn fresh each run (seeded hash on the device):
+ * a normal-like bulk, 1% strong candidates, 0.01% outliers of magnitude up to 40.
+ *
+ * Tolerances (justified where they are computed, in tol_*): fp32 arithmetic of the kernel
+ * relative to the row's magnitudes (lse and max |z|), plus the bf16/fp16 rounding of the gradient.
+ */
+#define CE_NO_MAIN
+#include "examples/cross_entropy.cu"
+
+#include <algorithm>
+#include <set>
+#include <time.h>
+#include <vector>
+
+static int g_checks = 0, g_fail = 0, g_small = 0;
+static uint64_t g_seed = 0;
+
+#define EXPECT(cond, ...)                                                                           \
+    do {                                                                                            \
+        ++g_checks;                                                                                 \
+        if (!(cond)) {                                                                              \
+            if (++g_fail <= 60) {                                                                   \
+                printf("FAIL [%s] %s:%d: ", g_case, __FILE__, __LINE__);                            \
+                printf(__VA_ARGS__);                                                                \
+                printf("\n");                                                                       \
+            }                                                                                       \
+        }                                                                                           \
+    } while (0)
+
+#define CK(call)                                                                                    \
+    do {                                                                                            \
+        cudaError_t e_ = (call);                                                                    \
+        if (e_ != cudaSuccess) {                                                                    \
+            printf("CUDA error %s at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, __LINE__, #call); \
+            exit(1);                                                                                \
+        }                                                                                           \
+    } while (0)
+
+static char g_case[256];
+
+/* ---------------------------------------------------------------- device data and checks -- */
+
+static inline __host__ __device__ uint64_t mix64(uint64_t z)
+{
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static inline __host__ __device__ float unit(uint64_t h) { return (float)(h >> 40) * (1.0f / 16777216.0f); }
+
+/* One logit from (seed, flat index): bulk ~ 3.4 * (sum of 4 uniforms - 2), 1% around 8, 0.01%
+ * in [-12, 28] * `outlier` (40 normally; 1e4 for the huge-value cases). */
+static inline __host__ __device__ float gen_value(uint64_t seed, uint64_t idx, float outlier)
+{
+    const uint64_t h = mix64(seed ^ mix64(idx));
+    const float u = unit(h), n = unit(mix64(h + 1)) + unit(mix64(h + 2)) + unit(mix64(h + 3)) + unit(mix64(h + 4)) - 2.0f;
+    if (u < 1e-4f) return outlier * (unit(mix64(h + 5)) - 0.3f);
+    if (u < 1e-2f) return 8.0f + 4.0f * n;
+    return 3.4f * n;
+}
+
+template <typename T>
+__global__ void gen_logits(T *x, int64_t N, int64_t V, int64_t stride, uint64_t seed, float outlier)
+{
+    const int64_t total = N * stride;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x)
+        x[i] = lf_elem<T>::from_f32(gen_value(seed, (uint64_t)i, outlier));
+    (void)V;
+}
+
+template <typename W>
+__global__ void fill_bits(W *p, int64_t n, W v)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) p[i] = v;
+}
+
+/* counts[0]: elements of columns [0, V) still holding the poison bits (never written);
+ * counts[1]: padding elements (columns [V, stride)) that no longer hold `pad_bits` (overrun). */
+template <typename W>
+__global__ void count_unwritten(const W *p, int64_t N, int64_t V, int64_t stride, W poison, W pad_bits,
+                                unsigned long long *counts)
+{
+    unsigned long long a = 0, b = 0;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < N * stride; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t col = i % stride;
+        if (col < V) a += p[i] == poison;
+        else b += p[i] != pad_bits;
+    }
+    if (a) atomicAdd(counts, a);
+    if (b) atomicAdd(counts + 1, b);
+}
+
+/* In-place padding check: padding columns must still hold what gen_logits wrote there. */
+template <typename T>
+__global__ void count_pad_changed(const T *x, int64_t N, int64_t V, int64_t stride, uint64_t seed, float outlier,
+                                  unsigned long long *count)
+{
+    unsigned long long b = 0;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < N * stride; i += (int64_t)gridDim.x * blockDim.x) {
+        if (i % stride < V) continue;
+        const T want = lf_elem<T>::from_f32(gen_value(seed, (uint64_t)i, outlier));
+        const T got = x[i];
+        const unsigned short *pw = reinterpret_cast<const unsigned short *>(&want), *pg = reinterpret_cast<const unsigned short *>(&got);
+        bool diff = false;
+        for (int k = 0; k < (int)(sizeof(T) / 2); ++k) diff |= pw[k] != pg[k];
+        b += diff;
+    }
+    if (b) atomicAdd(count, b);
+}
+
+/* Order-independent integer checksum of a buffer's bits (for bit-identity between runs). */
+__global__ void checksum_u16(const uint16_t *p, int64_t n, unsigned long long *out)
+{
+    unsigned long long a = 0;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        a += mix64((uint64_t)p[i] ^ ((uint64_t)i << 16));
+    atomicAdd(out, a);
+}
+
+static unsigned long long device_checksum(const void *p, size_t bytes)
+{
+    unsigned long long *d, h;
+    CK(cudaMalloc(&d, sizeof h));
+    CK(cudaMemset(d, 0, sizeof h));
+    checksum_u16<<<1024, 256>>>((const uint16_t *)p, (int64_t)(bytes / 2), d);
+    CK(cudaGetLastError());
+    CK(cudaMemcpy(&h, d, sizeof h, cudaMemcpyDeviceToHost));
+    CK(cudaFree(d));
+    return h;
+}
+
+/* ---------------------------------------------------------------- host helpers ------------- */
+
+static double rng_u(uint64_t *s) { return (double)(mix64((*s)++) >> 11) * (1.0 / 9007199254740992.0); }
+
+static const uint16_t POISON16 = 0x7FA5;     /* bf16 / fp16 signalling NaN: never produced */
+static const uint32_t POISON32 = 0x7FBADBADu; /* fp32 signalling NaN; as int32 never an index */
+static const uint16_t PAD16 = 0x1234;
+static const uint32_t PAD32 = 0x12345678u;
+
+static float elem_to_f32(const void *p, int64_t j, lf_dtype dt)
+{
+    if (dt == LF_F32) return ((const float *)p)[j];
+    const uint16_t h = ((const uint16_t *)p)[j];
+    return dt == LF_BF16 ? lf_bf16_to_f32(h) : lf_f16_to_f32(h);
+}
+
+static void fill_poison(void *p, size_t n_elems, lf_dtype dt)
+{
+    if (dt == LF_F32) fill_bits<uint32_t><<<1024, 256>>>((uint32_t *)p, (int64_t)n_elems, POISON32);
+    else fill_bits<uint16_t><<<1024, 256>>>((uint16_t *)p, (int64_t)n_elems, POISON16);
+    CK(cudaGetLastError());
+}
+
+/* |d - r| <= tol, with NaN matching NaN and infinities matching exactly. */
+static bool close(double d, double r, double tol)
+{
+    if (r != r) return d != d;
+    if (r == INFINITY || r == -INFINITY) return d == r;
+    return fabs(d - r) <= tol;
+}
+
+struct Case {
+    const char *name = "";
+    int64_t N = 1, V = 1, pad = 0;
+    lf_dtype dt = LF_BF16;
+    int lab64 = 1;
+    float eps = 0, lam = 0, cap = 0, scale = 1;
+    bool weights = false;
+    lf_reduction red = LF_REDUCE_MEAN;
+    int grad = 1;        /* 0 forward only, 1 separate buffer, 2 in place */
+    int64_t gpad = 0;    /* separate buffer: grad stride = V + gpad */
+    bool stats = false;  /* request logprob, lse, entropy, argmax, n_correct */
+    int max_cluster = 0;
+    bool dev_divisor = false;
+    bool dloss = false;
+    float grad_scale = 1.0f;
+    double ignore_frac = 0.05, bad_frac = 0.0;
+    bool plant_nonfinite = false; /* a NaN row and a +inf row */
+    bool plant_masks = false;     /* rows with -inf entries, one with the label at -inf, one all -inf */
+    float outlier = 40.0f;        /* 1e4: huge-value case */
+    bool determinism = false;     /* run twice, compare bits */
+    bool check_all = false;       /* check every row against the reference whatever the size */
+    int expect_cluster = 0;       /* on sm_90: the plan must use clusters of this size ... */
+    int expect_pieces = 0;        /* ... and this many pieces per slice (0: don't care) */
+};
+
+static int g_cc_major = 0;
+
+static const char *dt_name(lf_dtype d) { return d == LF_F32 ? "fp32" : d == LF_F16 ? "fp16" : "bf16"; }
+
+struct DevBuf {
+    void *p = nullptr;
+    size_t bytes = 0;
+    explicit DevBuf(size_t b) : bytes(b) { CK(cudaMalloc(&p, b ? b : 1)); }
+    ~DevBuf() { cudaFree(p); }
+    DevBuf(const DevBuf &) = delete;
+    DevBuf &operator=(const DevBuf &) = delete;
+};
+
+static void gen_device(void *x, const Case &c, int64_t stride, uint64_t seed)
+{
+    if (c.dt == LF_F32) gen_logits<float><<<2048, 256>>>((float *)x, c.N, c.V, stride, seed, c.outlier);
+    else if (c.dt == LF_BF16) gen_logits<__nv_bfloat16><<<2048, 256>>>((__nv_bfloat16 *)x, c.N, c.V, stride, seed, c.outlier);
+    else gen_logits<__half><<<2048, 256>>>((__half *)x, c.N, c.V, stride, seed, c.outlier);
+    CK(cudaGetLastError());
+}
+
+static void put_elem(void *x, int64_t idx, float v, lf_dtype dt)
+{
+    const int esz = lf_dtype_size(dt);
+    if (dt == LF_F32) CK(cudaMemcpy((char *)x + idx * esz, &v, 4, cudaMemcpyHostToDevice));
+    else {
+        const uint16_t h = dt == LF_BF16 ? lf_f32_to_bf16(v) : lf_f32_to_f16(v);
+        CK(cudaMemcpy((char *)x + idx * esz, &h, 2, cudaMemcpyHostToDevice));
+    }
+}
+
+/* Run one case: launch, then check everything. */
+static void run_case(const Case &c)
+{
+    snprintf(g_case, sizeof g_case, "%s N=%lld V=%lld %s", c.name, (long long)c.N, (long long)c.V, dt_name(c.dt));
+    const int fails_before = g_fail;
+    uint64_t rs = g_seed ^ mix64((uint64_t)c.N * 1315423911ull + (uint64_t)c.V * 2654435761ull + (uint64_t)c.dt);
+    const uint64_t data_seed = mix64(rs + 7);
+    const int64_t N = c.N, V = c.V, stride = V + c.pad;
+    const int esz = lf_dtype_size(c.dt);
+    const size_t nel = (size_t)N * (size_t)stride;
+
+    DevBuf x(nel * esz);
+    gen_device(x.p, c, stride, data_seed);
+
+    /* labels and planted rows */
+    std::vector<int64_t> y(N);
+    int64_t n_bad = 0;
+    for (int64_t i = 0; i < N; ++i) {
+        const double r = rng_u(&rs);
+        if (r < c.ignore_frac) y[i] = -100;
+        else if (r < c.ignore_frac + c.bad_frac) {
+            const int64_t bads[3] = {V, -7, V + 1000};
+            y[i] = bads[i % 3];
+            ++n_bad;
+        } else y[i] = (int64_t)(rng_u(&rs) * V) % V;
+    }
+    std::set<int64_t> planted;
+    if (c.plant_nonfinite && N >= 3) {
+        put_elem(x.p, 1 * stride + (V - 1), NAN, c.dt);
+        put_elem(x.p, 2 * stride + V / 2, INFINITY, c.dt);
+        for (int64_t i : {1, 2}) {
+            if (y[i] < 0 || y[i] >= V) n_bad -= (y[i] != -100);
+            y[i] = i % V;
+            planted.insert(i);
+        }
+    }
+    if (c.plant_masks && N >= 3 && V >= 3) {
+        /* row 0: every third entry -inf (label kept finite); row N-1: label entry -inf;
+         * row N/2: every entry -inf (a valid label over an empty distribution: NaN loss) */
+        std::vector<char> h((size_t)V * esz);
+        for (int64_t i : {(int64_t)0, N - 1, N / 2}) {
+            if (y[i] < 0 || y[i] >= V) n_bad -= (y[i] != -100);
+            y[i] = 1;
+            planted.insert(i);
+            CK(cudaMemcpy(h.data(), (char *)x.p + i * stride * esz, V * esz, cudaMemcpyDeviceToHost));
+            for (int64_t j = 0; j < V; ++j) {
+                const bool mask = i == N / 2 ? true : i == 0 ? (j % 3 == 0 && j != y[i]) : j == y[i];
+                if (!mask) continue;
+                if (c.dt == LF_F32) ((float *)h.data())[j] = -INFINITY;
+                else ((uint16_t *)h.data())[j] = c.dt == LF_BF16 ? lf_f32_to_bf16(-INFINITY) : lf_f32_to_f16(-INFINITY);
+            }
+            CK(cudaMemcpy((char *)x.p + i * stride * esz, h.data(), V * esz, cudaMemcpyHostToDevice));
+        }
+    }
+    DevBuf yd(N * 8 + 8);
+    if (c.lab64) CK(cudaMemcpy(yd.p, y.data(), N * 8, cudaMemcpyHostToDevice));
+    else {
+        std::vector<int32_t> y32(y.begin(), y.end());
+        CK(cudaMemcpy(yd.p, y32.data(), N * 4, cudaMemcpyHostToDevice));
+    }
+
+    /* class weights in [0.25, 2), 1% exactly zero */
+    std::vector<float> w;
+    DevBuf wd(c.weights ? V * 4 : 4);
+    if (c.weights) {
+        w.resize(V);
+        for (int64_t j = 0; j < V; ++j) w[j] = rng_u(&rs) < 0.01 ? 0.0f : (float)(0.25 + 1.75 * rng_u(&rs));
+        CK(cudaMemcpy(wd.p, w.data(), V * 4, cudaMemcpyHostToDevice));
+    }
+
+    /* rows to check against the reference */
+    std::set<int64_t> rows;
+    if (c.check_all || (double)N * V <= 4e6) {
+        for (int64_t i = 0; i < N; ++i) rows.insert(i);
+    } else {
+        rows = planted;
+        for (int64_t i : {(int64_t)0, (int64_t)1, N - 1, N / 2}) rows.insert(std::max<int64_t>(0, std::min(i, N - 1)));
+        for (int k = 0; k < (g_small ? 4 : 20); ++k) rows.insert((int64_t)(rng_u(&rs) * N) % N);
+    }
+    std::vector<std::vector<float>> xrows;
+    {
+        std::vector<char> h((size_t)V * esz);
+        for (int64_t i : rows) {
+            CK(cudaMemcpy(h.data(), (char *)x.p + (size_t)i * stride * esz, V * esz, cudaMemcpyDeviceToHost));
+            std::vector<float> r(V);
+            for (int64_t j = 0; j < V; ++j) r[j] = elem_to_f32(h.data(), j, c.dt);
+            xrows.push_back(r);
+        }
+    }
+
+    /* host reference options */
+    lf_ce_opts oh = lf_ce_opts_default();
+    oh.label_smoothing = c.eps;
+    oh.z_loss = c.lam;
+    oh.softcap = c.cap;
+    oh.logit_scale = c.scale;
+    oh.class_weights = c.weights ? w.data() : NULL;
+    double wsum_valid = 0.0; /* default mean divisor */
+    for (int64_t i = 0; i < N; ++i)
+        if (y[i] >= 0 && y[i] < V) wsum_valid += c.weights ? w[y[i]] : 1.0;
+    const double D = c.dev_divisor ? 123.5 : wsum_valid;
+
+    /* device upstream gradient */
+    std::vector<float> dl(c.red == LF_REDUCE_NONE ? N : 1);
+    for (auto &v : dl) v = (float)(0.5 + rng_u(&rs));
+    DevBuf dld(dl.size() * 4), divd(4), ws(ce_workspace_bytes(N));
+    CK(cudaMemcpy(dld.p, dl.data(), dl.size() * 4, cudaMemcpyHostToDevice));
+    const float divh = 123.5f;
+    CK(cudaMemcpy(divd.p, &divh, 4, cudaMemcpyHostToDevice));
+    CK(cudaMemset(ws.p, 0, ws.bytes));
+
+    /* outputs, poisoned */
+    const int64_t nloss = c.red == LF_REDUCE_NONE ? N : 1;
+    DevBuf loss(nloss * 4), zo(nloss * 4), lp(N * 4), lse(N * 4), ent(N * 4), am(N * 4), cnt(8);
+    for (DevBuf *b : {&loss, &zo, &lp, &lse, &ent, &am}) fill_poison(b->p, b->bytes / 4, LF_F32);
+    CK(cudaMemset(cnt.p, 0, 8));
+    const int64_t gstride = c.grad == 1 ? V + c.gpad : stride;
+    DevBuf gbuf(c.grad == 1 ? (size_t)N * gstride * esz : 4);
+    if (c.grad == 1) {
+        /* poison in columns [0, V); known padding bits in [V, gstride) */
+        if (c.gpad == 0) fill_poison(gbuf.p, (size_t)N * gstride, c.dt);
+        else {
+            if (c.dt == LF_F32) fill_bits<uint32_t><<<1024, 256>>>((uint32_t *)gbuf.p, N * gstride, PAD32);
+            else fill_bits<uint16_t><<<1024, 256>>>((uint16_t *)gbuf.p, N * gstride, PAD16);
+            for (int64_t i = 0; i < N; ++i) {
+                if (c.dt == LF_F32) fill_bits<uint32_t><<<8, 256>>>((uint32_t *)gbuf.p + i * gstride, V, POISON32);
+                else fill_bits<uint16_t><<<8, 256>>>((uint16_t *)gbuf.p + i * gstride, V, POISON16);
+            }
+        }
+        CK(cudaGetLastError());
+    }
+
+    ce_args a = ce_args_default();
+    a.logits = x.p;
+    a.dtype = c.dt;
+    a.n_rows = N;
+    a.vocab = V;
+    a.stride = stride;
+    a.labels = yd.p;
+    a.labels_i64 = c.lab64;
+    a.opts = oh;
+    a.opts.class_weights = c.weights ? (const float *)wd.p : NULL;
+    a.reduction = c.red;
+    a.divisor = c.dev_divisor ? (const float *)divd.p : NULL;
+    a.dloss = c.dloss ? (const float *)dld.p : NULL;
+    a.grad_scale = c.grad_scale;
+    a.grad = c.grad == 0 ? NULL : c.grad == 1 ? gbuf.p : x.p;
+    a.grad_stride = gstride;
+    a.loss = (float *)loss.p;
+    a.z_loss_out = (float *)zo.p;
+    if (c.stats) {
+        a.logprob = (float *)lp.p;
+        a.lse = (float *)lse.p;
+        a.entropy = (float *)ent.p;
+        a.argmax = (int32_t *)am.p;
+        a.n_correct = (unsigned *)cnt.p;
+    }
+    a.n_errors = (unsigned *)cnt.p + 1;
+    a.workspace = ws.p;
+    a.workspace_bytes = ws.bytes;
+    a.max_cluster = c.max_cluster;
+    ce_plan plan;
+    memset(&plan, 0, sizeof plan);
+    a.plan = &plan;
+
+    /* For reduced losses over sampled rows: all per-row losses from a forward-only launch first
+     * (before an in-place launch overwrites the logits); the reduction is checked against them. */
+    std::vector<float> all_rows;
+    if (c.red != LF_REDUCE_NONE && rows.size() < (size_t)N) {
+        ce_args f = a;
+        DevBuf l2(N * 4), ws2(ce_workspace_bytes(N)), cnt2(8);
+        CK(cudaMemset(ws2.p, 0, ws2.bytes));
+        f.reduction = LF_REDUCE_NONE;
+        f.grad = NULL;
+        f.loss = (float *)l2.p;
+        f.z_loss_out = NULL;
+        f.logprob = f.lse = f.entropy = NULL;
+        f.argmax = NULL;
+        f.n_correct = NULL;
+        f.n_errors = (unsigned *)cnt2.p;
+        f.dloss = NULL;
+        f.workspace = ws2.p;
+        f.plan = NULL;
+        cudaError_t ce;
+        EXPECT(ce_launch(&f, 0, &ce) == LF_OK, "forward-only launch failed: %s", cudaGetErrorString(ce));
+        CK(cudaDeviceSynchronize());
+        all_rows.resize(N);
+        CK(cudaMemcpy(all_rows.data(), l2.p, N * 4, cudaMemcpyDeviceToHost));
+    }
+
+    cudaError_t ce;
+    lf_status st = ce_launch(&a, 0, &ce);
+    EXPECT(st == LF_OK, "ce_launch: %s (%s)", lf_status_str(st), cudaGetErrorString(ce));
+    if (g_cc_major >= 9 && c.expect_cluster)
+        EXPECT(plan.cluster == c.expect_cluster, "plan: cluster %d, want %d", plan.cluster, c.expect_cluster);
+    if (g_cc_major >= 9 && c.expect_pieces)
+        EXPECT(plan.pieces == c.expect_pieces, "plan: %d pieces, want %d", plan.pieces, c.expect_pieces);
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+
+    /* ---- counters, per-row outputs: every element written ---- */
+    unsigned cnth[2];
+    CK(cudaMemcpy(cnth, cnt.p, 8, cudaMemcpyDeviceToHost));
+    EXPECT((int64_t)cnth[1] == n_bad, "n_errors %u, want %lld", cnth[1], (long long)n_bad);
+    std::vector<float> lossh(nloss), zoh(nloss), lph(N), lseh(N), enth(N);
+    std::vector<int32_t> amh(N);
+    CK(cudaMemcpy(lossh.data(), loss.p, nloss * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(zoh.data(), zo.p, nloss * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(lph.data(), lp.p, N * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(lseh.data(), lse.p, N * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(enth.data(), ent.p, N * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(amh.data(), am.p, N * 4, cudaMemcpyDeviceToHost));
+    auto bits = [](float f) { uint32_t u; memcpy(&u, &f, 4); return u; };
+    int64_t unwritten = 0;
+    for (int64_t i = 0; i < nloss; ++i) unwritten += (bits(lossh[i]) == POISON32) + (bits(zoh[i]) == POISON32);
+    if (c.stats)
+        for (int64_t i = 0; i < N; ++i)
+            unwritten += (bits(lph[i]) == POISON32) + (bits(lseh[i]) == POISON32) + (bits(enth[i]) == POISON32) +
+                         ((uint32_t)amh[i] == POISON32);
+    EXPECT(unwritten == 0, "%lld per-row outputs left unwritten", (long long)unwritten);
+
+    /* ---- gradient buffer: every element of [0, V) written, padding untouched ---- */
+    if (c.grad == 1 || (c.grad == 2 && c.pad > 0)) {
+        DevBuf counts(16);
+        CK(cudaMemset(counts.p, 0, 16));
+        unsigned long long ch[2];
+        if (c.grad == 1) {
+            if (c.dt == LF_F32)
+                count_unwritten<uint32_t><<<1024, 256>>>((const uint32_t *)gbuf.p, N, V, gstride, POISON32, PAD32,
+                                                         (unsigned long long *)counts.p);
+            else
+                count_unwritten<uint16_t><<<1024, 256>>>((const uint16_t *)gbuf.p, N, V, gstride, POISON16, PAD16,
+                                                         (unsigned long long *)counts.p);
+        } else {
+            if (c.dt == LF_F32) count_pad_changed<float><<<1024, 256>>>((const float *)x.p, N, V, stride, data_seed, c.outlier, (unsigned long long *)counts.p + 1);
+            else if (c.dt == LF_BF16) count_pad_changed<__nv_bfloat16><<<1024, 256>>>((const __nv_bfloat16 *)x.p, N, V, stride, data_seed, c.outlier, (unsigned long long *)counts.p + 1);
+            else count_pad_changed<__half><<<1024, 256>>>((const __half *)x.p, N, V, stride, data_seed, c.outlier, (unsigned long long *)counts.p + 1);
+        }
+        CK(cudaGetLastError());
+        CK(cudaMemcpy(ch, counts.p, 16, cudaMemcpyDeviceToHost));
+        EXPECT(ch[0] == 0, "%llu gradient elements never written", ch[0]);
+        EXPECT(ch[1] == 0, "%llu padding elements overwritten", ch[1]);
+    }
+
+    /* ---- checked rows against the double reference ---- */
+    const double unit_round = c.dt == LF_BF16 ? 0x1p-8 : c.dt == LF_F16 ? 0x1p-11 : 0.0;
+    const double wmax = c.weights ? 2.0 : 1.0;
+    double ref_sum = 0.0, ref_zsum = 0.0, ref_tol = 0.0;
+    int k = 0;
+    std::vector<double> dx(V);
+    std::vector<char> grow((size_t)V * esz);
+    for (int64_t i : rows) {
+        const std::vector<float> &xr = xrows[k++];
+        const lf_ce_row r = lf_ref_ce_row(xr.data(), V, y[i], &oh, c.grad ? dx.data() : NULL);
+        ref_sum += r.loss;
+        ref_zsum += r.z_term;
+        const bool valid = r.status == LF_ROW_OK;
+        /* the row's magnitude: lse and the largest finite |z| */
+        double zmax = 0.0;
+        for (int64_t j = 0; j < V; ++j) {
+            const double z = (double)lf_logit_xform(xr[j], c.scale, c.cap);
+            if (fabs(z) < INFINITY) zmax = fmax(zmax, fabs(z));
+        }
+        const double lsea = fabs(r.lse) < INFINITY ? fabs(r.lse) : 0.0;
+        /* fp32 work of the kernel: exp arguments carry ~2^-24 (|z| + |lse|) absolute error each
+         * (one rounded shared shift, FFMA), sums of up to 2^18 terms in per-thread chains and
+         * trees, log of a sum <= V: 2^-20 (1 + |lse| + max|z| + log V) covers it with room,
+         * scaled by the largest class weight; relative 1e-5 on top (the issue's target). Label
+         * smoothing adds the mean of w_j z_j over V, a long fp32 sum: 4x more room then. */
+        const double tol_abs = 0x1p-20 * (1.0 + lsea + zmax + log((double)V + 1.0)) * wmax * (c.eps > 0 ? 4.0 : 1.0);
+        const double tol_l = 1e-5 * fabs(r.loss) + tol_abs * (1.0 + c.lam * 2.0 * lsea);
+        ref_tol += valid ? tol_l : 0.0;
+        const double G = (double)c.grad_scale * (c.dloss ? dl[c.red == LF_REDUCE_NONE ? i : 0] : 1.0) *
+                         (c.red == LF_REDUCE_MEAN ? (D == 0.0 ? 0.0 : 1.0 / D) : 1.0);
+        if (c.red == LF_REDUCE_NONE) {
+            EXPECT(close(lossh[i], r.loss, tol_l), "row %lld loss %.9g want %.9g (tol %.3g)", (long long)i, lossh[i], r.loss, tol_l);
+            EXPECT(close(zoh[i], r.z_term, 1e-5 * fabs(r.z_term) + 4 * c.lam * lsea * tol_abs), "row %lld z %.9g want %.9g", (long long)i, zoh[i], r.z_term);
+        }
+        if (c.stats) {
+            EXPECT(close(lph[i], valid ? r.logprob : 0.0, 1e-5 * fabs(r.logprob) + tol_abs), "row %lld logprob %.9g want %.9g", (long long)i, lph[i], r.logprob);
+            EXPECT(close(lseh[i], valid ? r.lse : 0.0, tol_abs), "row %lld lse %.9g want %.9g", (long long)i, lseh[i], r.lse);
+            EXPECT(close(enth[i], valid ? r.entropy : 0.0, 1e-5 * fabs(r.entropy) + tol_abs), "row %lld entropy %.9g want %.9g", (long long)i, enth[i], r.entropy);
+            EXPECT(amh[i] == (valid ? r.argmax : -1), "row %lld argmax %d want %lld", (long long)i, amh[i], (long long)(valid ? r.argmax : -1));
+        }
+        if (c.grad) {
+            const void *src = c.grad == 1 ? (const char *)gbuf.p + (size_t)i * gstride * esz : (const char *)x.p + (size_t)i * stride * esz;
+            CK(cudaMemcpy(grow.data(), src, V * esz, cudaMemcpyDeviceToHost));
+            /* each g_j is an fp32 combination of the coefficients a (p_j), b (label), e (smoothing)
+             * of magnitude <= |G| scale (2 wmax + 2 lam |lse|): 2^-21 of that absolute, plus the
+             * relative fp32 error of p_j, plus the dtype's rounding (2^-8 bf16, 2^-11 fp16, and
+             * fp16's subnormal step 2^-24 / 2 absolute). */
+            const double coef = fabs(G) * c.scale * (2.0 * wmax + 2.0 * c.lam * lsea);
+            const double rel32 = 1e-6 + 0x1p-22 * (lsea + zmax);
+            const double fp16_abs = c.dt == LF_F16 ? 0x1p-25 : 0.0;
+            int bad_elems = 0;
+            double worst = 0.0;
+            int64_t worst_j = -1;
+            for (int64_t j = 0; j < V; ++j) {
+                const double g = elem_to_f32(grow.data(), j, c.dt), want = dx[j] * G;
+                /* (the coefficient term also carries p_j's own relative error: at the label with
+                 * p_y ~ 1, a p_y - b cancels and leaves rel32 * a absolute) */
+                const double tol = (unit_round + rel32) * fabs(want) + (0x1p-21 + rel32) * coef + fp16_abs + 1e-37;
+                if (!close(g, want, tol)) {
+                    ++bad_elems;
+                    const double e = want != want ? INFINITY : fabs(g - want) / tol;
+                    if (!(e <= worst)) { worst = e; worst_j = j; }
+                }
+            }
+            EXPECT(bad_elems == 0, "row %lld: %d gradient elements off; worst j=%lld got %.9g want %.9g (%.3g x tol)",
+                   (long long)i, bad_elems, (long long)worst_j, worst_j >= 0 ? elem_to_f32(grow.data(), worst_j, c.dt) : 0.0,
+                   worst_j >= 0 ? dx[worst_j] * G : 0.0, worst);
+        }
+    }
+
+    /* ---- the reduced loss ---- */
+    if (c.red != LF_REDUCE_NONE) {
+        const double inv = c.red == LF_REDUCE_MEAN ? (D == 0.0 ? 0.0 : 1.0 / D) : 1.0;
+        if (rows.size() == (size_t)N) {
+            const double want = ref_sum * inv;
+            EXPECT(close(lossh[0], want, 1e-6 * fabs(want) + ref_tol * inv), "reduced loss %.9g want %.9g", lossh[0], want);
+            EXPECT(close(zoh[0], ref_zsum * inv, 1e-5 * fabs(ref_zsum * inv) + 1e-9), "reduced z %.9g want %.9g", zoh[0], ref_zsum * inv);
+        } else {
+            /* sampled rows were checked above; the sum of the kernel's own per-row losses
+             * (double, any order) must give the reduced value to float rounding */
+            double s = 0.0;
+            for (float v : all_rows) s += v;
+            EXPECT(close(lossh[0], s * inv, 4e-7 * fabs(s * inv) + 1e-30), "reduced loss %.9g want %.9g (sum of rows)", lossh[0], s * inv);
+        }
+    }
+
+    /* ---- determinism: same inputs, same bits ---- */
+    if (c.determinism) {
+        const unsigned long long h1 = c.grad ? device_checksum(c.grad == 1 ? gbuf.p : x.p, (c.grad == 1 ? (size_t)N * gstride : nel) * esz) : 0;
+        float l1 = lossh[0];
+        for (int rep = 0; rep < 2; ++rep) {
+            if (c.grad == 2) { /* restore the logits */
+                gen_device(x.p, c, stride, data_seed);
+                CK(cudaDeviceSynchronize());
+            }
+            EXPECT(ce_launch(&a, 0, &ce) == LF_OK, "relaunch failed");
+            CK(cudaDeviceSynchronize());
+            float l2;
+            CK(cudaMemcpy(&l2, loss.p, 4, cudaMemcpyDeviceToHost));
+            const unsigned long long h2 = c.grad ? device_checksum(c.grad == 1 ? gbuf.p : x.p, (c.grad == 1 ? (size_t)N * gstride : nel) * esz) : 0;
+            EXPECT(bits(l1) == bits(l2), "loss not bit-identical across runs: %.9g vs %.9g", l1, l2);
+            EXPECT(h1 == h2, "gradient not bit-identical across runs");
+        }
+    }
+    printf("%-4s %s\n", g_fail == fails_before ? "ok" : "FAIL", g_case);
+    fflush(stdout);
+}
+
+/* ---------------------------------------------------------------- special cases ------------ */
+
+static void test_arguments(void)
+{
+    snprintf(g_case, sizeof g_case, "argument checks");
+    DevBuf x(64 * 4), y(64 * 8), l(64 * 4), ws(ce_workspace_bytes(64));
+    ce_args a = ce_args_default();
+    a.logits = x.p;
+    a.n_rows = 4;
+    a.vocab = 8;
+    a.stride = 8;
+    a.labels = y.p;
+    a.labels_i64 = 1;
+    a.loss = (float *)l.p;
+    a.workspace = ws.p;
+    a.workspace_bytes = ws.bytes;
+    cudaError_t ce;
+    ce_args b = a;
+    b.stride = 7;
+    EXPECT(ce_launch(&b, 0, &ce) == LF_ERR_SIZE, "stride < V accepted");
+    b = a;
+    b.opts.label_smoothing = 1.5f;
+    EXPECT(ce_launch(&b, 0, &ce) == LF_ERR_ARG, "smoothing 1.5 accepted");
+    b = a;
+    b.opts.logit_scale = 0.0f;
+    EXPECT(ce_launch(&b, 0, &ce) == LF_ERR_ARG, "scale 0 accepted");
+    b = a;
+    b.workspace_bytes = 8;
+    EXPECT(ce_launch(&b, 0, &ce) == LF_ERR_SIZE, "small workspace accepted");
+    b = a;
+    b.grad = (char *)x.p + 2; /* overlaps the logits without being them */
+    b.grad_stride = 8;
+    EXPECT(ce_launch(&b, 0, &ce) == LF_ERR_ARG, "overlapping gradient accepted");
+    b = a;
+    b.labels = NULL;
+    EXPECT(ce_launch(&b, 0, &ce) == LF_ERR_NULL, "NULL labels accepted");
+    /* N = 0: nothing launched, reduced loss 0 */
+    b = a;
+    b.n_rows = 0;
+    fill_poison(l.p, 1, LF_F32);
+    EXPECT(ce_launch(&b, 0, &ce) == LF_OK, "N = 0 rejected");
+    CK(cudaDeviceSynchronize());
+    float lh;
+    CK(cudaMemcpy(&lh, l.p, 4, cudaMemcpyDeviceToHost));
+    EXPECT(lh == 0.0f, "N = 0 loss %g, want 0", lh);
+    printf("%-4s %s\n", "ok", g_case);
+}
+
+/* A captured graph replays to the same bits as the eager launch (the completion counter resets). */
+static void test_graph(void)
+{
+    snprintf(g_case, sizeof g_case, "graph capture + replay");
+    const int64_t N = g_small ? 33 : 1024, V = g_small ? 3001 : 50257;
+    Case c;
+    c.N = N;
+    c.V = V;
+    DevBuf x(N * V * 2), g(N * V * 2), y(N * 8), l(4), ws(ce_workspace_bytes(N));
+    gen_device(x.p, c, V, mix64(g_seed + 99));
+    std::vector<int64_t> yh(N);
+    uint64_t rs = g_seed + 5;
+    for (auto &v : yh) v = (int64_t)(rng_u(&rs) * V);
+    CK(cudaMemcpy(y.p, yh.data(), N * 8, cudaMemcpyHostToDevice));
+    CK(cudaMemset(ws.p, 0, ws.bytes));
+    ce_args a = ce_args_default();
+    a.logits = x.p;
+    a.n_rows = N;
+    a.vocab = V;
+    a.stride = V;
+    a.labels = y.p;
+    a.labels_i64 = 1;
+    a.loss = (float *)l.p;
+    a.grad = g.p;
+    a.grad_stride = V;
+    a.opts.label_smoothing = 0.05f;
+    a.workspace = ws.p;
+    a.workspace_bytes = ws.bytes;
+    cudaError_t ce;
+    EXPECT(ce_launch(&a, 0, &ce) == LF_OK, "eager launch");
+    CK(cudaDeviceSynchronize());
+    float l0;
+    CK(cudaMemcpy(&l0, l.p, 4, cudaMemcpyDeviceToHost));
+    const unsigned long long h0 = device_checksum(g.p, N * V * 2);
+    cudaStream_t s;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    const lf_status st = ce_launch(&a, s, &ce);
+    CK(cudaStreamEndCapture(s, &graph));
+    EXPECT(st == LF_OK, "launch under capture: %s", cudaGetErrorString(ce));
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int r = 0; r < 3; ++r) {
+        CK(cudaMemset(g.p, 0xff, N * V * 2));
+        CK(cudaGraphLaunch(exec, s));
+        CK(cudaStreamSynchronize(s));
+        float l1;
+        CK(cudaMemcpy(&l1, l.p, 4, cudaMemcpyDeviceToHost));
+        EXPECT(memcmp(&l0, &l1, 4) == 0, "replay %d loss %.9g vs eager %.9g", r, l1, l0);
+        EXPECT(device_checksum(g.p, N * V * 2) == h0, "replay %d gradient differs from eager", r);
+    }
+    CK(cudaGraphExecDestroy(exec));
+    CK(cudaGraphDestroy(graph));
+    CK(cudaStreamDestroy(s));
+    printf("%-4s %s\n", "ok", g_case);
+}
+
+int main(int argc, char **argv)
+{
+    for (int i = 1; i < argc; ++i) {
+        if (!strcmp(argv[i], "--small")) g_small = 1;
+        else if (!strcmp(argv[i], "--seed") && i + 1 < argc) g_seed = strtoull(argv[++i], NULL, 0);
+    }
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+        printf("test_ce_gpu: no CUDA device, skipped\n");
+        return 77;
+    }
+    if (!g_seed) g_seed = (uint64_t)time(NULL);
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    g_cc_major = prop.major;
+    printf("test_ce_gpu on %s (sm_%d%d), seed %llu%s\n", prop.name, prop.major, prop.minor, (unsigned long long)g_seed,
+           g_small ? ", small sizes" : "");
+
+    test_arguments();
+    test_graph();
+
+    const lf_dtype dts[3] = {LF_BF16, LF_F16, LF_F32};
+    const int64_t Vs_full[] = {1, 7, 31, 1000, 32000, 32768, 50257, 128256, 151936, 262144};
+    const int64_t Vs_small[] = {1, 7, 31, 1000, 3001, 16385};
+    const int64_t Ns_full[] = {1, 3, 4096};
+    const int64_t Ns_small[] = {1, 3, 37};
+    const int64_t *Vs = g_small ? Vs_small : Vs_full, *Ns = g_small ? Ns_small : Ns_full;
+    const int nV = g_small ? 6 : 10;
+
+    /* Sweep: every V x N x dtype. N = 4096 runs the plain fused path (no extra statistics) into a
+     * separate poisoned buffer; N = 3 the full path (smoothing, z-loss, statistics, bad labels);
+     * N = 1 in place with reduction none and a per-row upstream gradient. */
+    for (lf_dtype dt : dts)
+        for (int vi = 0; vi < nV; ++vi)
+            for (int ni = 0; ni < 3; ++ni) {
+                Case c;
+                c.name = ni == 2 ? "sweep plain" : ni == 1 ? "sweep full" : "sweep in-place none";
+                c.dt = dt;
+                c.V = Vs[vi];
+                c.N = Ns[ni];
+                if (ni == 1) {
+                    c.eps = 0.1f;
+                    c.lam = 1e-4f;
+                    c.stats = true;
+                    c.bad_frac = 0.3;
+                    c.lab64 = 0;
+                } else if (ni == 0) {
+                    c.grad = 2;
+                    c.red = LF_REDUCE_NONE;
+                    c.dloss = true;
+                    c.ignore_frac = 0.0;
+                }
+                run_case(c);
+            }
+
+    /* Options one at a time and together, at three vocabularies (one CTA, a 3-CTA cluster, a
+     * 10-CTA cluster on sm_90), every dtype. */
+    const int64_t Vo_full[3] = {1000, 50257, 151936}, Vo_small[3] = {1000, 3001, 16385};
+    for (lf_dtype dt : dts)
+        for (int vi = 0; vi < 3; ++vi) {
+            Case b;
+            b.dt = dt;
+            b.V = g_small ? Vo_small[vi] : Vo_full[vi];
+            b.N = g_small ? 9 : 67;
+            b.check_all = true;
+            Case c;
+            c = b; c.name = "softcap 30"; c.cap = 30.0f; c.stats = true; run_case(c);
+            c = b; c.name = "logit scale 0.7"; c.scale = 0.7f; run_case(c);
+            c = b; c.name = "softcap + scale 1.5 in place"; c.cap = 15.0f; c.scale = 1.5f; c.grad = 2; run_case(c);
+            c = b; c.name = "class weights"; c.weights = true; run_case(c);
+            c = b; c.name = "weights + smoothing 0.2"; c.weights = true; c.eps = 0.2f; run_case(c);
+            c = b; c.name = "z-loss 1e-3 sum dloss"; c.lam = 1e-3f; c.red = LF_REDUCE_SUM; c.dloss = true; c.grad_scale = 2.0f; run_case(c);
+            c = b; c.name = "mean device divisor"; c.dev_divisor = true; run_case(c);
+            c = b; c.name = "none per-row dloss"; c.red = LF_REDUCE_NONE; c.dloss = true; run_case(c);
+            c = b; c.name = "int32 labels, stride+5 in place"; c.lab64 = 0; c.pad = 5; c.grad = 2; run_case(c);
+            c = b; c.name = "grad stride+3 (phase differs)"; c.pad = 2; c.gpad = 3; run_case(c);
+            c = b; c.name = "forward only stats + softcap"; c.grad = 0; c.stats = true; c.cap = 20.0f; c.red = LF_REDUCE_NONE; run_case(c);
+            c = b; c.name = "huge logits 1e4"; c.outlier = 1e4f; c.stats = true; run_case(c);
+            c = b; c.name = "-inf masks"; c.plant_masks = true; c.stats = true; c.red = LF_REDUCE_NONE; run_case(c);
+            c = b; c.name = "-inf masks + smoothing"; c.plant_masks = true; c.eps = 0.1f; run_case(c);
+            c = b; c.name = "NaN and +inf rows"; c.plant_nonfinite = true; c.stats = true; c.red = LF_REDUCE_NONE; run_case(c);
+            c = b; c.name = "NaN rows, mean"; c.plant_nonfinite = true; run_case(c);
+            c = b; c.name = "no clusters (re-read)"; c.max_cluster = 1; c.eps = 0.05f; run_case(c);
+            c = b; c.name = "cluster of 3"; c.max_cluster = 3; c.stats = true; run_case(c);
+            c = b; c.name = "all ignored"; c.ignore_frac = 1.0; c.stats = true; run_case(c);
+            c = b; c.name = "bad labels"; c.bad_frac = 0.5; c.grad = 2; run_case(c);
+        }
+
+    /* Launch plans at V = 256K: streamed without clusters (16 pieces re-read), clusters of 3 (each
+     * CTA streams 3 pieces), clusters of 16 (each row read once, 16 CTAs merging over DSMEM). */
+    if (!g_small) {
+        const int mcs[3] = {1, 3, 16}, pieces[3] = {16, 3, 1};
+        for (int k = 0; k < 3; ++k) {
+            Case c;
+            c.name = k == 0 ? "V=256K without clusters" : k == 1 ? "V=256K clusters of 3" : "V=256K clusters of 16";
+            c.N = 512;
+            c.V = 262144;
+            c.max_cluster = mcs[k];
+            c.expect_cluster = mcs[k];
+            c.expect_pieces = pieces[k];
+            c.eps = 0.1f;
+            c.stats = k == 1;
+            run_case(c);
+        }
+        Case c; /* the automatic plan at V = 32K: clusters of 2, each row read once */
+        c.name = "V=32K automatic plan";
+        c.N = 1000;
+        c.V = 32768;
+        c.expect_cluster = 2;
+        c.expect_pieces = 1;
+        run_case(c);
+    }
+
+    /* Determinism: bit-identical loss and gradient across runs. */
+    {
+        Case c;
+        c.name = "determinism";
+        c.N = g_small ? 50 : 4096;
+        c.V = g_small ? 16385 : 32768;
+        c.determinism = true;
+        c.eps = 0.1f;
+        run_case(c);
+        c.N = g_small ? 20 : 512;
+        c.V = g_small ? 3001 : 262144;
+        c.grad = 2;
+        c.name = "determinism in place, clusters";
+        run_case(c);
+        c.max_cluster = 1;
+        c.V = g_small ? 40000 : 151936;
+        c.name = "determinism in place, re-read";
+        run_case(c);
+    }
+
+    /* rows x V > 2^31: 64-bit offsets everywhere (4.3 GB of bf16, in place). */
+    if (!g_small) {
+        Case c;
+        c.name = "N*V > 2^31 in place";
+        c.N = 8193;
+        c.V = 262144;
+        c.grad = 2;
+        c.eps = 0.1f;
+        run_case(c);
+        c.name = "N*V > 2^31 forward stats";
+        c.grad = 0;
+        c.stats = true;
+        c.red = LF_REDUCE_NONE;
+        run_case(c);
+    }
+
+    printf("test_ce_gpu: %d checks, %d failed\n", g_checks, g_fail);
+    return g_fail ? 1 : 0;
+}
