@@ -29,7 +29,7 @@ if has test; then
 fi
 if has sanitize; then
   for tool in memcheck racecheck; do
-    compute-sanitizer --tool $tool --error-exitcode 9 "$B/tests/test_ce_gpu" --small >"$OUT/$tool.log" 2>&1
+    timeout ${SANITIZE_TIMEOUT:-200} compute-sanitizer --tool $tool --error-exitcode 9 "$B/tests/test_ce_gpu" --small >"$OUT/$tool.log" 2>&1
     rc=$?
     summary+=("compute-sanitizer $tool (test_ce_gpu --small): rc=$rc, $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$tool.log" | tail -1), $(grep 'test_ce_gpu:' "$OUT/$tool.log" | tail -1)")
   done
