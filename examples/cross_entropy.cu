@@ -114,10 +114,20 @@ static size_t ce_workspace_bytes(int64_t n_rows)
  * 2. Kernels
  * ========================================================================================== */
 
+/* Tile shape (overridable with -D for tuning experiments; the defaults are what bench/RESULTS.md
+ * measured best). */
+#ifndef CE_THREADS
 #define CE_THREADS 256     /* threads per CTA; three CTAs per SM (persistent) */
+#endif
+#ifndef CE_CTAS_PER_SM
 #define CE_CTAS_PER_SM 3   /* so that one CTA's reductions overlap the others' streaming */
+#endif
+#ifndef CE_PIECE_VECS
 #define CE_PIECE_VECS 2048 /* 16-byte vectors per shared-memory buffer: 32 KB, two buffers */
+#endif
+#ifndef CE_LABEL_CACHE
 #define CE_LABEL_CACHE 512
+#endif
 #define CE_AUTO_CLUSTER_MAX 4 /* see ce_launch_kernel */
 #define CE_SMEM_BYTES (2 * CE_PIECE_VECS * 16 + CE_LABEL_CACHE * 8)
 

@@ -775,9 +775,9 @@ int main(int argc, char **argv)
         }
 
     /* Launch plans at V = 256K: streamed without clusters (16 pieces re-read), clusters of 3 (each
-     * CTA streams 3 pieces), clusters of 16 (each row read once, 16 CTAs merging over DSMEM). */
+     * CTA streams 6 pieces), clusters of 16 (each row read once, 16 CTAs merging over DSMEM). */
     if (!g_small) {
-        const int mcs[3] = {1, 3, 16}, pieces[3] = {16, 3, 1};
+        const int mcs[3] = {1, 3, 16}, pieces[3] = {16, 6, 1};
         for (int k = 0; k < 3; ++k) {
             Case c;
             c.name = k == 0 ? "V=256K without clusters" : k == 1 ? "V=256K clusters of 3" : "V=256K clusters of 16";
