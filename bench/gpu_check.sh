@@ -38,7 +38,7 @@ if has bench; then
   "$B/bench/bench_ce" --variants ${BENCH_ARGS:-} | tee "$OUT/bench.log"
 fi
 if has peers; then
-  PYTHONUNBUFFERED=1 python3 bench/torch_peers.py ${PEERS_ARGS:-} 2>"$OUT/peers.err" | tee -a "$OUT/bench.log"
+  PYTHONUNBUFFERED=1 timeout ${PEERS_TIMEOUT:-420} python3 bench/torch_peers.py ${PEERS_ARGS:-} 2>"$OUT/peers.err" | tee -a "$OUT/bench.log"
   tail -5 "$OUT/peers.err"
 fi
 if has bench || has peers; then

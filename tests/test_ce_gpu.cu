@@ -790,10 +790,21 @@ int main(int argc, char **argv)
             c.stats = k == 1;
             run_case(c);
         }
-        Case c; /* the automatic plan at V = 32K: clusters of 2, each row read once */
+        Case c; /* automatic plans: V = 32K streams 2 pieces; V = 152K clusters of 4, 3 pieces */
         c.name = "V=32K automatic plan";
         c.N = 1000;
         c.V = 32768;
+        c.expect_cluster = 1;
+        c.expect_pieces = 2;
+        run_case(c);
+        c.name = "V=152K automatic plan";
+        c.V = 151936;
+        c.expect_cluster = 4;
+        c.expect_pieces = 3;
+        run_case(c);
+        c.name = "V=32K clusters of 2 (each row read once)";
+        c.V = 32768;
+        c.max_cluster = 2;
         c.expect_cluster = 2;
         c.expect_pieces = 1;
         run_case(c);
