@@ -810,6 +810,24 @@ int main(int argc, char **argv)
         run_case(c);
     }
 
+    /* Many tiny rows: each persistent CTA takes > 512 rows, so its label cache (CE_LABEL_CACHE)
+     * is refilled several times mid-pipeline; rows checked against the reference, the reduction
+     * against the kernel's own per-row losses. */
+    {
+        Case c;
+        c.name = "250000 rows (label cache refills)";
+        c.N = 250000;
+        c.V = g_small ? 7 : 31;
+        c.eps = 0.1f;
+        c.bad_frac = 0.01;
+        run_case(c);
+        c.name = "250000 rows, none, in place";
+        c.red = LF_REDUCE_NONE;
+        c.grad = 2;
+        c.dloss = true;
+        run_case(c);
+    }
+
     /* Determinism: bit-identical loss and gradient across runs. */
     {
         Case c;
