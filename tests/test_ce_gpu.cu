@@ -318,6 +318,24 @@ static void run_case(const Case &c)
         }
     }
 
+    /* With every row checked and statistics requested: a quarter of the valid labels are the row's
+     * argmax, so the accuracy counter has something to count. */
+    if (c.stats && rows.size() == (size_t)N) {
+        int k2 = 0;
+        for (int64_t i : rows) {
+            const std::vector<float> &xr = xrows[k2++];
+            if (planted.count(i) || y[i] < 0 || y[i] >= V || i % 4 != 0) continue;
+            lf_argmax am = lf_argmax_init();
+            for (int64_t j = 0; j < V; ++j) lf_argmax_push(&am, xr[j], (int32_t)j);
+            y[i] = am.i;
+        }
+        if (c.lab64) CK(cudaMemcpy(yd.p, y.data(), N * 8, cudaMemcpyHostToDevice));
+        else {
+            std::vector<int32_t> y32(y.begin(), y.end());
+            CK(cudaMemcpy(yd.p, y32.data(), N * 4, cudaMemcpyHostToDevice));
+        }
+    }
+
     /* host reference options */
     lf_ce_opts oh = lf_ce_opts_default();
     oh.label_smoothing = c.eps;
@@ -476,6 +494,7 @@ static void run_case(const Case &c)
     const double unit_round = c.dt == LF_BF16 ? 0x1p-8 : c.dt == LF_F16 ? 0x1p-11 : 0.0;
     const double wmax = c.weights ? 2.0 : 1.0;
     double ref_sum = 0.0, ref_zsum = 0.0, ref_tol = 0.0;
+    int64_t ref_correct = 0; /* valid checked rows whose argmax is the label */
     int k = 0;
     std::vector<double> dx(V);
     std::vector<char> grow((size_t)V * esz);
@@ -484,6 +503,7 @@ static void run_case(const Case &c)
         const lf_ce_row r = lf_ref_ce_row(xr.data(), V, y[i], &oh, c.grad ? dx.data() : NULL);
         ref_sum += r.loss;
         ref_zsum += r.z_term;
+        ref_correct += r.status == LF_ROW_OK && r.argmax == y[i];
         const bool valid = r.status == LF_ROW_OK;
         /* the row's magnitude: lse and the largest finite |z| */
         double zmax = 0.0;
@@ -541,6 +561,10 @@ static void run_case(const Case &c)
                    worst_j >= 0 ? dx[worst_j] * G : 0.0, worst);
         }
     }
+
+    /* ---- accuracy counter (needs every row checked) ---- */
+    if (c.stats && rows.size() == (size_t)N)
+        EXPECT((int64_t)cnth[0] == ref_correct, "n_correct %u, want %lld", cnth[0], (long long)ref_correct);
 
     /* ---- the reduced loss ---- */
     if (c.red != LF_REDUCE_NONE) {
