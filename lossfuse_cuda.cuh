@@ -105,8 +105,25 @@ static __device__ __forceinline__ float lf_xform_apply(float x, const lf_xform &
 /* Element types: how a 16-byte vector (uint4) unpacks to floats and packs back.
  *   lf_elem<T>::per_vec   elements per 16 bytes (4 for float, 8 for bf16 / fp16)
  *   lf_elem<T>::unpack    uint4 -> float[per_vec];  pack: float[per_vec] -> uint4 (RNE)
- *   lf_elem<T>::to_f32 / from_f32  for single elements (heads, tails, label logits). */
+ *   lf_elem<T>::to_f32 / from_f32  for single elements (heads, tails, label logits).
+ *   lf_elem<T>::mx_t, mx_init, mx_push, mx_final: a running maximum of whole vectors kept in the
+ *       element type, so that a 16-bit row costs one packed max (max.bf16x2 / max.f16x2, sm_80+)
+ *       per TWO elements and nothing to unpack. The max of bf16/fp16 values is exact in any
+ *       width. NaN is ignored (as fmaxf), -inf is the identity. */
 template <typename T> struct lf_elem;
+
+static __device__ __forceinline__ unsigned lf_impl_max_bf16x2(unsigned a, unsigned b)
+{
+    unsigned d;
+    asm("max.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+static __device__ __forceinline__ unsigned lf_impl_max_f16x2(unsigned a, unsigned b)
+{
+    unsigned d;
+    asm("max.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
 
 template <> struct lf_elem<float> {
     enum { per_vec = 4 };
@@ -124,6 +141,14 @@ template <> struct lf_elem<float> {
         return make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]),
                           __float_as_uint(f[3]));
     }
+    typedef float mx_t;
+    static __device__ __forceinline__ mx_t mx_init(void) { return -LF_INF_F; }
+    static __device__ __forceinline__ mx_t mx_push(mx_t a, const uint4 &r)
+    {
+        return fmaxf(a, fmaxf(fmaxf(__uint_as_float(r.x), __uint_as_float(r.y)),
+                              fmaxf(__uint_as_float(r.z), __uint_as_float(r.w))));
+    }
+    static __device__ __forceinline__ float mx_final(mx_t a) { return a; }
 };
 
 template <> struct lf_elem<__nv_bfloat16> {
@@ -148,6 +173,16 @@ template <> struct lf_elem<__nv_bfloat16> {
     static __device__ __forceinline__ uint4 pack(const float *f)
     {
         return make_uint4(pack2(f[0], f[1]), pack2(f[2], f[3]), pack2(f[4], f[5]), pack2(f[6], f[7]));
+    }
+    typedef unsigned mx_t; /* two bf16 lanes: even and odd elements */
+    static __device__ __forceinline__ mx_t mx_init(void) { return 0xff80ff80u; }
+    static __device__ __forceinline__ mx_t mx_push(mx_t a, const uint4 &r)
+    {
+        return lf_impl_max_bf16x2(a, lf_impl_max_bf16x2(lf_impl_max_bf16x2(r.x, r.y), lf_impl_max_bf16x2(r.z, r.w)));
+    }
+    static __device__ __forceinline__ float mx_final(mx_t a)
+    {
+        return fmaxf(__uint_as_float(a << 16), __uint_as_float(a & 0xffff0000u));
     }
 };
 
@@ -174,6 +209,18 @@ template <> struct lf_elem<__half> {
     static __device__ __forceinline__ uint4 pack(const float *f)
     {
         return make_uint4(pack2(f[0], f[1]), pack2(f[2], f[3]), pack2(f[4], f[5]), pack2(f[6], f[7]));
+    }
+    typedef unsigned mx_t;
+    static __device__ __forceinline__ mx_t mx_init(void) { return 0xfc00fc00u; }
+    static __device__ __forceinline__ mx_t mx_push(mx_t a, const uint4 &r)
+    {
+        return lf_impl_max_f16x2(a, lf_impl_max_f16x2(lf_impl_max_f16x2(r.x, r.y), lf_impl_max_f16x2(r.z, r.w)));
+    }
+    static __device__ __forceinline__ float mx_final(mx_t a)
+    {
+        const __half2 h = *reinterpret_cast<const __half2 *>(&a);
+        const float2 f = __half22float2(h);
+        return fmaxf(f.x, f.y);
     }
 };
 
@@ -296,6 +343,85 @@ static __device__ __forceinline__ lf_row_stats lf_block_row_stats(lf_row_stats v
     return lf_impl_block_allreduce<THREADS>(v, scratch, lf_impl_op_stats());
 }
 
+/* Two-step block merge of per-thread lse states, for hot loops: the block max of m first, then
+ * every thread moves its (s, u) onto that max (one exp) and the rest are plain sums. Two
+ * barriers and ~40 instructions per thread instead of an lse merge (two exps and the NaN / -0
+ * rules) at every level of the tree. Same contract as lf_block_lse: every thread gets the
+ * bit-identical state, summed in a fixed order.
+ *   FULL: also u (entropy), and alongside: the block max of *xmax with, in *xidx, the smallest
+ *   *xidx >= 0 among the threads whose *xmax is that max (-1 if none: an argmax, first index
+ *   on ties), and the block sum of *xsum.
+ *   Neither m nor *xmax may be NaN (NaN lives in s; true for lf_lse_push and
+ *   lf_piece_stats_fast states).
+ *   scratch: 6 * THREADS / 32 floats; the caller owes a __syncthreads before reusing it. */
+template <int THREADS, bool FULL>
+static __device__ __forceinline__ lf_lse lf_block_lse_2step(lf_lse v, float *xmax, int32_t *xidx, float *xsum,
+                                                            float *scratch)
+{
+    static_assert(THREADS % 32 == 0 && THREADS >= 32 && THREADS <= 1024, "THREADS: multiple of 32 in [32, 1024]");
+    const int W = THREADS / 32, lane = (int)(threadIdx.x & 31u), warp = (int)(threadIdx.x >> 5);
+    float m = lf_warp_max_f32(v.m);
+    float xm = FULL ? lf_warp_max_f32(*xmax) : 0.0f;
+    if (lane == 0) {
+        scratch[warp] = m;
+        if (FULL) scratch[W + warp] = xm;
+    }
+    __syncthreads();
+    m = scratch[0];
+    if (FULL) xm = scratch[W];
+#pragma unroll
+    for (int w = 1; w < W; ++w) {
+        m = fmaxf(m, scratch[w]);
+        if (FULL) xm = fmaxf(xm, scratch[W + w]);
+    }
+    if (m == 0.0f) m = 0.0f; /* one zero for every thread */
+    lf_impl_lse_rescale(v.m, m, &v.s, &v.u);
+    float s = lf_warp_sum_f32(v.s);
+    float u = FULL ? lf_warp_sum_f32(v.u) : 0.0f;
+    float xs = FULL ? lf_warp_sum_f32(*xsum) : 0.0f;
+    int32_t xi = 0;
+    if (FULL) {
+        xi = (*xmax == xm && *xidx >= 0) ? *xidx : INT32_MAX;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) xi = min(xi, __shfl_xor_sync(0xffffffffu, xi, o));
+    }
+    float *const sc = scratch + 2 * W;
+    int32_t *const si = reinterpret_cast<int32_t *>(scratch + 5 * W);
+    if (lane == 0) {
+        sc[warp] = s;
+        if (FULL) {
+            sc[W + warp] = u;
+            sc[2 * W + warp] = xs;
+            si[warp] = xi;
+        }
+    }
+    __syncthreads();
+    s = sc[0];
+    if (FULL) {
+        u = sc[W];
+        xs = sc[2 * W];
+        xi = si[0];
+    }
+#pragma unroll
+    for (int w = 1; w < W; ++w) {
+        s += sc[w];
+        if (FULL) {
+            u += sc[W + w];
+            xs += sc[2 * W + w];
+            xi = min(xi, si[w]);
+        }
+    }
+    v.m = m;
+    v.s = s;
+    v.u = u;
+    if (FULL) {
+        *xmax = xm;
+        *xidx = xi == INT32_MAX ? -1 : xi;
+        *xsum = xs;
+    }
+    return v;
+}
+
 /* ============================================================================================
  * 4. Vectorized row access
  *    A row of V elements starting at any element-aligned address splits into
@@ -408,6 +534,46 @@ static __device__ __forceinline__ lf_edge lf_row_edge_load(const T *row, const l
     return e;
 }
 
+/* The same in two halves, for loading a job ahead of its use: lf_row_edge_issue only loads the
+ * raw element (nothing consumes the register, so the thread does not wait for it), and
+ * lf_edge_resolve converts it when it is needed. Converting right after the load — as the
+ * one-call form does — stalls the warp for a full memory latency. */
+typedef struct lf_edge_raw {
+    uint32_t bits; /* the element's bits (zero-extended) */
+    int32_t j;
+} lf_edge_raw;
+
+template <typename T>
+static __device__ __forceinline__ lf_edge_raw lf_row_edge_issue(const T *row, const lf_row_span &sp)
+{
+    lf_edge_raw r;
+    const int i = (int)threadIdx.x;
+    r.j = -1;
+    r.bits = 0u;
+    if (i < sp.head) r.j = i;
+    else if (i >= 8 && i - 8 < sp.tail) r.j = sp.head + sp.nvec * lf_elem<T>::per_vec + (i - 8);
+    if (r.j >= 0) {
+        if (sizeof(T) == 4) r.bits = reinterpret_cast<const uint32_t *>(row)[r.j];
+        else r.bits = reinterpret_cast<const unsigned short *>(row)[r.j];
+    }
+    return r;
+}
+
+template <typename T>
+static __device__ __forceinline__ lf_edge lf_edge_resolve(const lf_edge_raw &r)
+{
+    lf_edge e;
+    e.j = r.j;
+    if (sizeof(T) == 4) {
+        e.x = __uint_as_float(r.bits);
+    } else {
+        const unsigned short h = (unsigned short)r.bits;
+        e.x = lf_elem<T>::to_f32(*reinterpret_cast<const T *>(&h));
+    }
+    if (r.j < 0) e.x = 0.0f;
+    return e;
+}
+
 /* Statistics of this thread's vectors of a piece, pushed into st (its partial of the row).
  *   FULL = false: only the lse state's m and s (what the cross-entropy loss and gradient need).
  *   FULL = true : also entropy (u), argmax of x, and sum_j w_j z_j, sum_j w_j with w_j from
@@ -470,6 +636,138 @@ static __device__ __forceinline__ void lf_piece_stats(lf_row_stats &st, const ui
     st.lse.s += s0 + s1;
 }
 
+/* The fast row pass (no softcap, no class weights): the same statistics as lf_piece_stats with
+ * about half the instructions per element, which is what decides whether a row pass keeps up
+ * with HBM (bench/RESULTS.md):
+ *   sweep 1  the thread's maximum in the element type (lf_elem::mx_push: a packed max per two
+ *            bf16/fp16 elements, nothing unpacked);
+ *   sweep 2  p = exp2(x * scale*log2e - m*log2e): unpack + FFMA + EX2 + FADD per element; with
+ *            FULL also u += p * t (t, the exponent, is (z - m) log2 e: entropy in log2 units,
+ *            converted once per piece) and optionally sum x (label smoothing: sum z = scale sum x).
+ * The argmax is found lazily (lf_lazy_argmax): sweep 1 only yields the thread's maximum; when
+ * that improves on the thread's row maximum so far, the thread offers it to a CTA-wide running
+ * maximum in shared memory (one shared atomicMax per thread and piece), and only if it is at
+ * least that running maximum — so it may still be the row's — does it look for its first index
+ * in the piece (lf_piece_find, from shared memory). In a random order only ~ln(THREADS) threads
+ * per row set a new running maximum, so the scans cost next to nothing, need no barrier and no
+ * second read; lf_block_lse_2step then picks the first index among the threads holding the
+ * maximum. The states have a non-NaN m (a NaN element lands in s), as lf_block_lse_2step
+ * requires; a NaN row's argmax (the first NaN) is the caller's to find (s is NaN).
+ * Per row: *best_key = lf_argmax_key(-inf) and la = lf_lazy_argmax_init() before the first piece
+ * (with a barrier between the reset of best_key and the first piece of any thread). */
+typedef struct lf_lazy_argmax {
+    float v;   /* the thread's largest raw logit of the row so far (never NaN: see mx_push) */
+    int32_t i; /* its first index; -1: not located (v is below the CTA's maximum); -2: no element */
+} lf_lazy_argmax;
+
+static __device__ __forceinline__ lf_lazy_argmax lf_lazy_argmax_init(void)
+{
+    lf_lazy_argmax a;
+    a.v = -LF_INF_F;
+    a.i = -2;
+    return a;
+}
+
+/* An unsigned key with the order of the (non-NaN) floats: for atomicMax on shared memory. */
+static __device__ __forceinline__ unsigned lf_argmax_key(float x)
+{
+    const unsigned b = __float_as_uint(x == 0.0f ? 0.0f : x); /* -0 ties with +0, as in lf_argmax */
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+/* The first index j among this thread's vectors of [vbeg, vend) whose raw logit is M (with
+ * nan: the first NaN), or -1. src[k] is vector vbeg + k: a shared-memory piece, or the row's
+ * body in global memory offset by vbeg (generic loads: either works). */
+template <int THREADS, typename T>
+static __device__ __noinline__ int32_t lf_piece_find(const uint4 *src, const lf_row_span &sp, int vbeg, int vend, float M,
+                                                     bool nan)
+{
+    const int PV = lf_elem<T>::per_vec;
+    for (int v = vbeg + (int)threadIdx.x; v < vend; v += THREADS) {
+        float x[PV];
+        lf_elem<T>::unpack(src[v - vbeg], x);
+#pragma unroll
+        for (int e = 0; e < PV; ++e)
+            if (nan ? x[e] != x[e] : x[e] == M) return sp.head + v * PV + e;
+    }
+    return -1;
+}
+
+template <int THREADS, typename T>
+static __device__ __forceinline__ float lf_piece_xmax(const uint4 *buf, int vbeg, int vend)
+{
+    typename lf_elem<T>::mx_t a = lf_elem<T>::mx_init();
+#pragma unroll 4
+    for (int v = vbeg + (int)threadIdx.x; v < vend; v += THREADS) a = lf_elem<T>::mx_push(a, buf[v - vbeg]);
+    return lf_elem<T>::mx_final(a);
+}
+
+template <int THREADS, typename T, bool ENT, bool SUMX>
+static __device__ __forceinline__ void lf_piece_sumexp(const uint4 *buf, int vbeg, int vend, float c, float sh, float *s,
+                                                       float *u2, float *sx)
+{
+    const int PV = lf_elem<T>::per_vec;
+    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f; /* four chains: the adds' latency hides */
+    float u0 = 0.0f, u1 = 0.0f, x0 = 0.0f, x1 = 0.0f;
+#pragma unroll 4
+    for (int v = vbeg + (int)threadIdx.x; v < vend; v += THREADS) {
+        float x[PV];
+        lf_elem<T>::unpack(buf[v - vbeg], x);
+#pragma unroll
+        for (int e = 0; e < PV; ++e) {
+            const float t = fmaf(x[e], c, -sh);
+            const float q = lf_ex2(t);
+            switch (e & 3) {
+            case 0: s0 += q; break;
+            case 1: s1 += q; break;
+            case 2: s2 += q; break;
+            default: s3 += q; break;
+            }
+            if (ENT) {
+                /* q = 0 below t = -126 (EX2 flushes), so clamping t there changes no term but
+                 * keeps 0 * -inf (a masked -inf logit) from forming. */
+                if (e & 1) u1 = fmaf(q, fmaxf(t, -127.0f), u1);
+                else u0 = fmaf(q, fmaxf(t, -127.0f), u0);
+            }
+            if (SUMX) {
+                if (e & 1) x1 += x[e];
+                else x0 += x[e];
+            }
+        }
+    }
+    *s += (s0 + s1) + (s2 + s3);
+    if (ENT) *u2 += u0 + u1;
+    if (SUMX) *sx += x0 + x1;
+}
+
+/* One piece of the fast pass, pushed into st (lse; with FULL also u and, when sumx, wz = sum z)
+ * and, with FULL, la (best_key: the CTA's running maximum, see above). */
+template <int THREADS, typename T, bool FULL>
+static __device__ __forceinline__ void lf_piece_stats_fast(lf_row_stats &st, lf_lazy_argmax &la, unsigned *best_key,
+                                                           const uint4 *buf, const lf_row_span &sp, int vbeg, int vend,
+                                                           const lf_xform &t, bool sumx)
+{
+    const float xm = lf_piece_xmax<THREADS, T>(buf, vbeg, vend);
+    if (FULL && vbeg + (int)threadIdx.x < vend && (xm > la.v || la.i == -2)) {
+        la.v = xm;
+        const unsigned key = lf_argmax_key(xm);
+        la.i = key >= atomicMax(best_key, key) ? lf_piece_find<THREADS, T>(buf, sp, vbeg, vend, xm, false) : -1;
+    }
+    const float m_new = fmaxf(st.lse.m, xm * t.scale);
+    lf_impl_lse_rescale(st.lse.m, m_new, &st.lse.s, &st.lse.u);
+    st.lse.m = m_new;
+    const float sh = (m_new == -LF_INF_F ? 0.0f : m_new) * LF_LOG2E;
+    float s = 0.0f, u2 = 0.0f, sx = 0.0f;
+    if (!FULL) lf_piece_sumexp<THREADS, T, false, false>(buf, vbeg, vend, t.scale_l2e, sh, &s, &u2, &sx);
+    else if (sumx) lf_piece_sumexp<THREADS, T, true, true>(buf, vbeg, vend, t.scale_l2e, sh, &s, &u2, &sx);
+    else lf_piece_sumexp<THREADS, T, true, false>(buf, vbeg, vend, t.scale_l2e, sh, &s, &u2, &sx);
+    st.lse.s += s;
+    if (FULL) {
+        st.lse.u += u2 * LF_LN2;
+        st.wz += sx * t.scale;
+    }
+}
+
 /* Push this thread's edge element (if any) into st. */
 template <bool FULL, bool SOFTCAP>
 static __device__ __forceinline__ void lf_edge_stats(lf_row_stats &st, const lf_edge &e, const lf_xform &t,
@@ -492,8 +790,9 @@ static __device__ __forceinline__ void lf_edge_stats(lf_row_stats &st, const lf_
  *        g_y = dz_y/dx_y * (a p_y - e w_y - b)
  *    where lf_grad_coef_make folds the upstream scale, label smoothing, class weights, z-loss
  *    and logit scale into a, b, e. The writers produce the dense part; the label element is
- *    patched afterwards by one thread (lf_ce_label_grad) — cheaper than comparing every index
- *    with y; a barrier between the two stores makes the patch the value that remains.
+ *    patched afterwards (lf_ce_label_grad) by the thread that wrote its dense value — cheaper
+ *    than comparing every index with y, and one thread's program order makes the patch the
+ *    value that remains, with no barrier (thread t writes vectors vbeg + t + k*THREADS).
  *    In place (out_row == the row the piece was copied from) is safe: a piece is in shared
  *    memory before any of its elements is overwritten.
  * ========================================================================================== */
@@ -572,6 +871,33 @@ static __device__ __forceinline__ void lf_piece_grad_store(T *out_row, bool vec_
 #pragma unroll
             for (int e = 0; e < PV; ++e) out_row[sp.head + v * PV + e] = lf_elem<T>::from_f32(g[e]);
         }
+    }
+}
+
+/* The dense gradient of the plain loss (no softcap, no class weights, no smoothing) with the
+ * coefficient folded into the exponent: a p_j = sgn(a) exp2(x_j scale log2e - k), with
+ * k = lse log2e - log2|a| (lf_grad_fast_k). Unpack + FFMA + EX2 + half a pack per element: no
+ * multiply. a = 0 gives k = +inf and zeros; a NaN row gives NaN. The label element is patched
+ * afterwards as with lf_piece_grad_store. 16-byte stores: the output row must have the input
+ * row's phase (vec_ok). */
+static __device__ __forceinline__ float lf_grad_fast_k(const lf_grad_coef &c) { return c.lse_l2e - log2f(fabsf(c.a)); }
+
+template <int THREADS, typename T, bool NEG>
+static __device__ __forceinline__ void lf_piece_grad_fast(T *out_row, const uint4 *buf, const lf_row_span &sp, int vbeg,
+                                                          int vend, float c, float k)
+{
+    const int PV = lf_elem<T>::per_vec;
+    uint4 *body = reinterpret_cast<uint4 *>(out_row + sp.head);
+#pragma unroll 4
+    for (int v = vbeg + (int)threadIdx.x; v < vend; v += THREADS) {
+        float x[PV], g[PV];
+        lf_elem<T>::unpack(buf[v - vbeg], x);
+#pragma unroll
+        for (int e = 0; e < PV; ++e) {
+            const float q = lf_ex2(fmaf(x[e], c, -k));
+            g[e] = NEG ? -q : q;
+        }
+        lf_st16(body + v, lf_elem<T>::pack(g));
     }
 }
 

@@ -1,6 +1,7 @@
 /* bench/bench_ce.cu — times examples/cross_entropy.cu against the bytes-moved floor.
  *
- *   bench_ce [--shapes 4096x32768,16384x262144,...] [--iters 20] [--variants]
+ *   bench_ce [--shapes 4096x32768,16384x262144,...] [--iters 20] [--variants] [--clusters 0,1,2,4]
+ *            [--tag _name]
  *
  * Prints machine-readable lines that bench/report.py turns into the table and chart:
  *   DEVICE name=...
@@ -11,6 +12,7 @@
  * statistics (logprob, lse, entropy, argmax, accuracy; floor 2 B/elem).
  * --variants adds impl=lossfuse_nocluster (max_cluster = 1: CTAs re-read their pieces) so the
  * design choice stays measured; --clusters 0,1,2,4,8 times each cluster cap (lossfuse_cN).
+ * --tag appends to every impl name (bench/tune.sh builds variants with other tile macros).
  * Each RESULT line also says the plan chosen (cluster size, pieces per slice, CTAs).
  * Each timed launch is preceded (untimed) by restoring the logits from a pristine copy and by
  * writing a 256 MiB buffer, so nothing of the input is left in L2; the median is reported.
@@ -54,11 +56,13 @@ int main(int argc, char **argv)
 {
     std::string shapes = "4096x32768,4096x131072,4096x151936,4096x262144,16384x32768,16384x131072,16384x151936,16384x262144";
     int iters = 20;
+    std::string tag; /* appended to impl names: for binaries built with other CE_* tile macros */
     std::vector<int> variants = {0}; /* max_cluster per variant: 0 = automatic */
     for (int i = 1; i < argc; ++i) {
         if (!strcmp(argv[i], "--shapes") && i + 1 < argc) shapes = argv[++i];
         else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--variants")) variants = {0, 1};
+        else if (!strcmp(argv[i], "--tag") && i + 1 < argc) tag = argv[++i];
         else if (!strcmp(argv[i], "--clusters") && i + 1 < argc) { /* e.g. 0,1,2,4,8 */
             variants.clear();
             for (char *t = strtok(argv[++i], ","); t; t = strtok(NULL, ",")) variants.push_back(atoi(t));
@@ -151,10 +155,10 @@ int main(int argc, char **argv)
         a.n_errors = cnt + 1;
 
         for (int mc : variants) {
-            char impl[32];
-            if (mc == 0) snprintf(impl, sizeof impl, "lossfuse");
-            else if (mc == 1) snprintf(impl, sizeof impl, "lossfuse_nocluster");
-            else snprintf(impl, sizeof impl, "lossfuse_c%d", mc);
+            char impl[96];
+            if (mc == 0) snprintf(impl, sizeof impl, "lossfuse%s", tag.c_str());
+            else if (mc == 1) snprintf(impl, sizeof impl, "lossfuse_nocluster%s", tag.c_str());
+            else snprintf(impl, sizeof impl, "lossfuse_c%d%s", mc, tag.c_str());
             for (int mode = 0; mode < 2; ++mode) { /* 0 fwdbwd, 1 fwd */
                 ce_args b = a;
                 b.max_cluster = mc;

@@ -186,9 +186,9 @@ typedef struct ce_job {
     int k;          /* job index within the row */
     int sbeg, send; /* this CTA's slice of the row's body vectors */
     lf_row_span sp;
-    lf_edge edge;   /* this thread's head/tail element (rank 0) */
-    float x_y;      /* label logit (thread 0 of every CTA: read before anyone writes the row) */
-    float g;        /* upstream gradient of the row, without the mean's 1/divisor */
+    lf_edge_raw edge_raw; /* this thread's head/tail element (rank 0), as loaded */
+    lf_edge edge;   /* ... converted when the job starts (lf_edge_resolve) */
+    float dl;       /* reduction none: the row's upstream gradient, as loaded */
 } ce_job;
 
 /* The persistent fused kernel. A cluster of `nranks` CTAs (1: no cluster) takes rows cid,
@@ -208,6 +208,9 @@ __global__ void __launch_bounds__(CE_THREADS, CE_CTAS_PER_SM) ce_kernel(const ce
     extern __shared__ uint4 ce_smem[]; /* [2][CE_PIECE_VECS] pieces, then the label cache */
     __shared__ lf_row_stats red[2][CE_THREADS / 32];
     __shared__ lf_row_stats xchg[2];
+    __shared__ unsigned am_key[2]; /* lazy argmax: the CTA's running maximum, per row parity */
+    __shared__ int am_nan[2];      /* the first NaN of a NaN row, per row parity */
+    __shared__ float xy_s[2];      /* the label logit, from the thread that staged it */
     __shared__ double fin[CE_THREADS / 32];
     __shared__ int is_last;
     uint4 *const buf0 = ce_smem, *const buf1 = ce_smem + CE_PIECE_VECS;
@@ -220,6 +223,8 @@ __global__ void __launch_bounds__(CE_THREADS, CE_CTAS_PER_SM) ce_kernel(const ce
     const int J = resident ? 1 : (GRAD ? 2 * npieces : npieces);
     const int64_t njobs = my_rows * J;
     float inv_div = 1.0f;
+    /* upstream gradient of sum / mean (one scalar: loaded once) */
+    const float dl_all = (GRAD && p.dloss && p.reduction != LF_REDUCE_NONE) ? p.dloss[0] : 1.0f;
     if (GRAD && p.reduction == LF_REDUCE_MEAN) {
         const float d = ce_mean_divisor(p);
         inv_div = d == 0.0f ? 0.0f : 1.0f / d;
@@ -244,10 +249,11 @@ __global__ void __launch_bounds__(CE_THREADS, CE_CTAS_PER_SM) ce_kernel(const ce
         const T *x = (const T *)p.logits + j.row * p.stride;
         j.sp = lf_row_span_make(x, V);
         lf_row_slice(j.sp, rank, nranks, &j.sbeg, &j.send);
-        j.edge.j = -1;
-        if (rank == 0) j.edge = lf_row_edge_load(x, j.sp);
-        j.x_y = threadIdx.x == 0 ? lf_elem<T>::to_f32(x[j.y]) : 0.0f;
-        j.g = GRAD ? p.grad_scale * (p.dloss ? p.dloss[p.reduction == LF_REDUCE_NONE ? j.row : 0] : 1.0f) : 0.0f;
+        /* Loads issued here are consumed a job later: nothing may use their registers before
+         * (a conversion right after the load would stall the warp for a memory latency). */
+        j.edge_raw.j = -1;
+        if (rank == 0) j.edge_raw = lf_row_edge_issue(x, j.sp);
+        j.dl = (GRAD && p.dloss && p.reduction == LF_REDUCE_NONE) ? p.dloss[j.row] : 1.0f;
         return j;
     };
     auto piece_range = [&](const ce_job &j, int *pb, int *pe) {
@@ -262,9 +268,19 @@ __global__ void __launch_bounds__(CE_THREADS, CE_CTAS_PER_SM) ce_kernel(const ce
         lf_piece_load<CE_THREADS>(b, (const T *)p.logits + j.row * p.stride, j.sp, pb, pe);
     };
 
+    /* The fast path (lf_piece_stats_fast, lf_piece_grad_fast) serves everything but the softcap
+     * and class weights; its gradient also needs no label smoothing. */
+    const bool fast = !SOFTCAP && p.class_w == nullptr;
+    const bool fast_grad = fast && p.eps == 0.0f;
     lf_row_stats st = lf_row_stats_init();
+    lf_lazy_argmax la = lf_lazy_argmax_init();
     lf_grad_coef coef;
     memset(&coef, 0, sizeof coef);
+    float fast_k = 0.0f;
+    if (threadIdx.x < 2) { /* published by start_job's barrier */
+        am_key[threadIdx.x] = lf_argmax_key(-LF_INF_F);
+        am_nan[threadIdx.x] = INT_MAX;
+    }
     int par = 0;
     ce_job cur;
     memset(&cur, 0, sizeof cur);
@@ -275,6 +291,7 @@ __global__ void __launch_bounds__(CE_THREADS, CE_CTAS_PER_SM) ce_kernel(const ce
     lf_cp_async_commit();
     for (int64_t jj = 0; jj < njobs; ++jj) {
         uint4 *const b = (jj & 1) ? buf1 : buf0;
+        if (cur.k == 0) cur.edge = lf_edge_resolve<T>(cur.edge_raw); /* loaded a job ago */
         ce_job nxt = cur;
         if (jj + 1 < njobs) {
             nxt = start_job(jj + 1, cur);
@@ -311,21 +328,85 @@ __global__ void __launch_bounds__(CE_THREADS, CE_CTAS_PER_SM) ce_kernel(const ce
             if (cur.k < npieces) { /* statistics pass */
                 if (piece == 0) {
                     st = lf_row_stats_init();
+                    la = lf_lazy_argmax_init();
                     lf_edge_stats<FULL, SOFTCAP>(st, cur.edge, p.xf, p.class_w);
                 }
-                lf_piece_stats<CE_THREADS, T, FULL, SOFTCAP>(st, b, cur.sp, pb, pe, p.xf, p.class_w);
+                if (fast) lf_piece_stats_fast<CE_THREADS, T, FULL>(st, la, &am_key[par], b, cur.sp, pb, pe, p.xf, p.eps > 0.0f);
+                else lf_piece_stats<CE_THREADS, T, FULL, SOFTCAP>(st, b, cur.sp, pb, pe, p.xf, p.class_w);
+                {   /* The label logit: the thread that staged it (or holds it as an edge element)
+                     * leaves it for the row's output thread; the reduction's barrier orders the
+                     * two. (A load of x[y] would stall whoever converts it.) */
+                    const int PV = lf_elem<T>::per_vec;
+                    const int64_t yb = cur.y - cur.sp.head;
+                    if (yb < 0 || yb >= (int64_t)cur.sp.nvec * PV) {
+                        if (piece == 0 && cur.edge.j == (int32_t)cur.y) xy_s[par] = cur.edge.x;
+                    } else {
+                        const int vy = (int)(yb / PV);
+                        if (vy >= pb && vy < pe && (int)threadIdx.x == (vy - pb) % CE_THREADS) {
+                            float xv[lf_elem<T>::per_vec], x_y = 0.0f;
+                            lf_elem<T>::unpack(b[vy - pb], xv);
+#pragma unroll
+                            for (int e = 0; e < PV; ++e) x_y = e == (int)(yb % PV) ? xv[e] : x_y;
+                            xy_s[par] = x_y;
+                        }
+                    }
+                }
                 if (piece == npieces - 1) {
-                    /* the plain loss needs only (m, s): a 3-word merge instead of the 7-word one */
-                    if (FULL) st = lf_block_row_stats<CE_THREADS>(st, red[par]);
-                    else st.lse = lf_block_lse<CE_THREADS>(st.lse, reinterpret_cast<lf_lse *>(red[par]));
+                    if (fast) {
+                        float *const scratch = reinterpret_cast<float *>(red[par]);
+                        /* the thread's argmax candidate: its edge element (exact) or its body's */
+                        lf_argmax cand = st.am;
+                        if (la.v > cand.v || (la.v == cand.v && la.i >= 0 && (cand.i < 0 || la.i < cand.i))) {
+                            cand.v = la.v;
+                            cand.i = la.i;
+                        }
+                        /* The other parity's slots are free (every thread is past the previous
+                         * row's barriers) and nobody uses them before the next row, which starts
+                         * after the barriers below: reset them here. */
+                        if (FULL && threadIdx.x == 0) {
+                            am_key[par ^ 1] = lf_argmax_key(-LF_INF_F);
+                            am_nan[par ^ 1] = INT_MAX;
+                        }
+                        st.lse = lf_block_lse_2step<CE_THREADS, FULL>(st.lse, &cand.v, &cand.i, &st.wz, scratch);
+                        if (FULL) {
+                            if (st.lse.s != st.lse.s) {
+                                /* A NaN or +inf in the row: the first NaN, if any, is the argmax
+                                 * (lf_argmax's rule). Rare: scan the CTA's slice in global memory. */
+                                const T *x = (const T *)p.logits + row * p.stride;
+                                const uint4 *xbody = reinterpret_cast<const uint4 *>(x + cur.sp.head);
+                                int32_t found = INT_MAX;
+                                if (cur.edge.j >= 0 && cur.edge.x != cur.edge.x) found = cur.edge.j;
+                                const int32_t j = lf_piece_find<CE_THREADS, T>(xbody + cur.sbeg, cur.sp, cur.sbeg, cur.send, 0.0f, true);
+                                if (j >= 0) found = min(found, j);
+                                if (found != INT_MAX) atomicMin(&am_nan[par], found);
+                                __syncthreads();
+                                if (am_nan[par] != INT_MAX) {
+                                    cand.v = NAN;
+                                    cand.i = am_nan[par];
+                                }
+                            }
+                            st.am = cand;
+                        }
+                    } else if (FULL) {
+                        st = lf_block_row_stats<CE_THREADS>(st, red[par]);
+                    } else {
+                        /* the plain loss needs only (m, s): a 3-word merge instead of the 7-word one */
+                        st.lse = lf_block_lse<CE_THREADS>(st.lse, reinterpret_cast<lf_lse *>(red[par]));
+                    }
                     if (nranks > 1) st = lf_cluster_row_stats(st, &xchg[par]);
+                    const int rpar = par;
                     par ^= 1;
                     const float lse = lf_lse_final(st.lse);
                     const float w_y = p.class_w ? __ldg(p.class_w + cur.y) : 1.0f;
                     const float wsum = (FULL && p.class_w) ? st.w : (float)V;
-                    if (GRAD) coef = lf_grad_coef_make(cur.g * inv_div, lse, p.eps, p.lam, w_y, wsum, V, p.xf);
-                    if (rank == 0 && threadIdx.x == 0) {
-                        const float z_y = lf_xform_apply<SOFTCAP>(cur.x_y, p.xf);
+                    if (GRAD) {
+                        const float g = p.grad_scale * (p.reduction == LF_REDUCE_NONE ? cur.dl : dl_all);
+                        coef = lf_grad_coef_make(g * inv_div, lse, p.eps, p.lam, w_y, wsum, V, p.xf);
+                        fast_k = lf_grad_fast_k(coef);
+                    }
+                    /* the row's outputs: thread 0 of the CTA that holds the label */
+                    if (threadIdx.x == 0 && rank == lf_row_owner_rank<T>(cur.y, cur.sp, nranks)) {
+                        const float z_y = lf_xform_apply<SOFTCAP>(xy_s[rpar], p.xf);
                         /* lse - z_y as (m - z_y) + log(s): exact when the label is the max, even
                          * at |x| ~ 1e4 */
                         const float nll = (st.lse.m - z_y) + logf(st.lse.s);
@@ -354,11 +435,28 @@ __global__ void __launch_bounds__(CE_THREADS, CE_CTAS_PER_SM) ce_kernel(const ce
             if (GRAD && write_now) {
                 const bool vec_ok = ((uintptr_t)out & 15u) == (uintptr_t)cur.sp.phase;
                 if (piece == 0 && rank == 0) lf_edge_grad_store<FULL, SOFTCAP>(out, cur.edge, coef, p.xf, p.class_w);
-                lf_piece_grad_store<CE_THREADS, FULL, SOFTCAP>(out, vec_ok, b, cur.sp, pb, pe, coef, p.xf, p.class_w);
-                if (piece == npieces - 1 && rank == lf_row_owner_rank<T>(cur.y, cur.sp, nranks)) {
-                    __syncthreads(); /* the dense store of g_y (by whichever thread) happens before the patch */
-                    if (threadIdx.x == 0)
-                        out[cur.y] = lf_elem<T>::from_f32(lf_ce_label_grad<FULL, SOFTCAP>(cur.x_y, (int32_t)cur.y, coef, p.xf, p.class_w));
+                if (fast_grad && vec_ok) {
+                    if (coef.a < 0.0f) lf_piece_grad_fast<CE_THREADS, T, true>(out, b, cur.sp, pb, pe, p.xf.scale_l2e, fast_k);
+                    else lf_piece_grad_fast<CE_THREADS, T, false>(out, b, cur.sp, pb, pe, p.xf.scale_l2e, fast_k);
+                } else {
+                    lf_piece_grad_store<CE_THREADS, FULL, SOFTCAP>(out, vec_ok, b, cur.sp, pb, pe, coef, p.xf, p.class_w);
+                }
+                /* The label element: the thread that has just written its dense value overwrites
+                 * it (program order of one thread: no barrier), with x_y from the staged piece. */
+                const int PV = lf_elem<T>::per_vec;
+                const int64_t yb = cur.y - cur.sp.head;
+                if (yb < 0 || yb >= (int64_t)cur.sp.nvec * PV) {
+                    if (piece == 0 && rank == 0 && cur.edge.j == (int32_t)cur.y)
+                        out[cur.y] = lf_elem<T>::from_f32(lf_ce_label_grad<FULL, SOFTCAP>(cur.edge.x, (int32_t)cur.y, coef, p.xf, p.class_w));
+                } else {
+                    const int vy = (int)(yb / PV);
+                    if (vy >= pb && vy < pe && (int)threadIdx.x == (vy - pb) % CE_THREADS) {
+                        float xv[lf_elem<T>::per_vec], x_y = 0.0f;
+                        lf_elem<T>::unpack(b[vy - pb], xv);
+#pragma unroll
+                        for (int e = 0; e < PV; ++e) x_y = e == (int)(yb % PV) ? xv[e] : x_y; /* no local array */
+                        out[cur.y] = lf_elem<T>::from_f32(lf_ce_label_grad<FULL, SOFTCAP>(x_y, (int32_t)cur.y, coef, p.xf, p.class_w));
+                    }
                 }
             }
         }
