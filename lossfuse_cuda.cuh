@@ -105,7 +105,8 @@ static __device__ __forceinline__ float lf_xform_apply(float x, const lf_xform &
 /* Element types: how a 16-byte vector (uint4) unpacks to floats and packs back.
  *   lf_elem<T>::per_vec   elements per 16 bytes (4 for float, 8 for bf16 / fp16)
  *   lf_elem<T>::unpack    uint4 -> float[per_vec];  pack: float[per_vec] -> uint4 (RNE)
- *   lf_elem<T>::to_f32 / from_f32  for single elements (heads, tails, label logits).
+ *   lf_elem<T>::to_f32 / from_f32  for single elements (heads, tails, label logits);
+ *       get(vector, e): element e of a vector, selected in registers.
  *   lf_elem<T>::mx_t, mx_init, mx_push, mx_final: a running maximum of whole vectors kept in the
  *       element type, so that a 16-bit row costs one packed max (max.bf16x2 / max.f16x2, sm_80+)
  *       per TWO elements and nothing to unpack. The max of bf16/fp16 values is exact in any
@@ -141,6 +142,11 @@ template <> struct lf_elem<float> {
         return make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]),
                           __float_as_uint(f[3]));
     }
+    /* element e (runtime, < per_vec) of a vector, in registers (no local-memory array) */
+    static __device__ __forceinline__ float get(const uint4 &r, int e)
+    {
+        return __uint_as_float(e == 0 ? r.x : e == 1 ? r.y : e == 2 ? r.z : r.w);
+    }
     typedef float mx_t;
     static __device__ __forceinline__ mx_t mx_init(void) { return -LF_INF_F; }
     static __device__ __forceinline__ mx_t mx_push(mx_t a, const uint4 &r)
@@ -173,6 +179,12 @@ template <> struct lf_elem<__nv_bfloat16> {
     static __device__ __forceinline__ uint4 pack(const float *f)
     {
         return make_uint4(pack2(f[0], f[1]), pack2(f[2], f[3]), pack2(f[4], f[5]), pack2(f[6], f[7]));
+    }
+    static __device__ __forceinline__ float get(const uint4 &r, int e)
+    {
+        const int k = e >> 1;
+        const unsigned w = k == 0 ? r.x : k == 1 ? r.y : k == 2 ? r.z : r.w;
+        return __uint_as_float((e & 1) ? (w & 0xffff0000u) : (w << 16));
     }
     typedef unsigned mx_t; /* two bf16 lanes: even and odd elements */
     static __device__ __forceinline__ mx_t mx_init(void) { return 0xff80ff80u; }
@@ -209,6 +221,13 @@ template <> struct lf_elem<__half> {
     static __device__ __forceinline__ uint4 pack(const float *f)
     {
         return make_uint4(pack2(f[0], f[1]), pack2(f[2], f[3]), pack2(f[4], f[5]), pack2(f[6], f[7]));
+    }
+    static __device__ __forceinline__ float get(const uint4 &r, int e)
+    {
+        const int k = e >> 1;
+        const unsigned w = k == 0 ? r.x : k == 1 ? r.y : k == 2 ? r.z : r.w;
+        const unsigned short h = (unsigned short)((e & 1) ? (w >> 16) : (w & 0xffffu));
+        return __half2float(__ushort_as_half(h));
     }
     typedef unsigned mx_t;
     static __device__ __forceinline__ mx_t mx_init(void) { return 0xfc00fc00u; }

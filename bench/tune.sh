@@ -2,7 +2,8 @@
 # bench/tune.sh — build bench_ce with other tile shapes (the CE_* macros of
 # examples/cross_entropy.cu) and time each, for choosing the defaults. On the device machine:
 #   bench/tune.sh "t512x1:-DCE_THREADS=512 -DCE_CTAS_PER_SM=1 -DCE_PIECE_VECS=4096" ... [-- bench_ce args]
-# Each spec is NAME:FLAGS; results print as RESULT lines with impl=lossfuse_NAME (report.py reads
+# Each spec is NAME:FLAGS or NAME@DIR:FLAGS (DIR: another copy of the sources, e.g. an older
+# commit's, to compare in the same run); results print as RESULT lines with impl=lossfuse_NAME (report.py reads
 # them). Builds run in parallel, for sm_90 only; a binary already built is reused, and
 # --build-only (first argument) only builds (e.g. in the background while the tests run).
 set -u -o pipefail
@@ -15,13 +16,14 @@ while [ $# -gt 0 ] && [ "$1" != "--" ]; do specs+=("$1"); shift; done
 D=${TUNE_DIR:-/tmp/lossfuse_tune}
 mkdir -p "$D"
 for s in "${specs[@]}"; do
-  name=${s%%:*}; flags=${s#*:}
+  name=${s%%:*}; flags=${s#*:}; src=.
+  case $name in *@*) src=${name#*@}; name=${name%%@*};; esac
   [ -x "$D/bench_$name" ] && continue
-  nvcc -O3 -std=c++17 -arch=sm_90 -lineinfo -I. $flags bench/bench_ce.cu -o "$D/bench_$name" >"$D/$name.log" 2>&1 &
+  nvcc -O3 -std=c++17 -arch=sm_90 -lineinfo -I"$src" $flags "$src/bench/bench_ce.cu" -o "$D/bench_$name" >"$D/$name.log" 2>&1 &
 done
 wait
 [ $build_only = 1 ] && exit 0
 for s in "${specs[@]}"; do
-  name=${s%%:*}
+  name=${s%%:*}; name=${name%%@*}
   if [ -x "$D/bench_$name" ]; then "$D/bench_$name" --tag "_$name" "$@"; else echo "# $name: build failed"; tail -5 "$D/$name.log"; fi
 done

@@ -189,6 +189,7 @@ typedef struct ce_job {
     lf_edge_raw edge_raw; /* this thread's head/tail element (rank 0), as loaded */
     lf_edge edge;   /* ... converted when the job starts (lf_edge_resolve) */
     float dl;       /* reduction none: the row's upstream gradient, as loaded */
+    float x_y;      /* with GRAD: the label logit, loaded by thread 0 (see the stats pass) */
 } ce_job;
 
 /* The persistent fused kernel. A cluster of `nranks` CTAs (1: no cluster) takes rows cid,
@@ -254,6 +255,7 @@ __global__ void __launch_bounds__(CE_THREADS, CE_CTAS_PER_SM) ce_kernel(const ce
         j.edge_raw.j = -1;
         if (rank == 0) j.edge_raw = lf_row_edge_issue(x, j.sp);
         j.dl = (GRAD && p.dloss && p.reduction == LF_REDUCE_NONE) ? p.dloss[j.row] : 1.0f;
+        j.x_y = (GRAD && threadIdx.x == 0) ? lf_elem<T>::to_f32(x[j.y]) : 0.0f;
         return j;
     };
     auto piece_range = [&](const ce_job &j, int *pb, int *pe) {
@@ -333,9 +335,13 @@ __global__ void __launch_bounds__(CE_THREADS, CE_CTAS_PER_SM) ce_kernel(const ce
                 }
                 if (fast) lf_piece_stats_fast<CE_THREADS, T, FULL>(st, la, &am_key[par], b, cur.sp, pb, pe, p.xf, p.eps > 0.0f);
                 else lf_piece_stats<CE_THREADS, T, FULL, SOFTCAP>(st, b, cur.sp, pb, pe, p.xf, p.class_w);
-                {   /* The label logit: the thread that staged it (or holds it as an edge element)
+                if (!GRAD) {
+                    /* The label logit: the thread that staged it (or holds it as an edge element)
                      * leaves it for the row's output thread; the reduction's barrier orders the
-                     * two. (A load of x[y] would stall whoever converts it.) */
+                     * two. Forward only: there a load of x[y] by thread 0 (converted at once, so
+                     * warp 0 waits a memory latency per row) measured 8-11% slower; with the
+                     * gradient the reverse was measured (thread 0's load 8-15% faster than this
+                     * block; bench/RESULTS.md), so GRAD kernels keep the load. */
                     const int PV = lf_elem<T>::per_vec;
                     const int64_t yb = cur.y - cur.sp.head;
                     if (yb < 0 || yb >= (int64_t)cur.sp.nvec * PV) {
@@ -343,11 +349,7 @@ __global__ void __launch_bounds__(CE_THREADS, CE_CTAS_PER_SM) ce_kernel(const ce
                     } else {
                         const int vy = (int)(yb / PV);
                         if (vy >= pb && vy < pe && (int)threadIdx.x == (vy - pb) % CE_THREADS) {
-                            float xv[lf_elem<T>::per_vec], x_y = 0.0f;
-                            lf_elem<T>::unpack(b[vy - pb], xv);
-#pragma unroll
-                            for (int e = 0; e < PV; ++e) x_y = e == (int)(yb % PV) ? xv[e] : x_y;
-                            xy_s[par] = x_y;
+                            xy_s[par] = lf_elem<T>::get(b[vy - pb], (int)(yb % PV));
                         }
                     }
                 }
@@ -404,9 +406,9 @@ __global__ void __launch_bounds__(CE_THREADS, CE_CTAS_PER_SM) ce_kernel(const ce
                         coef = lf_grad_coef_make(g * inv_div, lse, p.eps, p.lam, w_y, wsum, V, p.xf);
                         fast_k = lf_grad_fast_k(coef);
                     }
-                    /* the row's outputs: thread 0 of the CTA that holds the label */
-                    if (threadIdx.x == 0 && rank == lf_row_owner_rank<T>(cur.y, cur.sp, nranks)) {
-                        const float z_y = lf_xform_apply<SOFTCAP>(xy_s[rpar], p.xf);
+                    /* the row's outputs: thread 0 (forward only: of the CTA that holds the label) */
+                    if (threadIdx.x == 0 && rank == (GRAD ? 0 : lf_row_owner_rank<T>(cur.y, cur.sp, nranks))) {
+                        const float z_y = lf_xform_apply<SOFTCAP>(GRAD ? cur.x_y : xy_s[rpar], p.xf);
                         /* lse - z_y as (m - z_y) + log(s): exact when the label is the max, even
                          * at |x| ~ 1e4 */
                         const float nll = (st.lse.m - z_y) + logf(st.lse.s);
@@ -451,10 +453,7 @@ __global__ void __launch_bounds__(CE_THREADS, CE_CTAS_PER_SM) ce_kernel(const ce
                 } else {
                     const int vy = (int)(yb / PV);
                     if (vy >= pb && vy < pe && (int)threadIdx.x == (vy - pb) % CE_THREADS) {
-                        float xv[lf_elem<T>::per_vec], x_y = 0.0f;
-                        lf_elem<T>::unpack(b[vy - pb], xv);
-#pragma unroll
-                        for (int e = 0; e < PV; ++e) x_y = e == (int)(yb % PV) ? xv[e] : x_y; /* no local array */
+                        const float x_y = lf_elem<T>::get(b[vy - pb], (int)(yb % PV));
                         out[cur.y] = lf_elem<T>::from_f32(lf_ce_label_grad<FULL, SOFTCAP>(x_y, (int32_t)cur.y, coef, p.xf, p.class_w));
                     }
                 }
