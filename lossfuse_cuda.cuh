@@ -664,13 +664,13 @@ static __device__ __forceinline__ void lf_piece_stats(lf_row_stats &st, const ui
  *            FULL also u += p * t (t, the exponent, is (z - m) log2 e: entropy in log2 units,
  *            converted once per piece) and optionally sum x (label smoothing: sum z = scale sum x).
  * The argmax is found lazily (lf_lazy_argmax): sweep 1 only yields the thread's maximum; when
- * that improves on the thread's row maximum so far, the thread offers it to a CTA-wide running
- * maximum in shared memory (one shared atomicMax per thread and piece), and only if it is at
- * least that running maximum — so it may still be the row's — does it look for its first index
- * in the piece (lf_piece_find, from shared memory). In a random order only ~ln(THREADS) threads
- * per row set a new running maximum, so the scans cost next to nothing, need no barrier and no
- * second read; lf_block_lse_2step then picks the first index among the threads holding the
- * maximum. The states have a non-NaN m (a NaN element lands in s), as lf_block_lse_2step
+ * that improves on the thread's row maximum so far and is its warp's largest such value, it is
+ * offered to a CTA-wide running maximum in shared memory (one shared atomicMax per warp and
+ * piece), and only if it is at least that running maximum — so it may still be the row's — does
+ * the thread look for its first index in the piece (lf_piece_find, from shared memory). In a
+ * random order only ~ln(warps) warps per row set a new running maximum, so the scans cost next
+ * to nothing, need no barrier and no second read; lf_block_lse_2step then picks the first index
+ * among the threads holding the maximum. All 32 lanes of each warp must make the call. The states have a non-NaN m (a NaN element lands in s), as lf_block_lse_2step
  * requires; a NaN row's argmax (the first NaN) is the caller's to find (s is NaN).
  * Per row: *best_key = lf_argmax_key(-inf) and la = lf_lazy_argmax_init() before the first piece
  * (with a barrier between the reset of best_key and the first piece of any thread). */
@@ -767,10 +767,19 @@ static __device__ __forceinline__ void lf_piece_stats_fast(lf_row_stats &st, lf_
                                                            const lf_xform &t, bool sumx)
 {
     const float xm = lf_piece_xmax<THREADS, T>(buf, vbeg, vend);
-    if (FULL && vbeg + (int)threadIdx.x < vend && (xm > la.v || la.i == -2)) {
-        la.v = xm;
-        const unsigned key = lf_argmax_key(xm);
-        la.i = key >= atomicMax(best_key, key) ? lf_piece_find<THREADS, T>(buf, sp, vbeg, vend, xm, false) : -1;
+    if (FULL) {
+        /* warp-aggregated: one shared atomic per warp (32 on one address would serialise);
+         * only the warp's maximum can be the row's, so only it is compared and located */
+        const bool improved = vbeg + (int)threadIdx.x < vend && (xm > la.v || la.i == -2);
+        const unsigned key = improved ? lf_argmax_key(xm) : 0u;
+        const unsigned wkey = __reduce_max_sync(0xffffffffu, key);
+        unsigned old = 0u;
+        if ((threadIdx.x & 31u) == 0) old = atomicMax(best_key, wkey);
+        old = __shfl_sync(0xffffffffu, old, 0);
+        if (improved) {
+            la.v = xm;
+            la.i = (key == wkey && key >= old) ? lf_piece_find<THREADS, T>(buf, sp, vbeg, vend, xm, false) : -1;
+        }
     }
     const float m_new = fmaxf(st.lse.m, xm * t.scale);
     lf_impl_lse_rescale(st.lse.m, m_new, &st.lse.s, &st.lse.u);

@@ -24,7 +24,8 @@
  *   merge their 28-byte row statistics through distributed shared memory
  *   (lf_cluster_row_stats) and each writes the gradient of the slice it holds. Without clusters
  *   (sm_80), or where the slice is still larger than the buffer, a CTA streams its slice in several
- *   pieces and reads them a second time for the gradient (from L2 when they are still there):
+ *   pieces and reads all but the last a second time for the gradient (from L2 when they are
+ *   still there):
  *   correct for any V. Automatically clusters are capped at 4 CTAs (measured: the per-row cluster
  *   barrier costs more than a second read from L2 beyond that; see ce_launch_kernel).
  *
@@ -196,8 +197,8 @@ typedef struct ce_job {
  * cid + nclusters, ...; CTA `rank` takes slice `rank` of each row, in `npieces` pieces of at
  * most CE_PIECE_VECS vectors. With one piece (the row slice fits in one 32 KB buffer) the
  * row is read from HBM once: statistics, cluster merge, then the gradient from shared memory.
- * With several, the statistics stream through the buffers and the gradient pass reads the
- * pieces again. Either way the copies of the next job are in flight while the current one is
+ * With several, the statistics stream through the buffers; the last piece's gradient is
+ * written while it is still staged, and the others are read again (last first). Either way the copies of the next job are in flight while the current one is
  * reduced and written: two 32 KB buffers, per-thread cp.async, no barrier for the pipeline, and
  * three CTAs per SM so that one CTA's reductions and barriers overlap the others' streaming.
  *   GRAD    : write the gradient (else forward only)
@@ -220,8 +221,10 @@ __global__ void __launch_bounds__(CE_THREADS, CE_CTAS_PER_SM) ce_kernel(const ce
     const int rank = (int)(blockIdx.x % nranks); /* the cluster spans consecutive x: = cluster rank */
     const int64_t cid = blockIdx.x / nranks, N = p.n_rows, V = p.vocab;
     const int64_t my_rows = cid < N ? (N - 1 - cid) / nclusters + 1 : 0;
-    const bool resident = npieces == 1;
-    const int J = resident ? 1 : (GRAD ? 2 * npieces : npieces);
+    /* Jobs of a row: the statistics of pieces 0..n-1; with GRAD the last piece's gradient is
+     * written in the same job (it is still in shared memory), then pieces n-2..0 are read again
+     * (most recent first: the likeliest still in L2) for theirs. */
+    const int J = GRAD ? 2 * npieces - 1 : npieces;
     const int64_t njobs = my_rows * J;
     float inv_div = 1.0f;
     /* upstream gradient of sum / mean (one scalar: loaded once) */
@@ -259,7 +262,7 @@ __global__ void __launch_bounds__(CE_THREADS, CE_CTAS_PER_SM) ce_kernel(const ce
         return j;
     };
     auto piece_range = [&](const ce_job &j, int *pb, int *pe) {
-        const int piece = j.k % npieces;
+        const int piece = j.k < npieces ? j.k : 2 * npieces - 2 - j.k;
         *pb = min(j.send, j.sbeg + piece * CE_PIECE_VECS);
         *pe = min(j.send, *pb + CE_PIECE_VECS);
     };
@@ -325,7 +328,7 @@ __global__ void __launch_bounds__(CE_THREADS, CE_CTAS_PER_SM) ce_kernel(const ce
         } else {
             int pb, pe;
             piece_range(cur, &pb, &pe);
-            const int piece = cur.k % npieces;
+            const int piece = cur.k < npieces ? cur.k : 2 * npieces - 2 - cur.k;
             bool write_now = false;
             if (cur.k < npieces) { /* statistics pass */
                 if (piece == 0) {
@@ -429,10 +432,10 @@ __global__ void __launch_bounds__(CE_THREADS, CE_CTAS_PER_SM) ce_kernel(const ce
                             p.ws_z[row] = zterm;
                         }
                     }
-                    write_now = GRAD && resident;
+                    write_now = GRAD; /* the last piece is still here */
                 }
             } else {
-                write_now = true; /* gradient pass of a row streamed in several pieces */
+                write_now = true; /* pieces n-2..0 of a row streamed in several pieces, read again */
             }
             if (GRAD && write_now) {
                 const bool vec_ok = ((uintptr_t)out & 15u) == (uintptr_t)cur.sp.phase;
