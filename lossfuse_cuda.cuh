@@ -362,11 +362,12 @@ static __device__ __forceinline__ lf_row_stats lf_block_row_stats(lf_row_stats v
     return lf_impl_block_allreduce<THREADS>(v, scratch, lf_impl_op_stats());
 }
 
-/* Two-step block merge of per-thread lse states, for hot loops: the block max of m first, then
- * every thread moves its (s, u) onto that max (one exp) and the rest are plain sums. Two
- * barriers and ~40 instructions per thread instead of an lse merge (two exps and the NaN / -0
- * rules) at every level of the tree. Same contract as lf_block_lse: every thread gets the
- * bit-identical state, summed in a fixed order.
+/* Block merge of per-thread lse states for hot loops, with ONE barrier: each warp moves its
+ * lanes onto the warp's max and sums them (shuffles), lane 0 leaves one partial per warp, and
+ * after the barrier lanes 0..W-1 of every warp merge the W partials the same way. A barrier
+ * costs the skew of the slowest warp; lf_block_lse pays one too but an lse merge (two exps and
+ * the NaN / -0 rules) at every level of its tree. Same contract: every thread gets the
+ * bit-identical state, combined in a fixed order.
  *   FULL: also u (entropy), and alongside: the block max of *xmax with, in *xidx, the smallest
  *   *xidx >= 0 among the threads whose *xmax is that max (-1 if none: an argmax, first index
  *   on ties), and the block sum of *xsum.
@@ -374,69 +375,64 @@ static __device__ __forceinline__ lf_row_stats lf_block_row_stats(lf_row_stats v
  *   lf_piece_stats_fast states).
  *   scratch: 6 * THREADS / 32 floats; the caller owes a __syncthreads before reusing it. */
 template <int THREADS, bool FULL>
-static __device__ __forceinline__ lf_lse lf_block_lse_2step(lf_lse v, float *xmax, int32_t *xidx, float *xsum,
-                                                            float *scratch)
+static __device__ __forceinline__ lf_lse lf_block_lse_fast(lf_lse v, float *xmax, int32_t *xidx, float *xsum,
+                                                           float *scratch)
 {
     static_assert(THREADS % 32 == 0 && THREADS >= 32 && THREADS <= 1024, "THREADS: multiple of 32 in [32, 1024]");
     const int W = THREADS / 32, lane = (int)(threadIdx.x & 31u), warp = (int)(threadIdx.x >> 5);
+    float *const sm = scratch, *const ss = scratch + W, *const su = scratch + 2 * W, *const sx = scratch + 3 * W,
+                *const sxm = scratch + 4 * W;
+    int32_t *const sxi = reinterpret_cast<int32_t *>(scratch + 5 * W);
+    /* 1. the warp's partial, relative to the warp's max */
     float m = lf_warp_max_f32(v.m);
-    float xm = FULL ? lf_warp_max_f32(*xmax) : 0.0f;
-    if (lane == 0) {
-        scratch[warp] = m;
-        if (FULL) scratch[W + warp] = xm;
-    }
-    __syncthreads();
-    m = scratch[0];
-    if (FULL) xm = scratch[W];
-#pragma unroll
-    for (int w = 1; w < W; ++w) {
-        m = fmaxf(m, scratch[w]);
-        if (FULL) xm = fmaxf(xm, scratch[W + w]);
-    }
-    if (m == 0.0f) m = 0.0f; /* one zero for every thread */
+    if (m == 0.0f) m = 0.0f; /* one zero for every lane */
     lf_impl_lse_rescale(v.m, m, &v.s, &v.u);
-    float s = lf_warp_sum_f32(v.s);
-    float u = FULL ? lf_warp_sum_f32(v.u) : 0.0f;
-    float xs = FULL ? lf_warp_sum_f32(*xsum) : 0.0f;
+    const float s = lf_warp_sum_f32(v.s);
+    float u = 0.0f, xs = 0.0f, xm = 0.0f;
     int32_t xi = 0;
     if (FULL) {
+        u = lf_warp_sum_f32(v.u);
+        xs = lf_warp_sum_f32(*xsum);
+        xm = lf_warp_max_f32(*xmax);
         xi = (*xmax == xm && *xidx >= 0) ? *xidx : INT32_MAX;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) xi = min(xi, __shfl_xor_sync(0xffffffffu, xi, o));
+        xi = __reduce_min_sync(0xffffffffu, xi);
     }
-    float *const sc = scratch + 2 * W;
-    int32_t *const si = reinterpret_cast<int32_t *>(scratch + 5 * W);
     if (lane == 0) {
-        sc[warp] = s;
+        sm[warp] = m;
+        ss[warp] = s;
         if (FULL) {
-            sc[W + warp] = u;
-            sc[2 * W + warp] = xs;
-            si[warp] = xi;
+            su[warp] = u;
+            sx[warp] = xs;
+            sxm[warp] = xm;
+            sxi[warp] = xi;
         }
     }
     __syncthreads();
-    s = sc[0];
-    if (FULL) {
-        u = sc[W];
-        xs = sc[2 * W];
-        xi = si[0];
-    }
-#pragma unroll
-    for (int w = 1; w < W; ++w) {
-        s += sc[w];
+    /* 2. lane w of every warp takes partial w; the same shuffles everywhere: identical results */
+    float pm = -LF_INF_F, ps = 0.0f, pu = 0.0f, px = 0.0f, pxm = -LF_INF_F;
+    int32_t pxi = INT32_MAX;
+    if (lane < W) {
+        pm = sm[lane];
+        ps = ss[lane];
         if (FULL) {
-            u += sc[W + w];
-            xs += sc[2 * W + w];
-            xi = min(xi, si[w]);
+            pu = su[lane];
+            px = sx[lane];
+            pxm = sxm[lane];
+            pxi = sxi[lane];
         }
     }
-    v.m = m;
-    v.s = s;
-    v.u = u;
+    float M = lf_warp_max_f32(pm);
+    if (M == 0.0f) M = 0.0f;
+    lf_impl_lse_rescale(pm, M, &ps, &pu);
+    v.m = M;
+    v.s = lf_warp_sum_f32(ps);
+    v.u = FULL ? lf_warp_sum_f32(pu) : 0.0f;
     if (FULL) {
-        *xmax = xm;
-        *xidx = xi == INT32_MAX ? -1 : xi;
-        *xsum = xs;
+        *xsum = lf_warp_sum_f32(px);
+        const float XM = lf_warp_max_f32(pxm);
+        const int32_t XI = __reduce_min_sync(0xffffffffu, pxm == XM ? pxi : INT32_MAX);
+        *xmax = XM;
+        *xidx = XI == INT32_MAX ? -1 : XI;
     }
     return v;
 }
@@ -669,8 +665,9 @@ static __device__ __forceinline__ void lf_piece_stats(lf_row_stats &st, const ui
  * piece), and only if it is at least that running maximum — so it may still be the row's — does
  * the thread look for its first index in the piece (lf_piece_find, from shared memory). In a
  * random order only ~ln(warps) warps per row set a new running maximum, so the scans cost next
- * to nothing, need no barrier and no second read; lf_block_lse_2step then picks the first index
- * among the threads holding the maximum. All 32 lanes of each warp must make the call. The states have a non-NaN m (a NaN element lands in s), as lf_block_lse_2step
+ * to nothing, need no barrier and no second read; lf_block_lse_fast then picks the first index
+ * among the threads holding the maximum. All 32 lanes of each warp must make the call.
+ * The states have a non-NaN m (a NaN element lands in s), as lf_block_lse_fast
  * requires; a NaN row's argmax (the first NaN) is the caller's to find (s is NaN).
  * Per row: *best_key = lf_argmax_key(-inf) and la = lf_lazy_argmax_init() before the first piece
  * (with a barrier between the reset of best_key and the first piece of any thread). */

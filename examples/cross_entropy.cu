@@ -372,7 +372,7 @@ __global__ void __launch_bounds__(CE_THREADS, CE_CTAS_PER_SM) ce_kernel(const ce
                             am_key[par ^ 1] = lf_argmax_key(-LF_INF_F);
                             am_nan[par ^ 1] = INT_MAX;
                         }
-                        st.lse = lf_block_lse_2step<CE_THREADS, FULL>(st.lse, &cand.v, &cand.i, &st.wz, scratch);
+                        st.lse = lf_block_lse_fast<CE_THREADS, FULL>(st.lse, &cand.v, &cand.i, &st.wz, scratch);
                         if (FULL) {
                             if (st.lse.s != st.lse.s) {
                                 /* A NaN or +inf in the row: the first NaN, if any, is the argmax
