@@ -362,7 +362,8 @@ static __device__ __forceinline__ lf_row_stats lf_block_row_stats(lf_row_stats v
     return lf_impl_block_allreduce<THREADS>(v, scratch, lf_impl_op_stats());
 }
 
-/* Block merge of per-thread lse states for hot loops, with ONE barrier: each warp moves its
+/* lf_block_lse_fast (= lf_block_lse_post, __syncthreads, lf_block_lse_merge).
+ * Block merge of per-thread lse states for hot loops, with ONE barrier: each warp moves its
  * lanes onto the warp's max and sums them (shuffles), lane 0 leaves one partial per warp, and
  * after the barrier lanes 0..W-1 of every warp merge the W partials the same way. A barrier
  * costs the skew of the slowest warp; lf_block_lse pays one too but an lse merge (two exps and
@@ -375,15 +376,11 @@ static __device__ __forceinline__ lf_row_stats lf_block_row_stats(lf_row_stats v
  *   lf_piece_stats_fast states).
  *   scratch: 6 * THREADS / 32 floats; the caller owes a __syncthreads before reusing it. */
 template <int THREADS, bool FULL>
-static __device__ __forceinline__ lf_lse lf_block_lse_fast(lf_lse v, float *xmax, int32_t *xidx, float *xsum,
-                                                           float *scratch)
+static __device__ __forceinline__ void lf_block_lse_post(lf_lse v, float xmax, int32_t xidx, float xsum, float *scratch)
 {
     static_assert(THREADS % 32 == 0 && THREADS >= 32 && THREADS <= 1024, "THREADS: multiple of 32 in [32, 1024]");
     const int W = THREADS / 32, lane = (int)(threadIdx.x & 31u), warp = (int)(threadIdx.x >> 5);
-    float *const sm = scratch, *const ss = scratch + W, *const su = scratch + 2 * W, *const sx = scratch + 3 * W,
-                *const sxm = scratch + 4 * W;
-    int32_t *const sxi = reinterpret_cast<int32_t *>(scratch + 5 * W);
-    /* 1. the warp's partial, relative to the warp's max */
+    /* the warp's partial, relative to the warp's max */
     float m = lf_warp_max_f32(v.m);
     if (m == 0.0f) m = 0.0f; /* one zero for every lane */
     lf_impl_lse_rescale(v.m, m, &v.s, &v.u);
@@ -392,35 +389,40 @@ static __device__ __forceinline__ lf_lse lf_block_lse_fast(lf_lse v, float *xmax
     int32_t xi = 0;
     if (FULL) {
         u = lf_warp_sum_f32(v.u);
-        xs = lf_warp_sum_f32(*xsum);
-        xm = lf_warp_max_f32(*xmax);
-        xi = (*xmax == xm && *xidx >= 0) ? *xidx : INT32_MAX;
-        xi = __reduce_min_sync(0xffffffffu, xi);
+        xs = lf_warp_sum_f32(xsum);
+        xm = lf_warp_max_f32(xmax);
+        xi = __reduce_min_sync(0xffffffffu, (xmax == xm && xidx >= 0) ? xidx : INT32_MAX);
     }
     if (lane == 0) {
-        sm[warp] = m;
-        ss[warp] = s;
+        scratch[warp] = m;
+        scratch[W + warp] = s;
         if (FULL) {
-            su[warp] = u;
-            sx[warp] = xs;
-            sxm[warp] = xm;
-            sxi[warp] = xi;
+            scratch[2 * W + warp] = u;
+            scratch[3 * W + warp] = xs;
+            scratch[4 * W + warp] = xm;
+            reinterpret_cast<int32_t *>(scratch)[5 * W + warp] = xi;
         }
     }
-    __syncthreads();
-    /* 2. lane w of every warp takes partial w; the same shuffles everywhere: identical results */
+}
+
+template <int THREADS, bool FULL>
+static __device__ __forceinline__ lf_lse lf_block_lse_merge(float *xmax, int32_t *xidx, float *xsum, const float *scratch)
+{
+    const int W = THREADS / 32, lane = (int)(threadIdx.x & 31u);
+    /* lane w of every warp takes partial w; the same shuffles everywhere: identical results */
     float pm = -LF_INF_F, ps = 0.0f, pu = 0.0f, px = 0.0f, pxm = -LF_INF_F;
     int32_t pxi = INT32_MAX;
     if (lane < W) {
-        pm = sm[lane];
-        ps = ss[lane];
+        pm = scratch[lane];
+        ps = scratch[W + lane];
         if (FULL) {
-            pu = su[lane];
-            px = sx[lane];
-            pxm = sxm[lane];
-            pxi = sxi[lane];
+            pu = scratch[2 * W + lane];
+            px = scratch[3 * W + lane];
+            pxm = scratch[4 * W + lane];
+            pxi = reinterpret_cast<const int32_t *>(scratch)[5 * W + lane];
         }
     }
+    lf_lse v;
     float M = lf_warp_max_f32(pm);
     if (M == 0.0f) M = 0.0f;
     lf_impl_lse_rescale(pm, M, &ps, &pu);
@@ -435,6 +437,45 @@ static __device__ __forceinline__ lf_lse lf_block_lse_fast(lf_lse v, float *xmax
         *xidx = XI == INT32_MAX ? -1 : XI;
     }
     return v;
+}
+
+/* post + barrier + merge. Split, the two halves let a kernel arrive on an mbarrier after
+ * lf_block_lse_post and merge later, after more work, instead of waiting for the slowest warp
+ * (lf_mbar_*; examples/cross_entropy.cu does this for the forward-only statistics). */
+template <int THREADS, bool FULL>
+static __device__ __forceinline__ lf_lse lf_block_lse_fast(lf_lse v, float *xmax, int32_t *xidx, float *xsum,
+                                                           float *scratch)
+{
+    lf_block_lse_post<THREADS, FULL>(v, FULL ? *xmax : 0.0f, FULL ? *xidx : 0, FULL ? *xsum : 0.0f, scratch);
+    __syncthreads();
+    return lf_block_lse_merge<THREADS, FULL>(xmax, xidx, xsum, scratch);
+}
+
+/* Shared-memory mbarriers (sm_80+): a barrier whose arrive and wait are separate, so a thread
+ * can announce "my part is written" and go on. Init by one thread, then a __syncthreads before
+ * use; each phase completes after `count` arrivals; lf_mbar_wait(bar, parity) waits for the
+ * completion of the phase with that parity (phases alternate 0, 1, 0, ...). Arrive releases
+ * and wait acquires (CTA scope): shared-memory writes before an arrive are seen after the wait. */
+static __device__ __forceinline__ void lf_mbar_init(uint64_t *bar, unsigned count)
+{
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(bar);
+    asm volatile("mbarrier.init.shared.b64 [%0], %1;" ::"r"(a), "r"(count) : "memory");
+}
+static __device__ __forceinline__ void lf_mbar_arrive(uint64_t *bar)
+{
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(bar);
+    asm volatile("{\n\t.reg .b64 st;\n\tmbarrier.arrive.shared.b64 st, [%0];\n\t}" ::"r"(a) : "memory");
+}
+static __device__ __forceinline__ void lf_mbar_wait(uint64_t *bar, unsigned parity)
+{
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(bar);
+    uint32_t done;
+    do {
+        asm volatile("{\n\t.reg .pred p;\n\tmbarrier.test_wait.parity.shared.b64 p, [%1], %2;\n\tselp.u32 %0, 1, 0, p;\n\t}"
+                     : "=r"(done)
+                     : "r"(a), "r"(parity)
+                     : "memory");
+    } while (!done);
 }
 
 /* ============================================================================================

@@ -130,6 +130,7 @@ static size_t ce_workspace_bytes(int64_t n_rows)
 #define CE_LABEL_CACHE 512
 #endif
 #define CE_AUTO_CLUSTER_MAX 4 /* see ce_launch_kernel */
+#define CE_SLOTS 3
 #define CE_SMEM_BYTES (2 * CE_PIECE_VECS * 16 + CE_LABEL_CACHE * 8)
 
 /* What the kernels read from the launcher: ce_args resolved to device-side values. */
@@ -208,11 +209,14 @@ template <typename T, bool GRAD, bool FULL, bool SOFTCAP>
 __global__ void __launch_bounds__(CE_THREADS, CE_CTAS_PER_SM) ce_kernel(const ce_kparams p, int nranks, int npieces, int nclusters)
 {
     extern __shared__ uint4 ce_smem[]; /* [2][CE_PIECE_VECS] pieces, then the label cache */
-    __shared__ lf_row_stats red[2][CE_THREADS / 32];
-    __shared__ lf_row_stats xchg[2];
-    __shared__ unsigned am_key[2]; /* lazy argmax: the CTA's running maximum, per row parity */
-    __shared__ int am_nan[2];      /* the first NaN of a NaN row, per row parity */
-    __shared__ float xy_s[2];      /* the label logit, from the thread that staged it */
+    /* Per-row slots, used in turn by consecutive rows (CE_SLOTS of them: with the deferred
+     * forward-only merge a slot is reused three rows later, see below) */
+    __shared__ lf_row_stats red[CE_SLOTS][CE_THREADS / 32];
+    __shared__ lf_row_stats xchg[CE_SLOTS];
+    __shared__ unsigned am_key[CE_SLOTS]; /* lazy argmax: the CTA's running maximum */
+    __shared__ int am_nan[CE_SLOTS];      /* the first NaN of a NaN row */
+    __shared__ float xy_s[CE_SLOTS];      /* the label logit, from the thread that staged it */
+    __shared__ uint64_t row_bar[CE_SLOTS]; /* forward only: the row's warp partials are posted */
     __shared__ double fin[CE_THREADS / 32];
     __shared__ int is_last;
     uint4 *const buf0 = ce_smem, *const buf1 = ce_smem + CE_PIECE_VECS;
@@ -281,11 +285,89 @@ __global__ void __launch_bounds__(CE_THREADS, CE_CTAS_PER_SM) ce_kernel(const ce
     lf_lazy_argmax la = lf_lazy_argmax_init();
     lf_grad_coef coef;
     memset(&coef, 0, sizeof coef);
-    float fast_k = 0.0f;
-    if (threadIdx.x < 2) { /* published by start_job's barrier */
+    if (threadIdx.x < CE_SLOTS) { /* published by start_job's barrier */
         am_key[threadIdx.x] = lf_argmax_key(-LF_INF_F);
         am_nan[threadIdx.x] = INT_MAX;
+        lf_mbar_init(&row_bar[threadIdx.x], CE_THREADS);
     }
+    unsigned bar_phase = 0; /* bit q: parity of row_bar[q]'s next phase */
+    /* Forward only (fast path, no cluster): a row's statistics are merged one job late. Each
+     * thread posts its warp's partial and arrives on row_bar; the merge and the outputs follow
+     * after the next job's piece, by when the other warps have long arrived: no thread waits
+     * for the slowest warp at the end of every row (measured: that wait cost ~2.5 us per row). */
+    const bool defer = !GRAD && fast && nranks == 1;
+    struct pending_row { int64_t row, y; int slot; int64_t jj; lf_edge edge; } pend;
+    bool pending = false;
+    pend.row = pend.y = pend.jj = 0;
+    pend.slot = 0;
+    pend.edge.j = -1;
+    pend.edge.x = 0.0f;
+    float fast_k = 0.0f;
+
+    /* The row's outputs, by one thread. */
+    auto row_outputs = [&](int64_t row, int64_t y, const lf_row_stats &rs, float x_y) {
+        const float lse = lf_lse_final(rs.lse);
+        const float w_y = p.class_w ? __ldg(p.class_w + y) : 1.0f;
+        const float wsum = (FULL && p.class_w) ? rs.w : (float)V;
+        const float z_y = lf_xform_apply<SOFTCAP>(x_y, p.xf);
+        /* lse - z_y as (m - z_y) + log(s): exact when the label is the max, even at |x| ~ 1e4 */
+        const float nll = (rs.lse.m - z_y) + logf(rs.lse.s);
+        const float smooth = (FULL && p.eps > 0.0f) ? (wsum * lse - rs.wz) / (float)V : 0.0f;
+        const float zterm = p.lam * lse * lse;
+        float loss = (1.0f - p.eps) * w_y * nll + p.eps * smooth + zterm;
+        if (!(fabsf(lse) < LF_INF_F)) loss = NAN;
+        if (p.logprob) p.logprob[row] = -nll;
+        if (p.lse) p.lse[row] = lse;
+        if (FULL && p.entropy) p.entropy[row] = lf_lse_entropy(rs.lse);
+        if (FULL && p.argmax) p.argmax[row] = rs.am.i;
+        if (FULL && p.n_correct && rs.am.i == (int32_t)y) atomicAdd(p.n_correct, 1u);
+        if (p.reduction == LF_REDUCE_NONE) {
+            p.loss[row] = loss;
+            if (p.z_out) p.z_out[row] = zterm;
+        } else {
+            p.ws_loss[row] = loss;
+            p.ws_z[row] = zterm;
+        }
+    };
+
+    /* A NaN or +inf in the row (s is NaN): the first NaN, if any, is the argmax (lf_argmax's
+     * rule). Rare: scan the CTA's slice in global memory. Called by all threads alike. */
+    auto nan_argmax = [&](int64_t row, const lf_edge &edge, int slot, lf_argmax &am) {
+        const T *x = (const T *)p.logits + row * p.stride;
+        const lf_row_span sp = lf_row_span_make(x, V);
+        int sbeg, send;
+        lf_row_slice(sp, rank, nranks, &sbeg, &send);
+        const uint4 *xbody = reinterpret_cast<const uint4 *>(x + sp.head);
+        int32_t found = INT_MAX;
+        if (edge.j >= 0 && edge.x != edge.x) found = edge.j;
+        const int32_t j = lf_piece_find<CE_THREADS, T>(xbody + sbeg, sp, sbeg, send, 0.0f, true);
+        if (j >= 0) found = min(found, j);
+        if (found != INT_MAX) atomicMin(&am_nan[slot], found);
+        __syncthreads();
+        if (am_nan[slot] != INT_MAX) {
+            am.v = NAN;
+            am.i = am_nan[slot];
+        }
+    };
+
+    /* The deferred forward-only merge of a posted row (all threads). */
+    auto finish_pending = [&]() {
+        const int q = pend.slot;
+        lf_mbar_wait(&row_bar[q], (bar_phase >> q) & 1u);
+        bar_phase ^= 1u << q;
+        lf_row_stats rs = lf_row_stats_init();
+        rs.am.v = 0.0f;
+        rs.lse = lf_block_lse_merge<CE_THREADS, FULL>(&rs.am.v, &rs.am.i, &rs.wz, reinterpret_cast<const float *>(red[q]));
+        if (FULL && rs.lse.s != rs.lse.s) nan_argmax(pend.row, pend.edge, q, rs.am);
+        if (threadIdx.x == 0) {
+            row_outputs(pend.row, pend.y, rs, xy_s[q]);
+            /* every thread has arrived (so is past this row's atomics), and the slot's next row
+             * is three rows on: reset it now */
+            am_key[q] = lf_argmax_key(-LF_INF_F);
+            am_nan[q] = INT_MAX;
+        }
+        pending = false;
+    };
     int par = 0;
     ce_job cur;
     memset(&cur, 0, sizeof cur);
@@ -357,80 +439,61 @@ __global__ void __launch_bounds__(CE_THREADS, CE_CTAS_PER_SM) ce_kernel(const ce
                     }
                 }
                 if (piece == npieces - 1) {
+                    lf_argmax cand = st.am;
                     if (fast) {
-                        float *const scratch = reinterpret_cast<float *>(red[par]);
                         /* the thread's argmax candidate: its edge element (exact) or its body's */
-                        lf_argmax cand = st.am;
                         if (la.v > cand.v || (la.v == cand.v && la.i >= 0 && (cand.i < 0 || la.i < cand.i))) {
                             cand.v = la.v;
                             cand.i = la.i;
                         }
-                        /* The other parity's slots are free (every thread is past the previous
-                         * row's barriers) and nobody uses them before the next row, which starts
-                         * after the barriers below: reset them here. */
-                        if (FULL && threadIdx.x == 0) {
-                            am_key[par ^ 1] = lf_argmax_key(-LF_INF_F);
-                            am_nan[par ^ 1] = INT_MAX;
-                        }
-                        st.lse = lf_block_lse_fast<CE_THREADS, FULL>(st.lse, &cand.v, &cand.i, &st.wz, scratch);
-                        if (FULL) {
-                            if (st.lse.s != st.lse.s) {
-                                /* A NaN or +inf in the row: the first NaN, if any, is the argmax
-                                 * (lf_argmax's rule). Rare: scan the CTA's slice in global memory. */
-                                const T *x = (const T *)p.logits + row * p.stride;
-                                const uint4 *xbody = reinterpret_cast<const uint4 *>(x + cur.sp.head);
-                                int32_t found = INT_MAX;
-                                if (cur.edge.j >= 0 && cur.edge.x != cur.edge.x) found = cur.edge.j;
-                                const int32_t j = lf_piece_find<CE_THREADS, T>(xbody + cur.sbeg, cur.sp, cur.sbeg, cur.send, 0.0f, true);
-                                if (j >= 0) found = min(found, j);
-                                if (found != INT_MAX) atomicMin(&am_nan[par], found);
-                                __syncthreads();
-                                if (am_nan[par] != INT_MAX) {
-                                    cand.v = NAN;
-                                    cand.i = am_nan[par];
-                                }
-                            }
-                            st.am = cand;
-                        }
-                    } else if (FULL) {
-                        st = lf_block_row_stats<CE_THREADS>(st, red[par]);
+                    }
+                    if (defer) {
+                        if (pending) finish_pending(); /* the previous row's (one-piece rows) */
+                        lf_block_lse_post<CE_THREADS, FULL>(st.lse, cand.v, cand.i, st.wz, reinterpret_cast<float *>(red[par]));
+                        lf_mbar_arrive(&row_bar[par]);
+                        pending = true;
+                        pend.row = row;
+                        pend.y = cur.y;
+                        pend.slot = par;
+                        pend.jj = jj;
+                        pend.edge = cur.edge;
+                        par = par == CE_SLOTS - 1 ? 0 : par + 1;
                     } else {
-                        /* the plain loss needs only (m, s): a 3-word merge instead of the 7-word one */
-                        st.lse = lf_block_lse<CE_THREADS>(st.lse, reinterpret_cast<lf_lse *>(red[par]));
-                    }
-                    if (nranks > 1) st = lf_cluster_row_stats(st, &xchg[par]);
-                    const int rpar = par;
-                    par ^= 1;
-                    const float lse = lf_lse_final(st.lse);
-                    const float w_y = p.class_w ? __ldg(p.class_w + cur.y) : 1.0f;
-                    const float wsum = (FULL && p.class_w) ? st.w : (float)V;
-                    if (GRAD) {
-                        const float g = p.grad_scale * (p.reduction == LF_REDUCE_NONE ? cur.dl : dl_all);
-                        coef = lf_grad_coef_make(g * inv_div, lse, p.eps, p.lam, w_y, wsum, V, p.xf);
-                        fast_k = lf_grad_fast_k(coef);
-                    }
-                    /* the row's outputs: thread 0 (forward only: of the CTA that holds the label) */
-                    if (threadIdx.x == 0 && rank == (GRAD ? 0 : lf_row_owner_rank<T>(cur.y, cur.sp, nranks))) {
-                        const float z_y = lf_xform_apply<SOFTCAP>(GRAD ? cur.x_y : xy_s[rpar], p.xf);
-                        /* lse - z_y as (m - z_y) + log(s): exact when the label is the max, even
-                         * at |x| ~ 1e4 */
-                        const float nll = (st.lse.m - z_y) + logf(st.lse.s);
-                        const float smooth = (FULL && p.eps > 0.0f) ? (wsum * lse - st.wz) / (float)V : 0.0f;
-                        const float zterm = p.lam * lse * lse;
-                        float loss = (1.0f - p.eps) * w_y * nll + p.eps * smooth + zterm;
-                        if (!(fabsf(lse) < LF_INF_F)) loss = NAN;
-                        if (p.logprob) p.logprob[row] = -nll;
-                        if (p.lse) p.lse[row] = lse;
-                        if (FULL && p.entropy) p.entropy[row] = lf_lse_entropy(st.lse);
-                        if (FULL && p.argmax) p.argmax[row] = st.am.i;
-                        if (FULL && p.n_correct && st.am.i == (int32_t)cur.y) atomicAdd(p.n_correct, 1u);
-                        if (p.reduction == LF_REDUCE_NONE) {
-                            p.loss[row] = loss;
-                            if (p.z_out) p.z_out[row] = zterm;
+                        if (fast) {
+                            /* The next slot's row-state is free (its last row was three rows
+                             * ago: every thread is past its barrier) and nobody uses it before
+                             * the next row, which starts after the barrier below: reset it. */
+                            const int nx = par == CE_SLOTS - 1 ? 0 : par + 1;
+                            if (FULL && threadIdx.x == 0) {
+                                am_key[nx] = lf_argmax_key(-LF_INF_F);
+                                am_nan[nx] = INT_MAX;
+                            }
+                            st.lse = lf_block_lse_fast<CE_THREADS, FULL>(st.lse, &cand.v, &cand.i, &st.wz,
+                                                                         reinterpret_cast<float *>(red[par]));
+                            if (FULL) {
+                                if (st.lse.s != st.lse.s) nan_argmax(row, cur.edge, par, cand);
+                                st.am = cand;
+                            }
+                        } else if (FULL) {
+                            st = lf_block_row_stats<CE_THREADS>(st, red[par]);
                         } else {
-                            p.ws_loss[row] = loss;
-                            p.ws_z[row] = zterm;
+                            /* the plain loss needs only (m, s): a 3-word merge instead of the 7-word one */
+                            st.lse = lf_block_lse<CE_THREADS>(st.lse, reinterpret_cast<lf_lse *>(red[par]));
                         }
+                        if (nranks > 1) st = lf_cluster_row_stats(st, &xchg[par]);
+                        const int rpar = par;
+                        par = par == CE_SLOTS - 1 ? 0 : par + 1;
+                        if (GRAD) {
+                            const float lse = lf_lse_final(st.lse);
+                            const float w_y = p.class_w ? __ldg(p.class_w + cur.y) : 1.0f;
+                            const float wsum = (FULL && p.class_w) ? st.w : (float)V;
+                            const float g = p.grad_scale * (p.reduction == LF_REDUCE_NONE ? cur.dl : dl_all);
+                            coef = lf_grad_coef_make(g * inv_div, lse, p.eps, p.lam, w_y, wsum, V, p.xf);
+                            fast_k = lf_grad_fast_k(coef);
+                        }
+                        /* the row's outputs: thread 0 (forward only: of the CTA that holds the label) */
+                        if (threadIdx.x == 0 && rank == (GRAD ? 0 : lf_row_owner_rank<T>(cur.y, cur.sp, nranks)))
+                            row_outputs(row, cur.y, st, GRAD ? cur.x_y : xy_s[rpar]);
                     }
                     write_now = GRAD; /* the last piece is still here */
                 }
@@ -462,8 +525,10 @@ __global__ void __launch_bounds__(CE_THREADS, CE_CTAS_PER_SM) ce_kernel(const ce
                 }
             }
         }
+        if (defer && pending && pend.jj < jj) finish_pending(); /* posted a job ago */
         cur = nxt;
     }
+    if (defer && pending) finish_pending();
     lf_cp_async_wait<0>();
     if (nranks > 1) lf_cluster_sync(); /* no CTA leaves while another may still read its xchg */
     if (rank != 0 || p.reduction == LF_REDUCE_NONE) return;
