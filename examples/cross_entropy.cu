@@ -184,6 +184,7 @@ __global__ void __launch_bounds__(1024) ce_divisor_kernel(const ce_kparams p)
  * the job is *issued* — one job ahead of its use — so that latency hides behind the pieces. */
 typedef struct ce_job {
     int64_t row, y;
+    int64_t lr;     /* the row's index among this CTA's rows */
     int status;     /* 0 valid, 1 ignored, 2 bad label */
     int k;          /* job index within the row */
     int sbeg, send; /* this CTA's slice of the row's body vectors */
@@ -240,10 +241,19 @@ __global__ void __launch_bounds__(CE_THREADS, CE_CTAS_PER_SM) ce_kernel(const ce
 
     /* Job jj of this CTA; k > 0 continues the row of `prev`. Called by all threads alike. */
     auto start_job = [&](int64_t jj, const ce_job &prev) -> ce_job {
-        const int64_t lr = jj / J;
         ce_job j = prev;
-        j.k = (int)(jj % J);
-        if (j.k > 0) return j;
+        /* counted on from the previous job: no 64-bit division by J per job */
+        if (jj == 0) {
+            j.k = 0;
+            j.lr = 0;
+        } else if (prev.k + 1 < J) {
+            j.k = prev.k + 1;
+            return j;
+        } else {
+            j.k = 0;
+            j.lr = prev.lr + 1;
+        }
+        const int64_t lr = j.lr;
         if (lr % CE_LABEL_CACHE == 0) { /* labels of the next CE_LABEL_CACHE rows, one parallel load */
             __syncthreads();
             for (int64_t i = threadIdx.x; i < CE_LABEL_CACHE && lr + i < my_rows; i += CE_THREADS)
