@@ -31,14 +31,19 @@
  *     }
  *
  * Contents (in file order)
- *   1. Configuration, fast exp2, element types (lf_elem<T>)
+ *   1. Configuration, fast exp2, element types (lf_elem<T>: unpack/pack, get, packed max)
  *   2. Warp reductions (lf_warp_*): results broadcast to all 32 lanes
- *   3. Block reductions (lf_block_*): caller-owned scratch, results broadcast to all threads
+ *   3. Block reductions (lf_block_*): caller-owned scratch, results broadcast to all threads;
+ *      lf_block_lse_fast (one barrier) and its halves lf_block_lse_post / _merge around a
+ *      shared-memory mbarrier (lf_mbar_init / _arrive / _wait)
  *   4. Vectorized row access: lf_row_span (head / 16-byte body / tail), 16-byte loads/stores
  *   5. Shared-memory pieces and the online-softmax row pass: cp.async, lf_row_slice,
- *      lf_piece_load, lf_row_edge_load, lf_piece_stats, lf_edge_stats
+ *      lf_piece_load, lf_row_edge_load (or _issue + lf_edge_resolve), lf_piece_stats (every
+ *      option), lf_piece_stats_fast (no softcap / class weights: about half the instructions,
+ *      lazy argmax), lf_edge_stats
  *   6. Cross-entropy gradient writer: lf_grad_coef_make, lf_ce_grad_elem, lf_ce_label_grad,
- *      lf_piece_grad_store, lf_edge_grad_store, lf_row_zero
+ *      lf_piece_grad_store, lf_piece_grad_fast (coefficient folded into the exponent),
+ *      lf_edge_grad_store, lf_row_zero
  *   7. Clusters (sm_90): lf_cluster_row_stats, lf_cluster_sync (= lf_cluster_arrive + _wait)
  *
  * Configuration macros: those of lossfuse.h (LF_HD, LF_USE_EXP2, LF_ASSERT). Nothing else.

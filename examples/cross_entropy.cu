@@ -17,18 +17,24 @@
  *
  * How a row is read once, whatever V is
  *   Persistent CTAs of 256 threads (three per SM) stage rows in shared memory with cp.async: two
- *   32 KB buffers each, so the copies of the next row are in flight while the current row is
+ *   32 KB buffers each, so the copies of the next piece are in flight while the current one is
  *   reduced and its gradient written (each thread copies and reads back only its own 16-byte
- *   vectors: the pipeline needs no barrier). A row larger than 32 KB is split over a thread-block
- *   cluster of 2..16 CTAs on sm_90 (16K bf16 per CTA: 2 at V = 32K, 16 at V = 256K); the CTAs
- *   merge their 28-byte row statistics through distributed shared memory
- *   (lf_cluster_row_stats) and each writes the gradient of the slice it holds. Without clusters
- *   (sm_80), or where the slice is still larger than the buffer, a CTA streams its slice in several
- *   pieces and reads all but the last a second time for the gradient (from L2 when they are
- *   still there):
- *   correct for any V. Automatically clusters are capped at 4 CTAs (measured: the per-row cluster
- *   barrier costs more than a second read from L2 beyond that; see ce_launch_kernel).
+ *   vectors: the pipeline needs no barrier). A row larger than 32 KB may be split over a
+ *   thread-block cluster of 2..16 CTAs on sm_90; the CTAs merge their 28-byte row statistics
+ *   through distributed shared memory (lf_cluster_row_stats) and each writes the gradient of the
+ *   slice it holds. Where a CTA's slice is larger than a buffer (always without clusters, e.g.
+ *   on sm_80) it streams the slice in pieces, writes the last piece's gradient while it is still
+ *   staged and reads the others a second time, last first (from L2 when they are still there):
+ *   correct for any V. Automatically clusters are capped at 4 CTAs (measured: the per-row
+ *   cluster barrier costs more than a second read from L2 beyond that; see ce_launch_kernel).
  *
+ * What keeps it near the bandwidth limit (measured, bench/RESULTS.md): per element the fast
+ *   path (no softcap, no class weights) spends a packed max (two bf16 per instruction), one
+ *   FFMA + EX2 + FADD for the sum, and one FFMA + EX2 + half a pack for the gradient (the
+ *   coefficient folded into the exponent); the argmax is located lazily; one barrier per row;
+ *   forward only, the row's merge is deferred a job through an mbarrier so that no warp waits
+ *   for the slowest at the end of each row.
+
  * Contract (as DESIGN.md)
  *   - A label outside [0, V) that is not ignore_index adds 1 to *n_errors; that row, like an
  *     ignored row, has loss 0, zero gradient and weight 0. All rows ignored: loss 0, grad 0.
@@ -368,7 +374,10 @@ __global__ void __launch_bounds__(CE_THREADS, CE_CTAS_PER_SM) ce_kernel(const ce
         lf_row_stats rs = lf_row_stats_init();
         rs.am.v = 0.0f;
         rs.lse = lf_block_lse_merge<CE_THREADS, FULL>(&rs.am.v, &rs.am.i, &rs.wz, reinterpret_cast<const float *>(red[q]));
-        if (FULL && rs.lse.s != rs.lse.s) nan_argmax(pend.row, pend.edge, q, rs.am);
+        if (FULL && rs.lse.s != rs.lse.s) { /* uniform: every thread holds the same s */
+            nan_argmax(pend.row, pend.edge, q, rs.am);
+            __syncthreads(); /* all have read am_nan[q] before thread 0 resets it below */
+        }
         if (threadIdx.x == 0) {
             row_outputs(pend.row, pend.y, rs, xy_s[q]);
             /* every thread has arrived (so is past this row's atomics), and the slot's next row

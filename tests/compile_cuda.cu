@@ -76,6 +76,55 @@ __global__ void __launch_bounds__(128) everything(T *x, int64_t V, float *out, c
     if (threadIdx.x == 0) out[blockIdx.x] = a + lse + lf_lse_entropy(st.lse) + (float)am.i + l.s;
 }
 
+/* The fast row pass: packed maximum, lazy argmax, one-barrier and split (mbarrier) merges, the
+ * folded-exponent gradient writer, deferred edge loads, element access, per dtype. */
+template <typename T, bool FULL>
+__global__ void __launch_bounds__(128) fast_path(T *x, int64_t V, float *out)
+{
+    extern __shared__ uint4 buf[];
+    __shared__ float scratch[6 * 128 / 32];
+    __shared__ unsigned key;
+    __shared__ uint64_t bar;
+    T *row = x + (int64_t)blockIdx.x * V;
+    const lf_row_span sp = lf_row_span_make(row, V);
+    const lf_xform t = lf_xform_make(1.0f, 0.0f);
+    if (threadIdx.x == 0) {
+        key = lf_argmax_key(-LF_INF_F);
+        lf_mbar_init(&bar, 128);
+    }
+    lf_piece_load<128>(buf, row, sp, 0, sp.nvec);
+    lf_cp_async_commit();
+    const lf_edge_raw er = lf_row_edge_issue(row, sp);
+    lf_cp_async_wait<0>();
+    __syncthreads();
+    const lf_edge e = lf_edge_resolve<T>(er);
+    lf_row_stats st = lf_row_stats_init();
+    lf_lazy_argmax la = lf_lazy_argmax_init();
+    lf_edge_stats<FULL, false>(st, e, t, NULL);
+    lf_piece_stats_fast<128, T, FULL>(st, la, &key, buf, sp, 0, sp.nvec, t, true);
+    float xm = fmaxf(la.v, st.am.v);
+    int32_t xi = la.i;
+    float xs = st.wz;
+    lf_lse l = lf_block_lse_fast<128, FULL>(st.lse, &xm, &xi, &xs, scratch);
+    __syncthreads();
+    lf_block_lse_post<128, FULL>(l, xm, xi, xs, scratch);
+    lf_mbar_arrive(&bar);
+    lf_mbar_wait(&bar, 0);
+    l = lf_block_lse_merge<128, FULL>(&xm, &xi, &xs, scratch);
+    const lf_grad_coef c = lf_grad_coef_make(1.0f, lf_lse_final(l), 0.0f, 0.0f, 1.0f, (float)V, V, t);
+    lf_piece_grad_fast<128, T, false>(row, buf, sp, 0, sp.nvec, t.scale_l2e, lf_grad_fast_k(c));
+    lf_piece_grad_fast<128, T, true>(row, buf, sp, 0, sp.nvec, t.scale_l2e, lf_grad_fast_k(c));
+    const float g = lf_elem<T>::get(buf[0], (int)(threadIdx.x % lf_elem<T>::per_vec));
+    if (threadIdx.x == 0) out[blockIdx.x] = l.s + xm + (float)xi + xs + g + e.x;
+}
+
+template __global__ void fast_path<float, true>(float *, int64_t, float *);
+template __global__ void fast_path<float, false>(float *, int64_t, float *);
+template __global__ void fast_path<__nv_bfloat16, true>(__nv_bfloat16 *, int64_t, float *);
+template __global__ void fast_path<__nv_bfloat16, false>(__nv_bfloat16 *, int64_t, float *);
+template __global__ void fast_path<__half, true>(__half *, int64_t, float *);
+template __global__ void fast_path<__half, false>(__half *, int64_t, float *);
+
 template __global__ void everything<float, true, true>(float *, int64_t, float *, const float *, int);
 template __global__ void everything<float, false, false>(float *, int64_t, float *, const float *, int);
 template __global__ void everything<__nv_bfloat16, true, false>(__nv_bfloat16 *, int64_t, float *, const float *, int);

@@ -190,6 +190,7 @@ struct Case {
     double ignore_frac = 0.05, bad_frac = 0.0;
     bool plant_nonfinite = false; /* a NaN row and a +inf row */
     bool plant_masks = false;     /* rows with -inf entries, one with the label at -inf, one all -inf */
+    bool plant_ties = false;      /* rows whose maximum appears several times (argmax: the first) */
     float outlier = 40.0f;        /* 1e4: huge-value case */
     bool determinism = false;     /* run twice, compare bits */
     bool check_all = false;       /* check every row against the reference whatever the size */
@@ -278,6 +279,33 @@ static void run_case(const Case &c)
                 if (!mask) continue;
                 if (c.dt == LF_F32) ((float *)h.data())[j] = -INFINITY;
                 else ((uint16_t *)h.data())[j] = c.dt == LF_BF16 ? lf_f32_to_bf16(-INFINITY) : lf_f32_to_f16(-INFINITY);
+            }
+            CK(cudaMemcpy((char *)x.p + i * stride * esz, h.data(), V * esz, cudaMemcpyHostToDevice));
+        }
+    }
+    if (c.plant_ties && N >= 6) {
+        /* row 3: a constant row (argmax 0); row 4: the maximum 50 at four spread places, in
+         * different threads, warps and pieces; row 5: all -1 but -0 at V/3 and +0 at 2V/3 (they
+         * tie: the first wins). The lazy argmax must find the first in every case. */
+        std::vector<char> h((size_t)V * esz);
+        auto set = [&](int64_t j, float v) {
+            if (c.dt == LF_F32) ((float *)h.data())[j] = v;
+            else ((uint16_t *)h.data())[j] = c.dt == LF_BF16 ? lf_f32_to_bf16(v) : lf_f32_to_f16(v);
+        };
+        for (int64_t i : {(int64_t)3, (int64_t)4, (int64_t)5}) {
+            if (i == 5 && V < 3) continue;
+            if (y[i] < 0 || y[i] >= V) n_bad -= (y[i] != -100);
+            y[i] = 1 % V;
+            planted.insert(i);
+            CK(cudaMemcpy(h.data(), (char *)x.p + i * stride * esz, V * esz, cudaMemcpyDeviceToHost));
+            if (i == 3)
+                for (int64_t j = 0; j < V; ++j) set(j, 0.5f);
+            if (i == 4)
+                for (int64_t j : {V - 1, V / 2, V / 3, std::min<int64_t>(17, V - 1)}) set(j, 50.0f);
+            if (i == 5) {
+                for (int64_t j = 0; j < V; ++j) set(j, -1.0f);
+                set(V / 3, -0.0f);
+                set(2 * V / 3, 0.0f);
             }
             CK(cudaMemcpy((char *)x.p + i * stride * esz, h.data(), V * esz, cudaMemcpyHostToDevice));
         }
@@ -744,13 +772,20 @@ int main(int argc, char **argv)
      * N = 1 in place with reduction none and a per-row upstream gradient. */
     for (lf_dtype dt : dts)
         for (int vi = 0; vi < nV; ++vi)
-            for (int ni = 0; ni < 3; ++ni) {
+            for (int ni = 0; ni < 4; ++ni) {
                 Case c;
-                c.name = ni == 2 ? "sweep plain" : ni == 1 ? "sweep full" : "sweep in-place none";
+                c.name = ni == 3 ? "sweep forward stats" : ni == 2 ? "sweep plain" : ni == 1 ? "sweep full" : "sweep in-place none";
                 c.dt = dt;
                 c.V = Vs[vi];
-                c.N = Ns[ni];
-                if (ni == 1) {
+                c.N = ni == 3 ? (g_small ? 300 : 1000) : Ns[ni];
+                if (ni == 3) {
+                    /* forward only, several rows per CTA: the deferred row merge */
+                    c.grad = 0;
+                    c.stats = true;
+                    c.red = LF_REDUCE_NONE;
+                    c.plant_ties = true;
+                    c.bad_frac = 0.05;
+                } else if (ni == 1) {
                     c.eps = 0.1f;
                     c.lam = 1e-4f;
                     c.stats = true;
@@ -787,6 +822,11 @@ int main(int argc, char **argv)
             c = b; c.name = "int32 labels, stride+5 in place"; c.lab64 = 0; c.pad = 5; c.grad = 2; run_case(c);
             c = b; c.name = "grad stride+3 (phase differs)"; c.pad = 2; c.gpad = 3; run_case(c);
             c = b; c.name = "forward only stats + softcap"; c.grad = 0; c.stats = true; c.cap = 20.0f; c.red = LF_REDUCE_NONE; run_case(c);
+            c = b; c.name = "forward only stats, ties"; c.grad = 0; c.stats = true; c.plant_ties = true; c.red = LF_REDUCE_NONE; run_case(c);
+            c = b; c.name = "forward only, smoothing, z-loss, mean"; c.grad = 0; c.eps = 0.1f; c.lam = 1e-4f; run_case(c);
+            c = b; c.name = "forward only -inf masks, NaN rows"; c.grad = 0; c.stats = true; c.plant_masks = true; c.plant_nonfinite = true; c.red = LF_REDUCE_NONE; run_case(c);
+            c = b; c.name = "forward only clusters of 3"; c.grad = 0; c.stats = true; c.max_cluster = 3; c.plant_ties = true; c.red = LF_REDUCE_NONE; run_case(c);
+            c = b; c.name = "ties, fused, entropy"; c.stats = true; c.plant_ties = true; run_case(c);
             c = b; c.name = "huge logits 1e4"; c.outlier = 1e4f; c.stats = true; run_case(c);
             c = b; c.name = "-inf masks"; c.plant_masks = true; c.stats = true; c.red = LF_REDUCE_NONE; run_case(c);
             c = b; c.name = "-inf masks + smoothing"; c.plant_masks = true; c.eps = 0.1f; run_case(c);
@@ -849,6 +889,12 @@ int main(int argc, char **argv)
         c.red = LF_REDUCE_NONE;
         c.grad = 2;
         c.dloss = true;
+        run_case(c);
+        c.name = "250000 rows, forward stats";
+        c.grad = 0;
+        c.dloss = false;
+        c.stats = true;
+        c.plant_ties = true;
         run_case(c);
     }
 
