@@ -582,23 +582,10 @@ typedef struct lf_edge {
     int32_t j;
 } lf_edge;
 
-template <typename T>
-static __device__ __forceinline__ lf_edge lf_row_edge_load(const T *row, const lf_row_span &sp)
-{
-    lf_edge e;
-    const int i = (int)threadIdx.x;
-    e.j = -1;
-    e.x = 0.0f;
-    if (i < sp.head) e.j = i;
-    else if (i >= 8 && i - 8 < sp.tail) e.j = sp.head + sp.nvec * lf_elem<T>::per_vec + (i - 8);
-    if (e.j >= 0) e.x = lf_elem<T>::to_f32(row[e.j]);
-    return e;
-}
-
-/* The same in two halves, for loading a job ahead of its use: lf_row_edge_issue only loads the
- * raw element (nothing consumes the register, so the thread does not wait for it), and
+/* In two halves, for loading a job ahead of its use: lf_row_edge_issue only loads the raw
+ * element (nothing consumes the register, so the thread does not wait for it), and
  * lf_edge_resolve converts it when it is needed. Converting right after the load — as the
- * one-call form does — stalls the warp for a full memory latency. */
+ * one-call form lf_row_edge_load does — stalls the warp for a full memory latency. */
 typedef struct lf_edge_raw {
     uint32_t bits; /* the element's bits (zero-extended) */
     int32_t j;
@@ -633,6 +620,12 @@ static __device__ __forceinline__ lf_edge lf_edge_resolve(const lf_edge_raw &r)
     }
     if (r.j < 0) e.x = 0.0f;
     return e;
+}
+
+template <typename T>
+static __device__ __forceinline__ lf_edge lf_row_edge_load(const T *row, const lf_row_span &sp)
+{
+    return lf_edge_resolve<T>(lf_row_edge_issue(row, sp));
 }
 
 /* Statistics of this thread's vectors of a piece, pushed into st (its partial of the row).

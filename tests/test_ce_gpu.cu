@@ -185,7 +185,8 @@ struct Case {
     bool stats = false;  /* request logprob, lse, entropy, argmax, n_correct */
     int max_cluster = 0;
     bool dev_divisor = false;
-    bool dloss = false;
+    bool dloss = false;  /* per row (none): signed, some exactly 0; [1] (sum/mean): positive ... */
+    bool dloss_neg = false; /* ... or negative */
     float grad_scale = 1.0f;
     double ignore_frac = 0.05, bad_frac = 0.0;
     bool plant_nonfinite = false; /* a NaN row and a +inf row */
@@ -378,7 +379,15 @@ static void run_case(const Case &c)
 
     /* device upstream gradient */
     std::vector<float> dl(c.red == LF_REDUCE_NONE ? N : 1);
-    for (auto &v : dl) v = (float)(0.5 + rng_u(&rs));
+    /* Signed upstream gradients reach the fast writer's negative branch (sgn(a) = -1) and its
+     * zero (a = 0: k = +inf); a quarter of the rows negative, one in twenty exactly zero. */
+    for (size_t k = 0; k < dl.size(); ++k) {
+        const double u = rng_u(&rs);
+        dl[k] = (float)(0.5 + rng_u(&rs));
+        if (dl.size() == 1) dl[k] = c.dloss_neg ? -dl[k] : dl[k];
+        else if (u < 0.05) dl[k] = 0.0f;
+        else if (u < 0.30) dl[k] = -dl[k];
+    }
     DevBuf dld(dl.size() * 4), divd(4), ws(ce_workspace_bytes(N));
     CK(cudaMemcpy(dld.p, dl.data(), dl.size() * 4, cudaMemcpyHostToDevice));
     const float divh = 123.5f;
@@ -819,6 +828,7 @@ int main(int argc, char **argv)
             c = b; c.name = "z-loss 1e-3 sum dloss"; c.lam = 1e-3f; c.red = LF_REDUCE_SUM; c.dloss = true; c.grad_scale = 2.0f; run_case(c);
             c = b; c.name = "mean device divisor"; c.dev_divisor = true; run_case(c);
             c = b; c.name = "none per-row dloss"; c.red = LF_REDUCE_NONE; c.dloss = true; run_case(c);
+            c = b; c.name = "sum, negative dloss, in place"; c.red = LF_REDUCE_SUM; c.dloss = true; c.dloss_neg = true; c.grad = 2; run_case(c);
             c = b; c.name = "int32 labels, stride+5 in place"; c.lab64 = 0; c.pad = 5; c.grad = 2; run_case(c);
             c = b; c.name = "grad stride+3 (phase differs)"; c.pad = 2; c.gpad = 3; run_case(c);
             c = b; c.name = "forward only stats + softcap"; c.grad = 0; c.stats = true; c.cap = 20.0f; c.red = LF_REDUCE_NONE; run_case(c);
