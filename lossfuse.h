@@ -28,10 +28,13 @@
  *   2. bf16 / fp16 <-> float (bit exact, round-to-nearest-even)
  *   3. Online log-sum-exp state with entropy (lf_lse), argmax (lf_argmax), row statistics
  *      (lf_row_stats: both plus the weighted logit sum for label smoothing)
+ *   3b. Dual state of two distributions (lf_dual): both lse, entropies, forward and reverse KL
  *   4. Logit transform (scale, softcap)
  *   5. Packed sequences: segment lookup, next-token label shift
  *   6. Host validation (labels, cu_seqlens, options)
  *   7. Host references: cross-entropy (lf_ref_ce_row, lf_ref_cross_entropy)
+ *   8. Host references: distillation (lf_ref_kl_row, lf_ref_kl: forward / reverse KL, JSD,
+ *      soft-target cross-entropy, total variation)
  *
  * Configuration macros (define before including; each is #ifndef-guarded)
  *   LF_HD        function qualifiers of the portable functions.
@@ -359,6 +362,126 @@ LF_HD lf_row_stats lf_row_stats_merge(lf_row_stats a, lf_row_stats b)
 }
 
 /* ============================================================================================
+ * 3b. Dual log-sum-exp state: two distributions over one vocabulary, one pass
+ *    For a student row a (logits already transformed: temperature, cap) and a teacher row b,
+ *    one sweep of (a_j, b_j) pairs gives both log-sum-exps, both entropies and the cross terms
+ *        ra = sum_j exp(a_j - ma) (a_j - b_j)      rb = sum_j exp(b_j - mb) (b_j - a_j)
+ *    from which (p = softmax(a), q = softmax(b))
+ *        KL(q || p) = rb / sb + (lse_a - lse_b)          forward KL (teacher || student)
+ *        KL(p || q) = ra / sa + (lse_b - lse_a)          reverse KL (student || teacher)
+ *        -sum_j q_j log p_j = KL(q || p) + H(q)          soft-target cross-entropy
+ *    The cross terms only scale when a maximum moves (a_j - b_j does not depend on it).
+ *    Usage:
+ *        lf_dual st = lf_dual_init();
+ *        for (j = 0; j < V; ++j) lf_dual_push(&st, a[j], b[j]);
+ *        lf_dual_out o = lf_dual_final(st);   // o.kl_fwd, o.kl_rev, o.lse_a, o.ent_b, ...
+ *    Conventions: a -inf entry has probability 0 and 0 log 0 = 0, so an entry masked on both
+ *    sides contributes nothing. An entry with mass on one side only makes the KL that needs it
+ *    +inf: KL(q || p) when b_j > -inf = a_j (even if q_j underflows), KL(p || q) in the mirror
+ *    case. A side with no mass at all (every entry -inf, or V = 0) has no distribution: both
+ *    KLs are NaN. NaN or +inf on a side makes that side's lse and both KLs NaN.
+ *    Merge is commutative bit for bit, like lf_lse_merge.
+ * ========================================================================================== */
+
+typedef struct lf_dual {
+    lf_lse a, b;  /* student and teacher: max, sum, entropy term (as lf_lse) */
+    float ra, rb; /* cross terms above, relative to a.m and b.m */
+} lf_dual;
+
+typedef struct lf_dual_out {
+    float lse_a, lse_b; /* log-sum-exps */
+    float ent_a, ent_b; /* entropies in nats (NaN for a side without mass) */
+    float kl_fwd;       /* KL(q || p): teacher || student */
+    float kl_rev;       /* KL(p || q): student || teacher */
+} lf_dual_out;
+
+LF_HD lf_dual lf_dual_init(void)
+{
+    lf_dual d;
+    d.a = lf_lse_init();
+    d.b = lf_lse_init();
+    d.ra = 0.0f;
+    d.rb = 0.0f;
+    return d;
+}
+
+/* Internal: the factor that moves a sum taken relative to m_old onto m_new >= m_old (0 when
+ * the old sum is empty; NaN when both are +inf: the +inf itself poisons the sum). */
+LF_HD float lf_impl_lse_factor(float m_old, float m_new)
+{
+    float shift = (m_new == -LF_INF_F) ? 0.0f : m_new;
+    return lf_exp_diff(m_old, shift);
+}
+
+/* Internal: one side's cross term e (x - y) for an element with weight e = exp(x - m). */
+LF_HD float lf_impl_dual_term(float e, float x, float y)
+{
+    if (x > -LF_INF_F && y == -LF_INF_F) return LF_INF_F; /* mass here, none there */
+    return e == 0.0f ? 0.0f : e * (x - y);                /* 0 log 0 = 0 */
+}
+
+/* Internal: a cross term moved by factor f: 0 and +inf (a support mismatch) stay what they
+ * are — an underflowing f must not turn +inf into NaN — and a NaN f poisons it. */
+LF_HD float lf_impl_dual_scale(float r, float f)
+{
+    if (f != f) return f;
+    return (r == 0.0f || r == LF_INF_F) ? r : r * f;
+}
+
+/* Push one pair: student logit a, teacher logit b (both transformed). */
+LF_HD void lf_dual_push(lf_dual *d, float a, float b)
+{
+    float fa = lf_impl_lse_factor(d->a.m, fmaxf(d->a.m, a));
+    float fb = lf_impl_lse_factor(d->b.m, fmaxf(d->b.m, b));
+    float ea, eb;
+    d->ra = lf_impl_dual_scale(d->ra, fa);
+    d->rb = lf_impl_dual_scale(d->rb, fb);
+    lf_lse_push(&d->a, a);
+    lf_lse_push(&d->b, b);
+    ea = lf_exp_diff(a, d->a.m == -LF_INF_F ? 0.0f : d->a.m);
+    eb = lf_exp_diff(b, d->b.m == -LF_INF_F ? 0.0f : d->b.m);
+    d->ra += lf_impl_dual_term(ea, a, b);
+    d->rb += lf_impl_dual_term(eb, b, a);
+}
+
+/* Merge two states over disjoint parts of the same pair of rows (order does not matter, bit
+ * for bit). */
+LF_HD lf_dual lf_dual_merge(lf_dual x, lf_dual y)
+{
+    lf_dual r;
+    float ma = fmaxf(x.a.m, y.a.m), mb = fmaxf(x.b.m, y.b.m);
+    float xa = lf_impl_lse_factor(x.a.m, ma), ya = lf_impl_lse_factor(y.a.m, ma);
+    float xb = lf_impl_lse_factor(x.b.m, mb), yb = lf_impl_lse_factor(y.b.m, mb);
+    r.a = lf_lse_merge(x.a, y.a);
+    r.b = lf_lse_merge(x.b, y.b);
+    r.ra = lf_impl_dual_scale(x.ra, xa) + lf_impl_dual_scale(y.ra, ya);
+    r.rb = lf_impl_dual_scale(x.rb, xb) + lf_impl_dual_scale(y.rb, yb);
+    return r;
+}
+
+LF_HD lf_dual_out lf_dual_final(lf_dual d)
+{
+    lf_dual_out o;
+    o.lse_a = lf_lse_final(d.a);
+    o.lse_b = lf_lse_final(d.b);
+    o.ent_a = lf_lse_entropy(d.a);
+    o.ent_b = lf_lse_entropy(d.b);
+    if (!(d.a.s > 0.0f) || !(d.b.s > 0.0f) || o.lse_a != o.lse_a || o.lse_b != o.lse_b) {
+        o.kl_fwd = NAN; /* a side without a distribution, or poisoned */
+        o.kl_rev = NAN;
+        return o;
+    }
+    {
+        /* lse_a - lse_b as (ma - mb) + (log sa - log sb): the maxima cancel before rounding, so a
+         * small KL between rows of logits ~1e4 keeps its digits */
+        float dl = (d.a.m - d.b.m) + (logf(d.a.s) - logf(d.b.s));
+        o.kl_fwd = d.rb == LF_INF_F ? LF_INF_F : d.rb / d.b.s + dl;
+        o.kl_rev = d.ra == LF_INF_F ? LF_INF_F : d.ra / d.a.s - dl;
+    }
+    return o;
+}
+
+/* ============================================================================================
  * 4. Logit transform
  *    z = softcap(scale * x), softcap(y) = c * tanh(y / c) when c > 0 (Gemma-style).
  *    -inf stays -inf (a masked entry stays masked under the softcap); +inf becomes NaN so that
@@ -664,6 +787,253 @@ static inline lf_status lf_ref_cross_entropy(int64_t N, int64_t V, const float *
     }
     if (loss_out) loss_out[0] = sum * inv;
     if (z_out) z_out[0] = zsum * inv;
+    if (grad && inv != 1.0)
+        for (i = 0; i < N; ++i)
+            for (j = 0; j < V; ++j) grad[i * V + j] *= inv;
+    return LF_OK;
+}
+
+/* ============================================================================================
+ * 8. Host references: distillation (the KL family)
+ *    Student raw logits x_s, teacher raw logits x_t, rows of V. Both sides are transformed alike:
+ *        z = softcap_c(x) / tau     (c = 0: no cap; the cap first, as the model applies it,
+ *                                    then the distillation temperature)
+ *    p = softmax(z_s) (student), q = softmax(z_t) (teacher), per row:
+ *        LF_KL_FORWARD  KL(q || p) = sum_j q_j (log q_j - log p_j)
+ *        LF_KL_REVERSE  KL(p || q)
+ *        LF_KL_JSD      beta KL(q || M) + (1 - beta) KL(p || M),  M = beta q + (1 - beta) p;
+ *                       beta = 0 is LF_KL_FORWARD and beta = 1 is LF_KL_REVERSE, as in the
+ *                       generalised JSD of GKD / TRL (those ends are the limits of
+ *                       JSD / (beta (1 - beta)) as beta -> 0 and 1).
+ *        LF_KL_SOFT_CE  -sum_j q_j log p_j  (= KL(q || p) + H(q))
+ *        LF_KL_TVD      1/2 sum_j |p_j - q_j|
+ *    Gradient with respect to z_s,j (times dz/dx = (1 - tanh^2(x / c)) / tau to get d/dx_s,j):
+ *        forward, soft CE   p_j - q_j
+ *        reverse            p_j (log p_j - log q_j - KL(p || q))
+ *        JSD, 0 < beta < 1  (1 - beta) p_j (log p_j - log M_j - KL(p || M))
+ *        TVD                1/2 p_j (s_j - sum_k s_k p_k),  s = sign(p - q) (0 on a tie)
+ *    tau2 = 1 multiplies loss and gradient by tau^2 (keeps gradient sizes comparable across
+ *    temperatures, as in Hinton et al.). The teacher gets no gradient.
+ *    Masks and weights: a row with mask 0 has loss 0, gradient 0, weight 0; weights (optional)
+ *    multiply the row's loss. reduction mean divides by `divisor`, or when divisor < 0 by the sum
+ *    of the weights of unmasked rows (their count without weights); a zero divisor gives 0 unless
+ *    an unmasked row is NaN.
+ *    Edge cases (section 3b's conventions): a -inf logit is a masked entry, 0 log 0 = 0. NaN or
+ *    +inf on either side: NaN loss and an all-NaN gradient row; so is a side without mass.
+ *    Support: forward KL and soft CE are +inf where q_j > 0 = p_j (their gradient p - q stays
+ *    finite); reverse KL is +inf where p_j > 0 = q_j and its gradient is NaN there (undefined).
+ *    JSD and TVD are always finite.
+ * ========================================================================================== */
+
+typedef enum lf_kl_kind {
+    LF_KL_FORWARD = 0,
+    LF_KL_REVERSE = 1,
+    LF_KL_JSD = 2,
+    LF_KL_SOFT_CE = 3,
+    LF_KL_TVD = 4
+} lf_kl_kind;
+
+typedef struct lf_kl_opts {
+    lf_kl_kind kind;   /* default LF_KL_FORWARD */
+    float beta;        /* JSD mixing weight in [0, 1]; default 0.5 */
+    float temperature; /* tau > 0; default 1 */
+    int tau2;          /* 1: loss and gradient times tau^2; default 0 */
+    float softcap;     /* c > 0 enables the tanh cap on both sides; default 0 (off) */
+} lf_kl_opts;
+
+static inline lf_kl_opts lf_kl_opts_default(void)
+{
+    lf_kl_opts o;
+    o.kind = LF_KL_FORWARD;
+    o.beta = 0.5f;
+    o.temperature = 1.0f;
+    o.tau2 = 0;
+    o.softcap = 0.0f;
+    return o;
+}
+
+/* LF_OK, or LF_ERR_ARG when an option is outside its domain (NaN included). */
+static inline lf_status lf_check_kl_opts(const lf_kl_opts *o)
+{
+    if (!o) return LF_ERR_NULL;
+    if ((int)o->kind < (int)LF_KL_FORWARD || (int)o->kind > (int)LF_KL_TVD) return LF_ERR_ARG;
+    if (!(o->beta >= 0.0f && o->beta <= 1.0f)) return LF_ERR_ARG;
+    if (!(o->temperature > 0.0f) || o->temperature == LF_INF_F) return LF_ERR_ARG;
+    if (!(o->softcap >= 0.0f) || o->softcap == LF_INF_F) return LF_ERR_ARG;
+    return LF_OK;
+}
+
+/* Everything the reference knows about one row, in double. */
+typedef struct lf_kl_row {
+    double loss;           /* the kind's loss (times tau^2 with tau2), before any row weight */
+    double kl_fwd, kl_rev; /* KL(q || p) and KL(p || q), for logging (no tau^2) */
+    double lse_s, lse_t;   /* log-sum-exps of z_s and z_t */
+    double ent_s, ent_t;   /* entropies of p and q in nats */
+} lf_kl_row;
+
+/* Internal: z of one raw logit (the cap's special cases as lf_logit_xform), and dz/dx. */
+static inline double lf_impl_ref_kl_z(float x, const lf_kl_opts *o)
+{
+    double c = (double)o->softcap, y = (double)x;
+    if (c > 0.0) {
+        if (y == (double)LF_INF_F || y != y) return (double)NAN;
+        if (y != -(double)LF_INF_F) y = c * tanh(y / c);
+    }
+    return y / (double)o->temperature;
+}
+
+static inline double lf_impl_ref_kl_dz(float x, const lf_kl_opts *o)
+{
+    double c = (double)o->softcap;
+    double t = c > 0.0 ? tanh((double)x / c) : 0.0;
+    return (c > 0.0 ? 1.0 - t * t : 1.0) / (double)o->temperature;
+}
+
+/* Internal: log-sum-exp of one side: NaN for a NaN or +inf, -inf for no mass. */
+static inline double lf_impl_ref_kl_lse(const float *x, int64_t V, const lf_kl_opts *o)
+{
+    double m = -(double)LF_INF_F, s = 0.0;
+    int64_t j;
+    for (j = 0; j < V; ++j) {
+        double z = lf_impl_ref_kl_z(x[j], o);
+        if (z != z || z == (double)LF_INF_F) return (double)NAN;
+        if (z > m) m = z;
+    }
+    if (m == -(double)LF_INF_F) return m;
+    for (j = 0; j < V; ++j) {
+        double z = lf_impl_ref_kl_z(x[j], o);
+        if (z != -(double)LF_INF_F) s += exp(z - m);
+    }
+    return m + log(s);
+}
+
+/* Internal: log p_j (-inf for a masked entry). */
+static inline double lf_impl_ref_kl_lp(float x, double lse, const lf_kl_opts *o)
+{
+    double z = lf_impl_ref_kl_z(x, o);
+    return z == -(double)LF_INF_F ? z : z - lse;
+}
+
+/* Internal: log M_j = log(beta e^lq + (1 - beta) e^lp), exactly -inf where both are. */
+static inline double lf_impl_ref_kl_lm(double lq, double lp, double beta)
+{
+    double u = log(beta) + lq, v = log(1.0 - beta) + lp, hi = u > v ? u : v, lo = u > v ? v : u;
+    return hi == -(double)LF_INF_F ? hi : hi + log1p(exp(lo - hi));
+}
+
+static inline double lf_impl_ref_sign(double d) { return d > 0.0 ? 1.0 : d < 0.0 ? -1.0 : 0.0; }
+
+/* One row of the distillation reference. xs, xt: V raw student / teacher logits. dx (if not
+ * NULL, V doubles) gets d loss / d x_s,j (unweighted, unreduced). */
+static inline lf_kl_row lf_ref_kl_row(const float *xs, const float *xt, int64_t V, const lf_kl_opts *o, double *dx)
+{
+    lf_kl_row r;
+    const double NINF = -(double)LF_INF_F;
+    double scale = o->tau2 ? (double)o->temperature * (double)o->temperature : 1.0;
+    double beta = (double)o->beta, kq = 0.0, kp = 0.0, tv = 0.0, ssum = 0.0;
+    int64_t j;
+    int kind = (int)o->kind, inf_fwd = 0, inf_rev = 0;
+    memset(&r, 0, sizeof r);
+    if (kind == LF_KL_JSD && beta == 0.0) kind = LF_KL_FORWARD;
+    if (kind == LF_KL_JSD && beta == 1.0) kind = LF_KL_REVERSE;
+    r.lse_s = lf_impl_ref_kl_lse(xs, V, o);
+    r.lse_t = lf_impl_ref_kl_lse(xt, V, o);
+    if (!(fabs(r.lse_s) < (double)LF_INF_F) || !(fabs(r.lse_t) < (double)LF_INF_F)) {
+        /* NaN / +inf on a side, or a side without mass: no loss, never a guess */
+        r.kl_fwd = r.kl_rev = r.loss = r.ent_s = r.ent_t = (double)NAN;
+        if (dx)
+            for (j = 0; j < V; ++j) dx[j] = (double)NAN;
+        return r;
+    }
+    for (j = 0; j < V; ++j) {
+        double lp = lf_impl_ref_kl_lp(xs[j], r.lse_s, o), lq = lf_impl_ref_kl_lp(xt[j], r.lse_t, o);
+        double p = exp(lp), q = exp(lq);
+        if (lp != NINF) r.ent_s -= p * lp;
+        if (lq != NINF) r.ent_t -= q * lq;
+        if (lq != NINF) {
+            if (lp == NINF) inf_fwd = 1;
+            else r.kl_fwd += q * (lq - lp);
+        }
+        if (lp != NINF) {
+            if (lq == NINF) inf_rev = 1;
+            else r.kl_rev += p * (lp - lq);
+        }
+        tv += 0.5 * fabs(p - q);
+        ssum += lf_impl_ref_sign(p - q) * p;
+        if (kind == LF_KL_JSD) {
+            double lm = lf_impl_ref_kl_lm(lq, lp, beta);
+            if (lq != NINF) kq += q * (lq - lm);
+            if (lp != NINF) kp += p * (lp - lm);
+        }
+    }
+    if (inf_fwd) r.kl_fwd = (double)LF_INF_F;
+    if (inf_rev) r.kl_rev = (double)LF_INF_F;
+    if (kind == LF_KL_FORWARD) r.loss = r.kl_fwd;
+    else if (kind == LF_KL_REVERSE) r.loss = r.kl_rev;
+    else if (kind == LF_KL_SOFT_CE) r.loss = r.kl_fwd + r.ent_t;
+    else if (kind == LF_KL_TVD) r.loss = tv;
+    else r.loss = beta * kq + (1.0 - beta) * kp;
+    r.loss *= scale;
+    if (dx)
+        for (j = 0; j < V; ++j) {
+            double lp = lf_impl_ref_kl_lp(xs[j], r.lse_s, o), lq = lf_impl_ref_kl_lp(xt[j], r.lse_t, o);
+            double p = exp(lp), q = exp(lq), g;
+            if (kind == LF_KL_REVERSE) {
+                if (inf_rev) g = (double)NAN; /* +inf loss: no gradient */
+                else g = lp == NINF ? 0.0 : p * (lp - lq - r.kl_rev);
+            } else if (kind == LF_KL_JSD) {
+                g = lp == NINF ? 0.0 : (1.0 - beta) * p * (lp - lf_impl_ref_kl_lm(lq, lp, beta) - kp);
+            } else if (kind == LF_KL_TVD) {
+                g = 0.5 * p * (lf_impl_ref_sign(p - q) - ssum);
+            } else {
+                g = p - q; /* forward KL, soft CE */
+            }
+            dx[j] = scale * g * lf_impl_ref_kl_dz(xs[j], o);
+        }
+    return r;
+}
+
+/* The whole distillation reference over N rows (student row i at xs + i * s_stride, teacher
+ * row i at xt + i * t_stride).
+ *   mask     : N bytes or NULL (all rows on); weights: N floats or NULL (all 1)
+ *   loss_out : N doubles for LF_REDUCE_NONE (weighted, 0 for masked rows), else 1 (may be NULL)
+ *   grad     : N * V doubles (row stride V) or NULL: the gradient of the reduced loss (of
+ *              sum_i w_i loss_i for LF_REDUCE_NONE) with respect to the student's raw logits
+ * divisor < 0 means the default mean divisor (sum of weights of unmasked rows).
+ * Returns LF_OK, or LF_ERR_* for bad arguments. */
+static inline lf_status lf_ref_kl(int64_t N, int64_t V, const float *xs, int64_t s_stride, const float *xt,
+                                  int64_t t_stride, const uint8_t *mask, const float *weights, const lf_kl_opts *o,
+                                  lf_reduction red, double divisor, double *loss_out, double *grad)
+{
+    double sum = 0.0, wsum = 0.0, inv;
+    int64_t i, j;
+    lf_status st = lf_check_kl_opts(o);
+    if (st != LF_OK) return st;
+    if (N < 0 || V < 0 || s_stride < V || t_stride < V) return LF_ERR_SIZE;
+    if (N > 0 && (!xs || !xt)) return LF_ERR_NULL;
+    for (i = 0; i < N; ++i) {
+        double w = weights ? (double)weights[i] : 1.0, *g = grad ? grad + i * V : NULL;
+        lf_kl_row r;
+        if (mask && !mask[i]) {
+            if (loss_out && red == LF_REDUCE_NONE) loss_out[i] = 0.0;
+            if (g)
+                for (j = 0; j < V; ++j) g[j] = 0.0;
+            continue;
+        }
+        r = lf_ref_kl_row(xs + i * s_stride, xt + i * t_stride, V, o, g);
+        if (g && w != 1.0)
+            for (j = 0; j < V; ++j) g[j] *= w;
+        if (loss_out && red == LF_REDUCE_NONE) loss_out[i] = w * r.loss;
+        sum += w * r.loss;
+        wsum += w;
+    }
+    if (red == LF_REDUCE_NONE) return LF_OK;
+    inv = 1.0;
+    if (red == LF_REDUCE_MEAN) {
+        double d = divisor < 0.0 ? wsum : divisor;
+        inv = d == 0.0 ? 0.0 : 1.0 / d;
+    }
+    if (loss_out) loss_out[0] = inv == 0.0 ? sum * 0.0 : sum * inv; /* 0, or NaN: never hidden */
     if (grad && inv != 1.0)
         for (i = 0; i < N; ++i)
             for (j = 0; j < V; ++j) grad[i * V + j] *= inv;

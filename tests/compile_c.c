@@ -102,6 +102,32 @@ int main(void)
                    fabs(g[3] + 0.75) < 1e-12,
                "lf_ref_cross_entropy mean");
     }
+    /* 3b / 8. dual state and distillation references: a row against itself has KL 0, against
+     * a uniform teacher q: KL(p || q) = log V - H(p) */
+    {
+        float s[4] = {1.0f, 0.0f, -1.0f, 2.0f}, t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        double g[4], l = -1.0;
+        lf_dual d = lf_dual_init(), e = lf_dual_init();
+        lf_dual_out out;
+        lf_kl_opts ko = lf_kl_opts_default();
+        int k;
+        for (k = 0; k < 4; ++k) {
+            lf_dual_push(k < 2 ? &d : &e, s[k], s[k]);
+        }
+        out = lf_dual_final(lf_dual_merge(d, e));
+        expect(out.kl_fwd == 0.0f && out.kl_rev == 0.0f, "lf_dual identical rows");
+        ko.kind = LF_KL_JSD;
+        expect(lf_check_kl_opts(&ko) == LF_OK, "lf_check_kl_opts");
+        expect(lf_ref_kl(1, 4, s, 4, t, 4, NULL, NULL, &ko, LF_REDUCE_SUM, -1.0, &l, g) == LF_OK && l > 0.0 &&
+                   l < 0.6931472,
+               "lf_ref_kl jsd");
+        ko.kind = LF_KL_FORWARD;
+        {
+            lf_kl_row r = lf_ref_kl_row(s, t, 4, &ko, g);
+            expect(r.loss == r.kl_fwd && fabs(r.kl_rev - (log(4.0) - r.ent_s)) < 1e-12,
+                   "lf_ref_kl_row: KL(p || uniform) = log V - H(p)");
+        }
+    }
     printf("compile_c: %s (LF_USE_EXP2 %d)\n", failures ? "FAILED" : "ok", LF_USE_EXP2);
     return failures ? 1 : 0;
 }

@@ -118,6 +118,16 @@ __global__ void __launch_bounds__(128) fast_path(T *x, int64_t V, float *out)
     if (threadIdx.x == 0) out[blockIdx.x] = l.s + xm + (float)xi + xs + g + e.x;
 }
 
+/* lossfuse.h's dual state (section 3b) in device code. */
+__global__ void dual_state(const float *a, const float *b, int64_t V, float *out)
+{
+    lf_dual d = lf_dual_init(), e = lf_dual_init();
+    for (int64_t j = threadIdx.x; j < V; j += 2 * blockDim.x) lf_dual_push(&d, a[j], b[j]);
+    for (int64_t j = threadIdx.x + blockDim.x; j < V; j += 2 * blockDim.x) lf_dual_push(&e, a[j], b[j]);
+    const lf_dual_out o = lf_dual_final(lf_dual_merge(d, e));
+    out[threadIdx.x] = o.kl_fwd + o.kl_rev + o.lse_a + o.ent_b;
+}
+
 template __global__ void fast_path<float, true>(float *, int64_t, float *);
 template __global__ void fast_path<float, false>(float *, int64_t, float *);
 template __global__ void fast_path<__nv_bfloat16, true>(__nv_bfloat16 *, int64_t, float *);
