@@ -34,7 +34,8 @@
  *   6. Host validation (labels, cu_seqlens, options)
  *   7. Host references: cross-entropy (lf_ref_ce_row, lf_ref_cross_entropy)
  *   8. Host references: distillation (lf_ref_kl_row, lf_ref_kl: forward / reverse KL, JSD,
- *      soft-target cross-entropy, total variation)
+ *      soft-target cross-entropy, total variation; a teacher as log-probabilities or sparse
+ *      top-k: lf_ref_kl_row_lq, lf_ref_kl_sparse_teacher)
  *
  * Configuration macros (define before including; each is #ifndef-guarded)
  *   LF_HD        function qualifiers of the portable functions.
@@ -923,9 +924,32 @@ static inline double lf_impl_ref_kl_lm(double lq, double lp, double beta)
 
 static inline double lf_impl_ref_sign(double d) { return d > 0.0 ? 1.0 : d < 0.0 ? -1.0 : 0.0; }
 
-/* One row of the distillation reference. xs, xt: V raw student / teacher logits. dx (if not
- * NULL, V doubles) gets d loss / d x_s,j (unweighted, unreduced). */
-static inline lf_kl_row lf_ref_kl_row(const float *xs, const float *xt, int64_t V, const lf_kl_opts *o, double *dx)
+/* Internal: the teacher's log q_j, from raw logits xt or from dense log-probabilities lqd. */
+static inline double lf_impl_ref_kl_lq(const float *xt, const double *lqd, int64_t j, double lse, const lf_kl_opts *o)
+{
+    if (lqd) return lqd[j] == -(double)LF_INF_F ? lqd[j] : lqd[j] - lse;
+    return lf_impl_ref_kl_lp(xt[j], lse, o);
+}
+
+/* Internal: log-sum-exp of dense log-probabilities (NaN for a NaN or +inf, -inf for no mass). */
+static inline double lf_impl_ref_lse_dense(const double *l, int64_t V)
+{
+    double m = -(double)LF_INF_F, s = 0.0;
+    int64_t j;
+    for (j = 0; j < V; ++j) {
+        if (l[j] != l[j] || l[j] == (double)LF_INF_F) return (double)NAN;
+        if (l[j] > m) m = l[j];
+    }
+    if (m == -(double)LF_INF_F) return m;
+    for (j = 0; j < V; ++j)
+        if (l[j] != -(double)LF_INF_F) s += exp(l[j] - m);
+    return m + log(s);
+}
+
+/* Internal: the row reference with the teacher given either as raw logits xt (transformed
+ * like the student's) or as dense log-probabilities lqd (used as they are, renormalised). */
+static inline lf_kl_row lf_impl_ref_kl_core(const float *xs, const float *xt, const double *lqd, int64_t V,
+                                            const lf_kl_opts *o, double *dx)
 {
     lf_kl_row r;
     const double NINF = -(double)LF_INF_F;
@@ -937,7 +961,7 @@ static inline lf_kl_row lf_ref_kl_row(const float *xs, const float *xt, int64_t 
     if (kind == LF_KL_JSD && beta == 0.0) kind = LF_KL_FORWARD;
     if (kind == LF_KL_JSD && beta == 1.0) kind = LF_KL_REVERSE;
     r.lse_s = lf_impl_ref_kl_lse(xs, V, o);
-    r.lse_t = lf_impl_ref_kl_lse(xt, V, o);
+    r.lse_t = lqd ? lf_impl_ref_lse_dense(lqd, V) : lf_impl_ref_kl_lse(xt, V, o);
     if (!(fabs(r.lse_s) < (double)LF_INF_F) || !(fabs(r.lse_t) < (double)LF_INF_F)) {
         /* NaN / +inf on a side, or a side without mass: no loss, never a guess */
         r.kl_fwd = r.kl_rev = r.loss = r.ent_s = r.ent_t = (double)NAN;
@@ -946,7 +970,7 @@ static inline lf_kl_row lf_ref_kl_row(const float *xs, const float *xt, int64_t 
         return r;
     }
     for (j = 0; j < V; ++j) {
-        double lp = lf_impl_ref_kl_lp(xs[j], r.lse_s, o), lq = lf_impl_ref_kl_lp(xt[j], r.lse_t, o);
+        double lp = lf_impl_ref_kl_lp(xs[j], r.lse_s, o), lq = lf_impl_ref_kl_lq(xt, lqd, j, r.lse_t, o);
         double p = exp(lp), q = exp(lq);
         if (lp != NINF) r.ent_s -= p * lp;
         if (lq != NINF) r.ent_t -= q * lq;
@@ -976,7 +1000,7 @@ static inline lf_kl_row lf_ref_kl_row(const float *xs, const float *xt, int64_t 
     r.loss *= scale;
     if (dx)
         for (j = 0; j < V; ++j) {
-            double lp = lf_impl_ref_kl_lp(xs[j], r.lse_s, o), lq = lf_impl_ref_kl_lp(xt[j], r.lse_t, o);
+            double lp = lf_impl_ref_kl_lp(xs[j], r.lse_s, o), lq = lf_impl_ref_kl_lq(xt, lqd, j, r.lse_t, o);
             double p = exp(lp), q = exp(lq), g;
             if (kind == LF_KL_REVERSE) {
                 if (inf_rev) g = (double)NAN; /* +inf loss: no gradient */
@@ -991,6 +1015,59 @@ static inline lf_kl_row lf_ref_kl_row(const float *xs, const float *xt, int64_t 
             dx[j] = scale * g * lf_impl_ref_kl_dz(xs[j], o);
         }
     return r;
+}
+
+/* One row of the distillation reference. xs, xt: V raw student / teacher logits. dx (if not
+ * NULL, V doubles) gets d loss / d x_s,j (unweighted, unreduced). */
+static inline lf_kl_row lf_ref_kl_row(const float *xs, const float *xt, int64_t V, const lf_kl_opts *o, double *dx)
+{
+    return lf_impl_ref_kl_core(xs, xt, NULL, V, o, dx);
+}
+
+/* The same with the teacher given as V log-probabilities lq (e.g. from
+ * lf_ref_kl_sparse_teacher): used as they are — no cap, no temperature — and renormalised;
+ * -inf entries have no mass. lse_t in the result is log sum_j exp(lq_j) (0 if normalised). */
+static inline lf_kl_row lf_ref_kl_row_lq(const float *xs, const double *lq, int64_t V, const lf_kl_opts *o, double *dx)
+{
+    return lf_impl_ref_kl_core(xs, NULL, lq, V, o, dx);
+}
+
+/* A sparse teacher (offline distillation): per token only the top-k (index, log-probability)
+ * pairs were stored. The dense teacher log-probabilities lq (V doubles) they stand for:
+ *   LF_KL_REST_DROP    the top-k only, q_i proportional to exp(lp_i / tau); the others -inf
+ *                      (no mass: then the reverse KL is +inf wherever the student has mass);
+ *   LF_KL_REST_SPREAD  the untracked mass r = 1 - sum_i exp(lp_i) (0 if negative) spread evenly
+ *                      over the V - k others, as if each had log-probability log(r / (V - k));
+ *                      then every entry tempered alike, q_j proportional to exp(l_j / tau).
+ *                      At tau = 1: q_i = exp(lp_i) and q_j = r / (V - k), a distribution when
+ *                      sum_i exp(lp_i) <= 1.
+ * Returns LF_ERR_ARG for an index outside [0, V) or repeated, k > V, or tau not > 0; a NaN or
+ * +inf log-probability makes lq all NaN (the row's loss NaN, as for dense input). */
+typedef enum lf_kl_rest { LF_KL_REST_DROP = 0, LF_KL_REST_SPREAD = 1 } lf_kl_rest;
+
+static inline lf_status lf_ref_kl_sparse_teacher(int64_t V, const int32_t *idx, const float *lp, int64_t k,
+                                                 lf_kl_rest mode, float tau, double *lq)
+{
+    double in = 0.0, lrest = -(double)LF_INF_F, t = (double)tau;
+    int64_t i, j;
+    if (!lq || (k > 0 && (!idx || !lp))) return LF_ERR_NULL;
+    if (k < 0 || k > V || !(tau > 0.0f) || tau == LF_INF_F) return LF_ERR_ARG;
+    for (j = 0; j < V; ++j) lq[j] = (double)NAN; /* marks "not set" while checking */
+    for (i = 0; i < k; ++i) {
+        if (idx[i] < 0 || idx[i] >= V || lq[idx[i]] == lq[idx[i]]) return LF_ERR_ARG;
+        lq[idx[i]] = 0.0;
+    }
+    for (i = 0; i < k; ++i) {
+        if (lp[i] != lp[i] || lp[i] == LF_INF_F) {
+            for (j = 0; j < V; ++j) lq[j] = (double)NAN;
+            return LF_OK;
+        }
+        in += exp((double)lp[i]);
+    }
+    if (mode == LF_KL_REST_SPREAD && V > k && in < 1.0) lrest = log((1.0 - in) / (double)(V - k));
+    for (j = 0; j < V; ++j) lq[j] = lrest == -(double)LF_INF_F ? lrest : lrest / t;
+    for (i = 0; i < k; ++i) lq[idx[i]] = lp[i] == -LF_INF_F ? -(double)LF_INF_F : (double)lp[i] / t;
+    return LF_OK;
 }
 
 /* The whole distillation reference over N rows (student row i at xs + i * s_stride, teacher

@@ -625,6 +625,100 @@ static void test_batch(void)
     CHECK(lf_ref_kl(0, V, NULL, S, NULL, S, NULL, NULL, &o, LF_REDUCE_MEAN, -1.0, &l1, NULL) == LF_OK && l1 == 0.0, "N = 0: %g", l1);
 }
 
+/* 5. sparse (top-k) teachers: DROP and SPREAD against their dense equivalents */
+
+static void test_sparse(void)
+{
+    enum { V = 37 };
+    float xs[V], xt[V], lpk[V];
+    int32_t idx[V];
+    double lq[V], dx1[V], dx2[V];
+    static const float taus[] = {1.0f, 0.5f, 3.0f};
+    int rep, j, ti, kind;
+    for (rep = 0; rep < 30; ++rep)
+        for (ti = 0; ti < 3; ++ti) {
+            int k = 1 + (int)rng_int(V), mode;
+            double lse = 0.0, m = -INFINITY, in = 0.0;
+            float zt[V];
+            for (j = 0; j < V; ++j) {
+                xs[j] = gen_logit(30.0, 0.0);
+                zt[j] = (float)(2.0 * rng_normal());
+                if (zt[j] > m) m = zt[j];
+            }
+            for (j = 0; j < V; ++j) lse += exp(zt[j] - m);
+            lse = m + log(lse);
+            /* a random k-subset (partial Fisher-Yates) with the teacher's true log-probabilities */
+            for (j = 0; j < V; ++j) idx[j] = j;
+            for (j = 0; j < k; ++j) {
+                int r = j + (int)rng_int(V - j);
+                int32_t t = idx[j];
+                idx[j] = idx[r];
+                idx[r] = t;
+                lpk[j] = (float)(zt[idx[j]] - lse);
+                in += exp((double)lpk[j]);
+            }
+            for (mode = 0; mode < 2; ++mode) {
+                double lrest = (mode == 1 && k < V && in < 1.0) ? log((1.0 - in) / (V - k)) : -INFINITY;
+                CHECK(lf_ref_kl_sparse_teacher(V, idx, lpk, k, (lf_kl_rest)mode, taus[ti], lq) == LF_OK, "sparse build");
+                /* the dense equivalent: raw teacher logits lp_i on the top-k, the rest's level elsewhere */
+                for (j = 0; j < V; ++j) xt[j] = (float)lrest;
+                for (j = 0; j < k; ++j) xt[idx[j]] = lpk[j];
+                for (kind = 0; kind <= LF_KL_TVD; ++kind) {
+                    lf_kl_opts o = lf_kl_opts_default();
+                    lf_kl_row a, b;
+                    o.kind = (lf_kl_kind)kind;
+                    o.temperature = taus[ti];
+                    a = lf_ref_kl_row_lq(xs, lq, V, &o, dx1);
+                    b = lf_ref_kl_row(xs, xt, V, &o, dx2);
+                    /* lrest rounded to float in xt: compare at float resolution of the teacher */
+                    CHECK(same_or_close(a.loss, b.loss, 1e-6 * (1.0 + fabs(b.loss))),
+                          "sparse %s mode %d tau %g k=%d: loss %.12g, dense %.12g", kind_name[kind], mode, taus[ti], k, a.loss, b.loss);
+                    for (j = 0; j < V; ++j)
+                        CHECK(same_or_close(dx1[j], dx2[j], 1e-6 * (1.0 + fabs(dx2[j]))), "sparse %s: dx[%d] %.12g dense %.12g",
+                              kind_name[kind], j, dx1[j], dx2[j]);
+                }
+                if (taus[ti] == 1.0f) { /* q_i = exp(lp_i) exactly, the rest r / (V - k) */
+                    double sum = 0.0;
+                    for (j = 0; j < V; ++j) sum += exp(lq[j]);
+                    for (j = 0; j < k; ++j) CHECK(lq[idx[j]] == (double)lpk[j], "sparse: lq %g want %g", lq[idx[j]], lpk[j]);
+                    if (mode == 1 && k < V) CHECK(fabs(sum - 1.0) <= 1e-12, "spread: q sums to %.17g", sum);
+                    if (mode == 0) CHECK(fabs(sum - in) <= 1e-12, "drop: mass %.17g want %.17g", sum, in);
+                }
+            }
+        }
+    /* bad input */
+    idx[0] = 3;
+    idx[1] = 3;
+    lpk[0] = lpk[1] = -1.0f;
+    CHECK(lf_ref_kl_sparse_teacher(V, idx, lpk, 2, LF_KL_REST_DROP, 1.0f, lq) == LF_ERR_ARG, "repeated index accepted");
+    idx[1] = V;
+    CHECK(lf_ref_kl_sparse_teacher(V, idx, lpk, 2, LF_KL_REST_DROP, 1.0f, lq) == LF_ERR_ARG, "index V accepted");
+    idx[1] = -1;
+    CHECK(lf_ref_kl_sparse_teacher(V, idx, lpk, 2, LF_KL_REST_DROP, 1.0f, lq) == LF_ERR_ARG, "index -1 accepted");
+    idx[1] = 4;
+    CHECK(lf_ref_kl_sparse_teacher(V, idx, lpk, V + 1, LF_KL_REST_DROP, 1.0f, lq) == LF_ERR_ARG, "k > V accepted");
+    CHECK(lf_ref_kl_sparse_teacher(V, idx, lpk, 2, LF_KL_REST_DROP, 0.0f, lq) == LF_ERR_ARG, "tau 0 accepted");
+    CHECK(lf_ref_kl_sparse_teacher(V, NULL, lpk, 2, LF_KL_REST_DROP, 1.0f, lq) == LF_ERR_NULL, "NULL accepted");
+    lpk[1] = NAN;
+    CHECK(lf_ref_kl_sparse_teacher(V, idx, lpk, 2, LF_KL_REST_SPREAD, 1.0f, lq) == LF_OK, "NaN logprob: build");
+    {
+        lf_kl_opts o = lf_kl_opts_default();
+        lf_kl_row r = lf_ref_kl_row_lq(xs, lq, V, &o, dx1);
+        CHECK(r.loss != r.loss && dx1[0] != dx1[0], "NaN logprob: loss %g", r.loss);
+    }
+    /* DROP: the student's mass outside the top-k makes the reverse KL +inf */
+    lpk[1] = -2.0f;
+    CHECK(lf_ref_kl_sparse_teacher(V, idx, lpk, 2, LF_KL_REST_DROP, 1.0f, lq) == LF_OK, "drop build");
+    {
+        lf_kl_opts o = lf_kl_opts_default();
+        lf_kl_row r;
+        for (j = 0; j < V; ++j) xs[j] = 0.0f;
+        o.kind = LF_KL_REVERSE;
+        r = lf_ref_kl_row_lq(xs, lq, V, &o, NULL);
+        CHECK(r.loss == INFINITY && isfinite(r.kl_fwd), "drop: reverse KL %g, forward %g", r.loss, r.kl_fwd);
+    }
+}
+
 static void run_all(unsigned long long seed)
 {
     g_seed = seed;
@@ -636,6 +730,7 @@ static void run_all(unsigned long long seed)
     test_tvd();
     test_ref_edges();
     test_batch();
+    test_sparse();
 }
 
 int main(int argc, char **argv)
