@@ -45,37 +45,7 @@
 /* ---------------------------------------------------------------------------------------- */
 /* Checks, RNG                                                                               */
 
-static long g_checks = 0, g_failed = 0;
-static unsigned long long g_seed = 0;
-
-#define CHECK(cond, ...)                                                                        \
-    do {                                                                                        \
-        ++g_checks;                                                                             \
-        if (!(cond)) {                                                                          \
-            ++g_failed;                                                                         \
-            if (g_failed <= 200) {                                                              \
-                printf("FAIL %s:%d seed=%llu: ", __FILE__, __LINE__, g_seed);                   \
-                printf(__VA_ARGS__);                                                            \
-                printf("\n");                                                                   \
-            }                                                                                   \
-        }                                                                                       \
-    } while (0)
-
-static uint64_t g_rng;
-static uint64_t rng_u64(void)
-{ /* splitmix64 */
-    uint64_t z = (g_rng += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-static double rng_unif(void) { return (double)(rng_u64() >> 11) * (1.0 / 9007199254740992.0); }
-static int64_t rng_int(int64_t n) { return (int64_t)(rng_u64() % (uint64_t)n); } /* [0, n) */
-static double rng_normal(void)
-{
-    double a = rng_unif(), b = rng_unif();
-    return sqrt(-2.0 * log(a + 1e-300)) * cos(6.283185307179586 * b);
-}
+#include "host_check.h"
 
 static const double U = 1.0 / 16777216.0; /* 2^-24 */
 
@@ -105,7 +75,7 @@ static int64_t ulp_dist(float a, float b)
  *   2 profile 1 with 10% -inf (masked)          3 profile 1 sorted ascending (a rescale per push)
  *   4 1e4 + 5 N(0,1) (cancellation)             5 uniform [-100, 100]
  *   6 small integers (many exact ties) */
-static float gen_logit(int profile)
+static float gen_profile_logit(int profile)
 {
     double r = rng_unif();
     switch (profile) {
@@ -116,7 +86,7 @@ static float gen_logit(int profile)
         if (r < 0.8) return (float)(8.0 * rng_normal());
         if (r < 0.9) return (float)((rng_unif() < 0.5 ? -1.0 : 1.0) * exp(rng_unif() * log(1e4)));
         return (float)floor(3.0 * rng_normal());
-    case 2: return r < 0.1 ? -INFINITY : gen_logit(1);
+    case 2: return r < 0.1 ? -INFINITY : gen_profile_logit(1);
     case 4: return (float)(1e4 + 5.0 * rng_normal());
     case 5: return (float)(200.0 * rng_unif() - 100.0);
     default: return r < 0.1 ? -0.0f : (float)floor(2.0 * rng_normal()); /* ties, signed zeros */
@@ -130,7 +100,7 @@ static int cmp_float(const void *a, const void *b)
 static void gen_vec(float *x, int64_t n, int profile)
 {
     int64_t j;
-    for (j = 0; j < n; ++j) x[j] = gen_logit(profile);
+    for (j = 0; j < n; ++j) x[j] = gen_profile_logit(profile);
     if (profile == 3) qsort(x, (size_t)n, sizeof *x, cmp_float);
 }
 
@@ -752,7 +722,7 @@ static void test_bf16(int exhaustive)
     /* random bit patterns (every exponent, NaN and inf included) */
     for (i = 0; i < 200000; ++i) check_bf16_round(u2f((uint32_t)rng_u64()));
     /* random values of moderate size with outliers */
-    for (i = 0; i < 50000; ++i) check_bf16_round(gen_logit(1));
+    for (i = 0; i < 50000; ++i) check_bf16_round(gen_profile_logit(1));
     /* exact ties between neighbouring bf16 values, and one float ulp either side */
     for (i = 0; i < 50000; ++i) {
         uint16_t h = (uint16_t)(rng_u64() & 0x7f7fu), h2;
@@ -830,7 +800,7 @@ static void test_f16(int exhaustive)
         }
     }
     for (i = 0; i < 200000; ++i) check_f16_round(u2f((uint32_t)rng_u64()));
-    for (i = 0; i < 50000; ++i) check_f16_round(gen_logit(1));
+    for (i = 0; i < 50000; ++i) check_f16_round(gen_profile_logit(1));
     /* subnormal range 1e-8 .. 6e-5 and the overflow range 6e4 .. 7e4, both signs */
     for (i = 0; i < 50000; ++i) {
         float sgn = rng_unif() < 0.5 ? -1.0f : 1.0f;
@@ -901,7 +871,7 @@ static void test_argmax(void)
                  : r < 0.10 ? INFINITY
                  : r < 0.15 ? (rng_unif() < 0.5 ? -0.0f : 0.0f)
                  : r < 0.7  ? (float)rng_int(5)
-                            : gen_logit(1);
+                            : gen_profile_logit(1);
         }
         if (rep % 3 == 0) /* NaN-free rows too */
             for (j = 0; j < n; ++j)
@@ -960,7 +930,7 @@ static void test_xform(void)
         CHECK(isnan(lf_softcap(INFINITY, c)), "softcap(+inf, %g) = %g", c, lf_softcap(INFINITY, c));
         CHECK(isnan(lf_softcap(NAN, c)), "softcap(NaN, %g) = %g", c, lf_softcap(NAN, c));
         for (i = 0; i < 20000; ++i) {
-            float y = i % 2 ? gen_logit(1) : (float)(c * 4.0 * rng_normal());
+            float y = i % 2 ? gen_profile_logit(1) : (float)(c * 4.0 * rng_normal());
             double want = (double)c * tanh((double)y / c), got = lf_softcap(y, c);
             /* tanhf <= 2 ulp (<= 4u relative), y/c and c*t one rounding each: 8u relative
              * (observed max 4.2u) */
@@ -984,7 +954,7 @@ static void test_xform(void)
                 CHECK(isnan(lf_logit_xform_grad(NAN, s, c)), "xform_grad(NaN) not NaN");
             }
             for (i = 0; i < 5000; ++i) {
-                float x = i % 2 ? gen_logit(1) : (float)((c > 0 ? c : 10.0f) * 3.0 * rng_normal() / s);
+                float x = i % 2 ? gen_profile_logit(1) : (float)((c > 0 ? c : 10.0f) * 3.0 * rng_normal() / s);
                 double y = (double)x * s, z, g, zg = lf_logit_xform(x, s, c),
                        gg = lf_logit_xform_grad(x, s, c);
                 if (c > 0.0f) {

@@ -37,50 +37,7 @@
 /* ---------------------------------------------------------------------------------------- */
 /* Checks, RNG                                                                               */
 
-static long g_checks = 0, g_failed = 0;
-static unsigned long long g_seed = 0;
-
-#define CHECK(cond, ...)                                                                        \
-    do {                                                                                        \
-        ++g_checks;                                                                             \
-        if (!(cond)) {                                                                          \
-            ++g_failed;                                                                         \
-            if (g_failed <= 200) {                                                              \
-                printf("FAIL %s:%d seed=%llu: ", __FILE__, __LINE__, g_seed);                   \
-                printf(__VA_ARGS__);                                                            \
-                printf("\n");                                                                   \
-            }                                                                                   \
-        }                                                                                       \
-    } while (0)
-
-static uint64_t g_rng;
-static uint64_t rng_u64(void)
-{ /* splitmix64 */
-    uint64_t z = (g_rng += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-static double rng_unif(void) { return (double)(rng_u64() >> 11) * (1.0 / 9007199254740992.0); }
-static int64_t rng_int(int64_t n) { return (int64_t)(rng_u64() % (uint64_t)n); }
-static double rng_normal(void)
-{
-    double a = rng_unif(), b = rng_unif();
-    return sqrt(-2.0 * log(a + 1e-300)) * cos(6.283185307179586 * b);
-}
-
-/* Logits: normals, x8 normals, small integers (ties), outliers with |x| log-uniform up to
- * `big` (1e4 for loss checks, 60 for gradient checks), and a fraction `pinf` of -inf. */
-static float gen_logit(double big, double pinf)
-{
-    double r = rng_unif();
-    if (r < pinf) return -INFINITY;
-    r = rng_unif();
-    if (r < 0.55) return (float)rng_normal();
-    if (r < 0.75) return (float)(8.0 * rng_normal());
-    if (r < 0.85) return (float)floor(3.0 * rng_normal());
-    return (float)((rng_unif() < 0.5 ? -1.0 : 1.0) * exp(rng_unif() * log(big)));
-}
+#include "host_check.h"
 
 /* ---------------------------------------------------------------------------------------- */
 /* Naive model                                                                               */
