@@ -29,6 +29,8 @@
  *   3. Online log-sum-exp state with entropy (lf_lse), argmax (lf_argmax), row statistics
  *      (lf_row_stats: both plus the weighted logit sum for label smoothing)
  *   3b. Dual state of two distributions (lf_dual): both lse, entropies, forward and reverse KL
+ *   3c. Scalar pair losses with derivatives: softplus, log-sigmoid, DPO (sigmoid / cDPO, hinge,
+ *       IPO), SimPO, Bradley-Terry with a soft target, hinge with margin
  *   4. Logit transform (scale, softcap)
  *   5. Packed sequences: segment lookup, next-token label shift
  *   6. Host validation (labels, cu_seqlens, options)
@@ -480,6 +482,93 @@ LF_HD lf_dual_out lf_dual_final(lf_dual d)
         o.kl_rev = d.ra == LF_INF_F ? LF_INF_F : d.ra / d.a.s - dl;
     }
     return o;
+}
+
+/* ============================================================================================
+ * 3c. Scalar pair losses (preference optimisation, ranking), each with its derivative
+ *    All float, host and device, NaN in -> NaN out, no overflow for any finite input.
+ *    The derivative goes to *d (may be NULL) with respect to the function's first argument.
+ *        lf_softplus(x)       log(1 + e^x)             lf_log_sigmoid(x)  log sigma(x) = -softplus(-x)
+ *        lf_sigmoid(x)        1 / (1 + e^-x)
+ *    DPO family, on the log-ratio margin h = (log pi(y_c) - log ref(y_c)) - (log pi(y_r) -
+ *    log ref(y_r)) in nats (sums over each response's tokens):
+ *        lf_dpo_sigmoid(h, beta, eps)  -(1 - eps) log sigma(beta h) - eps log sigma(-beta h)
+ *                                      (eps = label smoothing: conservative DPO; eps = 0: DPO)
+ *        lf_dpo_hinge(h, beta)         max(0, 1 - beta h)                 (SLiC / RSO hinge)
+ *        lf_dpo_ipo(h, beta)           (h - 1 / (2 beta))^2              (IPO; h averaged per
+ *                                                                       token by the caller if wanted)
+ *        lf_simpo(m, beta, gamma)      -log sigma(beta m - gamma), m = mean log pi(y_c) - mean
+ *                                      log pi(y_r) (length-normalised, no reference)
+ *    Pairwise ranking on a score difference d = s_i - s_j:
+ *        lf_bt(d, t, scale)            -t log sigma(scale d) - (1 - t) log sigma(-scale d)
+ *                                      (Bradley-Terry with a soft target t = P(i beats j))
+ *        lf_hinge_margin(d, y, margin, scale)  max(0, margin - y scale d), y = +1 or -1
+ *    At a hinge's corner the derivative is taken as 0 (the loss is 0 there). A zero weight
+ *    (eps, t, 1 - eps, 1 - t) drops its term, even an infinite one. Inputs whose product with
+ *    beta / scale overflows float give infinite losses.
+ * ========================================================================================== */
+
+LF_HD float lf_softplus(float x)
+{
+    /* max(x, 0) + log1p(e^-|x|): exact to rounding for every x, e^x for x << 0 */
+    return fmaxf(x, 0.0f) + log1pf(expf(-fabsf(x)));
+}
+
+LF_HD float lf_log_sigmoid(float x) { return -lf_softplus(-x); }
+
+LF_HD float lf_sigmoid(float x)
+{
+    /* the form that never divides inf by inf: e^x / (1 + e^x) for x < 0 */
+    float e = expf(-fabsf(x));
+    return x >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
+}
+
+/* Internal: wa a + wb b where a zero weight drops its term (0 * inf is 0 here, not NaN). */
+LF_HD float lf_impl_wsum(float wa, float a, float wb, float b)
+{
+    return (wa == 0.0f ? 0.0f : wa * a) + (wb == 0.0f ? 0.0f : wb * b);
+}
+
+LF_HD float lf_dpo_sigmoid(float h, float beta, float eps, float *d)
+{
+    float z = beta * h;
+    if (d) *d = beta * (lf_sigmoid(z) - (1.0f - eps));
+    return lf_impl_wsum(1.0f - eps, lf_softplus(-z), eps, lf_softplus(z));
+}
+
+LF_HD float lf_dpo_hinge(float h, float beta, float *d)
+{
+    float z = 1.0f - beta * h;
+    if (d) *d = z > 0.0f ? -beta : (z == z ? 0.0f : z);
+    return z > 0.0f ? z : (z == z ? 0.0f : z);
+}
+
+LF_HD float lf_dpo_ipo(float h, float beta, float *d)
+{
+    float r = h - 0.5f / beta;
+    if (d) *d = 2.0f * r;
+    return r * r;
+}
+
+LF_HD float lf_simpo(float m, float beta, float gamma, float *d)
+{
+    float z = beta * m - gamma;
+    if (d) *d = -beta * lf_sigmoid(-z);
+    return lf_softplus(-z);
+}
+
+LF_HD float lf_bt(float diff, float t, float scale, float *d)
+{
+    float z = scale * diff;
+    if (d) *d = scale * (lf_sigmoid(z) - t);
+    return lf_impl_wsum(t, lf_softplus(-z), 1.0f - t, lf_softplus(z));
+}
+
+LF_HD float lf_hinge_margin(float diff, float y, float margin, float scale, float *d)
+{
+    float z = margin - y * scale * diff;
+    if (d) *d = z > 0.0f ? -y * scale : (z == z ? 0.0f : z);
+    return z > 0.0f ? z : (z == z ? 0.0f : z);
 }
 
 /* ============================================================================================

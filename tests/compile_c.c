@@ -102,6 +102,15 @@ int main(void)
                    fabs(g[3] + 0.75) < 1e-12,
                "lf_ref_cross_entropy mean");
     }
+    /* 3c. pair losses: DPO at h = 0 is log 2 with derivative -beta / 2; BT's derivative
+     * scale (sigma(0) - t) */
+    {
+        float d1, d2;
+        expect(fabs(lf_dpo_sigmoid(0.0f, 0.5f, 0.0f, &d1) - 0.69314718) < 1e-6 && fabs(d1 + 0.25) < 1e-7,
+               "lf_dpo_sigmoid(0)");
+        expect(fabs(lf_bt(0.0f, 0.2f, 2.0f, &d2) - 0.69314718) < 1e-6 && fabs(d2 - 0.6) < 1e-6, "lf_bt(0)");
+        expect(lf_softplus(-200.0f) == 0.0f && lf_log_sigmoid(200.0f) == 0.0f, "softplus tails");
+    }
     /* 3b / 8. dual state and distillation references: a row against itself has KL 0, against
      * a uniform teacher q: KL(p || q) = log V - H(p) */
     {

@@ -125,7 +125,15 @@ __global__ void dual_state(const float *a, const float *b, int64_t V, float *out
     for (int64_t j = threadIdx.x; j < V; j += 2 * blockDim.x) lf_dual_push(&d, a[j], b[j]);
     for (int64_t j = threadIdx.x + blockDim.x; j < V; j += 2 * blockDim.x) lf_dual_push(&e, a[j], b[j]);
     const lf_dual_out o = lf_dual_final(lf_dual_merge(d, e));
-    out[threadIdx.x] = o.kl_fwd + o.kl_rev + o.lse_a + o.ent_b;
+    float g[7];
+    const float h = a[threadIdx.x % V];
+    /* and the scalar pair losses (section 3c) */
+    const float pl = lf_dpo_sigmoid(h, 0.1f, 0.05f, &g[0]) + lf_dpo_hinge(h, 0.1f, &g[1]) + lf_dpo_ipo(h, 0.1f, &g[2]) +
+                     lf_simpo(h, 2.0f, 0.5f, &g[3]) + lf_bt(h, 0.7f, 1.5f, &g[4]) +
+                     lf_hinge_margin(h, -1.0f, 0.3f, 1.0f, &g[5]) + lf_log_sigmoid(h) + lf_sigmoid(h);
+    g[6] = 0.0f;
+    for (int k = 0; k < 6; ++k) g[6] += g[k];
+    out[threadIdx.x] = o.kl_fwd + o.kl_rev + o.lse_a + o.ent_b + pl + g[6];
 }
 
 template __global__ void fast_path<float, true>(float *, int64_t, float *);
