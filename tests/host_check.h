@@ -7,6 +7,8 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
 
 static long g_checks = 0, g_failed = 0;
 static unsigned long long g_seed = 0;
@@ -52,6 +54,19 @@ static inline float gen_logit(double big, double pinf)
     if (r < 0.75) return (float)(8.0 * rng_normal());
     if (r < 0.85) return (float)floor(3.0 * rng_normal());
     return (float)((rng_unif() < 0.5 ? -1.0 : 1.0) * exp(rng_unif() * log(big)));
+}
+
+/* main() of a host test: run_all(seed) once with a fixed seed and once with a fresh one
+ * (time(), or argv[1] to reproduce a failure); a summary line; exit 0 when every check passed. */
+static inline int host_check_main(int argc, char **argv, const char *name, unsigned long long fixed,
+                                  void (*run_all)(unsigned long long))
+{
+    unsigned long long seed = argc > 1 ? strtoull(argv[1], NULL, 0) : (unsigned long long)time(NULL);
+    printf("%s: seeds %llu (fixed) and %llu (this run; pass it as argv[1] to reproduce)\n", name, fixed, seed);
+    run_all(fixed);
+    run_all(seed);
+    printf("%s: %ld checks, %ld failed\n", name, g_checks, g_failed);
+    return g_failed ? 1 : 0;
 }
 
 #endif

@@ -188,13 +188,4 @@ static void run_all(unsigned long long seed)
     test_special();
 }
 
-int main(int argc, char **argv)
-{
-    const unsigned long long fixed = 0x9a1f5ull;
-    unsigned long long seed = argc > 1 ? strtoull(argv[1], NULL, 0) : (unsigned long long)time(NULL);
-    printf("test_pairs: seeds %llu (fixed) and %llu (this run; pass it as argv[1] to reproduce)\n", fixed, seed);
-    run_all(fixed);
-    run_all(seed);
-    printf("test_pairs: %ld checks, %ld failed\n", g_checks, g_failed);
-    return g_failed ? 1 : 0;
-}
+int main(int argc, char **argv) { return host_check_main(argc, argv, "test_pairs", 0x9a1f5ull, run_all); }
