@@ -21,36 +21,7 @@
 #define CE_NO_MAIN
 #include "examples/cross_entropy.cu"
 
-#include <algorithm>
-#include <string>
-#include <vector>
-
-#define CK(call)                                                                                    \
-    do {                                                                                            \
-        cudaError_t e_ = (call);                                                                    \
-        if (e_ != cudaSuccess) {                                                                    \
-            fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, __LINE__, #call); \
-            exit(1);                                                                                \
-        }                                                                                           \
-    } while (0)
-
-__global__ void fill_logits(__nv_bfloat16 *x, int64_t n, uint64_t seed)
-{
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        uint64_t z = (uint64_t)i * 0x9e3779b97f4a7c15ull + seed;
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        z ^= z >> 31;
-        const float u = (float)(z >> 40) * (1.0f / 16777216.0f), v = (float)((z >> 16) & 0xffffff) * (1.0f / 16777216.0f);
-        x[i] = __float2bfloat16_rn(u < 1e-4f ? 60.0f * (v - 0.5f) : 6.0f * (u + v - 1.0f));
-    }
-}
-
-static float median(std::vector<float> v)
-{
-    std::sort(v.begin(), v.end());
-    return v.empty() ? NAN : v[v.size() / 2];
-}
+#include "bench/bench_common.cuh"
 
 int main(int argc, char **argv)
 {
@@ -73,11 +44,7 @@ int main(int argc, char **argv)
         printf("bench_ce: no CUDA device\n");
         return 77;
     }
-    cudaDeviceProp prop;
-    CK(cudaGetDeviceProperties(&prop, 0));
-    std::string name = prop.name;
-    std::replace(name.begin(), name.end(), ' ', '_');
-    printf("DEVICE name=%s sms=%d l2_bytes=%d\n", name.c_str(), prop.multiProcessorCount, prop.l2CacheSize);
+    bench_device_line();
 
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
@@ -86,36 +53,11 @@ int main(int argc, char **argv)
     void *flush;
     CK(cudaMalloc(&flush, flush_bytes));
 
-    { /* copy bandwidth: 2 GiB device to device, bytes read + written */
-        const size_t bytes = (size_t)2 << 30;
-        void *a, *b;
-        CK(cudaMalloc(&a, bytes));
-        CK(cudaMalloc(&b, bytes));
-        CK(cudaMemset(a, 1, bytes));
-        std::vector<float> t;
-        for (int it = 0; it < 13; ++it) {
-            CK(cudaEventRecord(e0));
-            CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice));
-            CK(cudaEventRecord(e1));
-            CK(cudaEventSynchronize(e1));
-            float ms;
-            CK(cudaEventElapsedTime(&ms, e0, e1));
-            if (it >= 3) t.push_back(ms);
-        }
-        printf("COPY impl=cuda gbps=%.1f bytes=%zu\n", 2.0 * bytes / (median(t) * 1e6), 2 * bytes);
-        CK(cudaFree(a));
-        CK(cudaFree(b));
-    }
+    bench_copy_line(e0, e1);
 
     size_t pos = 0;
-    while (pos < shapes.size()) {
-        size_t comma = shapes.find(',', pos);
-        if (comma == std::string::npos) comma = shapes.size();
-        const std::string s = shapes.substr(pos, comma - pos);
-        pos = comma + 1;
-        long long Nl = 0, Vl = 0;
-        if (sscanf(s.c_str(), "%lldx%lld", &Nl, &Vl) != 2) continue;
-        const int64_t N = Nl, V = Vl;
+    int64_t N, V;
+    while (bench_next_shape(shapes, &pos, &N, &V)) {
         const size_t nel = (size_t)N * V, bytes = nel * 2;
         void *x, *pristine, *ws;
         int64_t *y;
