@@ -45,7 +45,7 @@
  *   LF_USE_EXP2  1 (default): lf_exp_diff(a, b) = exp(a - b) is evaluated as
  *                exp2((a - b) * log2(e)), one FADD + FMUL + MUFU.EX2 on NVIDIA GPUs, accurate
  *                relative to a - b. 0: plain expf(a - b). The state's meaning is the same.
- *                (The device row passes go one step further — see lf_frag_stats in
+ *                (The device row passes go one step further — see lf_piece_stats in
  *                lossfuse_cuda.cuh — because there one shift is shared by many terms.)
  *   LF_ASSERT(c) used by nothing on the fast path; host helpers never abort. Default: no-op.
  *

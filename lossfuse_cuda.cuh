@@ -45,6 +45,10 @@
  *      lf_piece_grad_store, lf_piece_grad_fast (coefficient folded into the exponent),
  *      lf_edge_grad_store, lf_row_zero
  *   7. Clusters (sm_90): lf_cluster_row_stats, lf_cluster_sync (= lf_cluster_arrive + _wait)
+ *   8. Dual-softmax row pass (student and teacher rows, any dtype each) and the KL-family
+ *      gradient: lf_dual_span, lf_dual_piece_load, lf_dual_piece_stats (pass 1), lf_block_dual,
+ *      lf_kl_piece_stats2 (pass 2 of JSD / TVD), lf_kl_coef_make, lf_kl_piece_grad, and the
+ *      edge-element forms lf_dual_edge_stats / lf_kl_edge_stats2 / lf_kl_edge_grad
  *
  * Configuration macros: those of lossfuse.h (LF_HD, LF_USE_EXP2, LF_ASSERT). Nothing else.
  *
@@ -1057,6 +1061,550 @@ static __device__ __forceinline__ void lf_cluster_sync(void)
 {
     lf_cluster_arrive();
     lf_cluster_wait();
+}
+
+/* ============================================================================================
+ * 8. Dual-softmax row pass and the KL-family gradient (student s, teacher t; lossfuse.h §3b, §8)
+ *
+ *    Both rows of a pair are staged piece by piece in shared memory, like section 5, but a
+ *    piece is a range of 8-element UNITS that covers the same elements of both rows, whatever
+ *    each side's dtype (one 16-byte vector of a bf16/fp16 side, two of an fp32 side):
+ *        lf_dual_span      the row pair: head elements | nunit units | tail elements, where the
+ *                          head is chosen so that BOTH rows are 16-byte aligned at the body.
+ *                          Rows that can never be aligned together (say a bf16 student at an
+ *                          odd element offset and an fp32 teacher) get nunit = 0: every element
+ *                          is an "edge" element, loaded one by one (correct, not fast).
+ *        piece layout      [student part][teacher part]; a 16-bit side holds unit i at vector
+ *                          i, an fp32 side at vectors i (elements 0..3) and PU + i (4..7), PU
+ *                          the piece's capacity in units: conflict-free 16-byte reads.
+ *        lf_dual_piece_load   this thread's cp.async copies of units [ub, ue) (owner reads back)
+ *    How each side's raw values x become softmax logits z (lf_kl_side):
+ *        LF_SIDE_LOGITS    z = softcap_c(x) / tau      (c = 0: no cap)
+ *        LF_SIDE_LOGPROBS  z = x / tau                 (softmax(log q / tau) = softmax(x_t / tau))
+ *        LF_SIDE_PROBS     z = log(x) / tau            (0 is a masked entry)
+ *    The loops work on w: w = x when both sides are linear (LIN: logits without a cap, or
+ *    log-probabilities) and z = w / tau, so that exp(z - m) is one FFMA + EX2; otherwise w = z.
+ *
+ *    Pass 1, statistics (lf_dual_piece_stats, lf_dual_edge_push): per thread an lf_dual_acc of
+ *    both maxima, sums, entropy terms and the cross terms of lossfuse.h §3b; the maximum of a
+ *    piece is found first (packed bf16/fp16 max), so sums are rescaled once per piece. The fast
+ *    sweep does no special-value tests: a -inf entry turns a cross term NaN, and then (only
+ *    then) the thread's share of the piece is summed again with the exact conventions (0 log 0
+ *    = 0, +inf KL on a support mismatch). lf_dual_acc_final gives the thread's lf_dual (z
+ *    units); lf_block_dual merges them; lf_dual_final (lossfuse.h) gives lse, entropies, KLs.
+ *    Pass 2 (JSD and TVD only: they need both lse first): lf_kl_piece_stats2 / lf_kl_edge_stats2
+ *        JSD   k_p = sum_j p_j (log p_j - log M_j),  k_q = sum_j q_j (log q_j - log M_j)
+ *        TVD   sum_j |p_j - q_j|,  sum_j sgn(p_j - q_j) p_j
+ *    Gradient (lf_kl_coef_make, lf_kl_piece_grad, lf_kl_edge_grad): d loss / d x_s,j =
+ *        forward KL, soft CE   a (p_j - q_j)
+ *        reverse KL            a p_j (log p_j - log q_j - KL(p || q))
+ *        JSD                   a (1 - beta) p_j (log p_j - log M_j - k_p)
+ *        TVD                   a p_j (sgn(p_j - q_j) - sum_k sgn(p_k - q_k) p_k) / 2
+ *    times dz/dx of the student (1/tau, with the cap (1 - tanh^2(x/c)) / tau); a is the row's
+ *    upstream scale. A row whose loss is NaN (or reverse KL +inf) gets an all-NaN gradient.
+ *    Every element of a pair is owned by one thread in every pass (unit i by thread i mod
+ *    THREADS, edge element e by thread e mod THREADS), so writing the gradient in place over
+ *    the student needs no barrier.
+ * ========================================================================================== */
+
+enum { LF_SIDE_LOGITS = 0, LF_SIDE_LOGPROBS = 1, LF_SIDE_PROBS = 2 };
+
+typedef struct lf_kl_side {
+    int mode;      /* LF_SIDE_* */
+    float cap;     /* softcap c (LF_SIDE_LOGITS only; 0: off) */
+    float inv_cap; /* 1 / c, or 0 */
+} lf_kl_side;
+
+typedef struct lf_kl_xf {
+    lf_kl_side s, t;
+    float inv_tau;
+    float kappa; /* z = kappa * w: inv_tau when LIN, else 1 */
+    float cs;    /* kappa * log2(e): w -> log2 units */
+} lf_kl_xf;
+
+/* LIN: both sides linear (no cap, no probabilities), the fast form; it must match what the
+ * kernel was instantiated with (lf_kl_xf_lin tells). */
+static __host__ __device__ __forceinline__ lf_kl_xf lf_kl_xf_make(float tau, int s_mode, float s_cap, int t_mode,
+                                                                 float t_cap, bool lin)
+{
+    lf_kl_xf x;
+    x.s.mode = s_mode;
+    x.s.cap = s_mode == LF_SIDE_LOGITS && s_cap > 0.0f ? s_cap : 0.0f;
+    x.s.inv_cap = x.s.cap > 0.0f ? 1.0f / x.s.cap : 0.0f;
+    x.t.mode = t_mode;
+    x.t.cap = t_mode == LF_SIDE_LOGITS && t_cap > 0.0f ? t_cap : 0.0f;
+    x.t.inv_cap = x.t.cap > 0.0f ? 1.0f / x.t.cap : 0.0f;
+    x.inv_tau = 1.0f / tau;
+    x.kappa = lin ? x.inv_tau : 1.0f;
+    x.cs = x.kappa * LF_LOG2E;
+    return x;
+}
+
+static __host__ __device__ __forceinline__ bool lf_kl_side_lin(const lf_kl_side &s)
+{
+    return s.mode == LF_SIDE_LOGPROBS || (s.mode == LF_SIDE_LOGITS && !(s.cap > 0.0f));
+}
+
+/* z of one raw value on one side (the exact transform, whatever LIN). Not inlined: the capped
+ * and probability forms are the slow path, and inlining tanhf / logf into every unrolled
+ * unit loop multiplies the code (and compile time) for nothing. */
+static __device__ __noinline__ float lf_kl_z(float x, const lf_kl_side &s, float inv_tau)
+{
+    if (s.mode == LF_SIDE_PROBS) return logf(x) * inv_tau;
+    if (s.cap > 0.0f) return lf_softcap(x, s.cap) * inv_tau;
+    return x * inv_tau;
+}
+
+/* w of one raw value (see above). */
+template <bool LIN>
+static __device__ __forceinline__ float lf_kl_w(float x, const lf_kl_side &s, const lf_kl_xf &xf)
+{
+    return LIN ? x : lf_kl_z(x, s, xf.inv_tau);
+}
+
+/* dz/dx of the student at raw x (0 at a masked -inf under the cap). */
+static __device__ __noinline__ float lf_kl_dzdx(float x, const lf_kl_xf &xf)
+{
+    if (!(xf.s.cap > 0.0f)) return xf.inv_tau;
+    if (x == -LF_INF_F) return 0.0f;
+    const float t = tanhf(x * xf.s.inv_cap);
+    return (1.0f - t * t) * xf.inv_tau;
+}
+
+/* ---- the span of a row pair ---- */
+
+typedef struct lf_dual_span {
+    int32_t head;  /* elements before the body */
+    int32_t nunit; /* 8-element units in the body */
+    int32_t nedge; /* head + tail elements (all V when the pair cannot be aligned) */
+} lf_dual_span;
+
+template <typename TS, typename TT>
+static __device__ __forceinline__ lf_dual_span lf_dual_span_make(const TS *xs, const TT *xt, int64_t V)
+{
+    lf_dual_span sp;
+    const uintptr_t as = (uintptr_t)xs, at = (uintptr_t)xt;
+    int h = -1;
+#pragma unroll
+    for (int k = 7; k >= 0; --k)
+        if (((as + sizeof(TS) * k) & 15u) == 0 && ((at + sizeof(TT) * k) & 15u) == 0) h = k;
+    if (h < 0 || (int64_t)h + 8 > V) {
+        sp.head = (int32_t)V; /* no body: every element is an edge element */
+        sp.nunit = 0;
+        sp.nedge = (int32_t)V;
+        return sp;
+    }
+    sp.head = h;
+    sp.nunit = (int32_t)((V - h) / 8);
+    sp.nedge = (int32_t)(V - 8 * (int64_t)sp.nunit);
+    return sp;
+}
+
+/* Element index of edge element e < nedge. */
+static __device__ __forceinline__ int32_t lf_dual_edge_index(const lf_dual_span &sp, int32_t e)
+{
+    return e < sp.head ? e : e + 8 * sp.nunit;
+}
+
+/* ---- units in shared memory ---- */
+
+/* 16-byte vectors of one side's part of a piece of PU units. */
+template <typename T> static __device__ __forceinline__ int lf_dual_part_vecs(int PU) { return PU * (int)sizeof(T) / 2; }
+
+template <typename T>
+static __device__ __forceinline__ void lf_impl_unit_copy(uint4 *part, int i, int PU, const T *src)
+{
+    lf_cp_async16(part + i, src);
+    if (sizeof(T) == 4) lf_cp_async16(part + PU + i, src + 4);
+}
+
+template <typename T>
+static __device__ __forceinline__ void lf_impl_unit_get(const uint4 *part, int i, int PU, float *f)
+{
+    lf_elem<T>::unpack(part[i], f);
+    if (sizeof(T) == 4) lf_elem<T>::unpack(part[PU + i], f + 4);
+}
+
+template <typename T>
+static __device__ __forceinline__ typename lf_elem<T>::mx_t lf_impl_unit_mx(typename lf_elem<T>::mx_t m, const uint4 *part,
+                                                                             int i, int PU)
+{
+    m = lf_elem<T>::mx_push(m, part[i]);
+    if (sizeof(T) == 4) m = lf_elem<T>::mx_push(m, part[PU + i]);
+    return m;
+}
+
+/* Issue this thread's copies of units [ub, ue) of both rows (no commit). bs, bt: the piece's
+ * student and teacher parts (bt = bs + lf_dual_part_vecs<TS>(PU)). */
+template <int THREADS, typename TS, typename TT>
+static __device__ __forceinline__ void lf_dual_piece_load(uint4 *bs, uint4 *bt, const TS *xs, const TT *xt,
+                                                          const lf_dual_span &sp, int ub, int ue, int PU)
+{
+    for (int u = ub + (int)threadIdx.x; u < ue; u += THREADS) {
+        const int64_t e = sp.head + 8 * (int64_t)u;
+        lf_impl_unit_copy<TS>(bs, u - ub, PU, xs + e);
+        lf_impl_unit_copy<TT>(bt, u - ub, PU, xt + e);
+    }
+}
+
+/* ---- pass 1: statistics ---- */
+
+/* A thread's running state, in w units: maxima, sums relative to them, entropy terms
+ * u = sum e (w - m), cross terms ra = sum e_s (w_s - w_t), rb = sum e_t (w_t - w_s). */
+typedef struct lf_dual_acc {
+    float ms, ss, us, ra;
+    float mt, st, ut, rb;
+} lf_dual_acc;
+
+static __device__ __forceinline__ lf_dual_acc lf_dual_acc_init(void)
+{
+    lf_dual_acc a;
+    a.ms = a.mt = -LF_INF_F;
+    a.ss = a.us = a.ra = a.st = a.ut = a.rb = 0.0f;
+    return a;
+}
+
+/* Move one side's state from maximum *m to m_new >= *m (w units). */
+static __device__ __forceinline__ void lf_impl_acc_move(float *m, float *s, float *u, float *r, float m_new, float cs)
+{
+    if (!(m_new > *m)) return; /* also NaN: the NaN reaches the sums through the terms */
+    if (*m == -LF_INF_F) {
+        *m = m_new; /* the sums are empty (or hold only masked terms, which are 0) */
+        return;
+    }
+    const float f = m_new == LF_INF_F ? 0.0f : lf_ex2((*m - m_new) * cs);
+    *u = f * fmaf(*s, fmaxf(*m - m_new, -FLT_MAX), *u);
+    *s *= f;
+    *r = (*r == LF_INF_F || *r == 0.0f) ? *r : *r * f; /* +inf (support mismatch) stays */
+    *m = m_new;
+}
+
+static __device__ __forceinline__ float lf_impl_acc_shift(float m, float cs) { return m == -LF_INF_F ? 0.0f : m * cs; }
+
+/* One pair with the exact conventions (lossfuse.h §3b), maxima already covering it. */
+template <bool ENT>
+static __device__ __forceinline__ void lf_impl_dual_terms(float ws, float wt, float ms, float mt, float shs, float sht,
+                                                          float cs, float *ss, float *st, float *us, float *ut, float *ra,
+                                                          float *rb)
+{
+    const float es = lf_ex2(fmaf(ws, cs, -shs)), et = lf_ex2(fmaf(wt, cs, -sht));
+    *ss += es;
+    *st += et;
+    if (ENT) {
+        *us += ws > -LF_INF_F ? es * (ws - ms) : 0.0f;
+        *ut += wt > -LF_INF_F ? et * (wt - mt) : 0.0f;
+    }
+    *ra += ws > -LF_INF_F ? (wt == -LF_INF_F ? LF_INF_F : es * (ws - wt)) : 0.0f;
+    *rb += wt > -LF_INF_F ? (ws == -LF_INF_F ? LF_INF_F : et * (wt - ws)) : 0.0f;
+}
+
+/* Push one pair (an edge element): w values of student and teacher. */
+template <bool ENT>
+static __device__ __forceinline__ void lf_dual_edge_push(lf_dual_acc &a, float ws, float wt, float cs)
+{
+    lf_impl_acc_move(&a.ms, &a.ss, &a.us, &a.ra, fmaxf(a.ms, ws), cs);
+    lf_impl_acc_move(&a.mt, &a.st, &a.ut, &a.rb, fmaxf(a.mt, wt), cs);
+    lf_impl_dual_terms<ENT>(ws, wt, a.ms, a.mt, lf_impl_acc_shift(a.ms, cs), lf_impl_acc_shift(a.mt, cs), cs, &a.ss,
+                            &a.st, &a.us, &a.ut, &a.ra, &a.rb);
+}
+
+/* This thread's units of a staged piece of n units: two sweeps (maxima, then the sums), no
+ * barrier. ENT: also the entropy terms. */
+template <int THREADS, typename TS, typename TT, bool LIN, bool ENT>
+static __device__ __forceinline__ void lf_dual_piece_stats(lf_dual_acc &a, const uint4 *bs, const uint4 *bt, int n, int PU,
+                                                           const lf_kl_xf &xf)
+{
+    const int t0 = (int)threadIdx.x;
+    if (t0 >= n) return;
+    typename lf_elem<TS>::mx_t mxs = lf_elem<TS>::mx_init();
+    typename lf_elem<TT>::mx_t mxt = lf_elem<TT>::mx_init();
+    for (int i = t0; i < n; i += THREADS) {
+        mxs = lf_impl_unit_mx<TS>(mxs, bs, i, PU);
+        mxt = lf_impl_unit_mx<TT>(mxt, bt, i, PU);
+    }
+    /* the transforms are non-decreasing: the max of w is w of the max */
+    const float cs = xf.cs;
+    lf_impl_acc_move(&a.ms, &a.ss, &a.us, &a.ra, fmaxf(a.ms, lf_kl_w<LIN>(lf_elem<TS>::mx_final(mxs), xf.s, xf)), cs);
+    lf_impl_acc_move(&a.mt, &a.st, &a.ut, &a.rb, fmaxf(a.mt, lf_kl_w<LIN>(lf_elem<TT>::mx_final(mxt), xf.t, xf)), cs);
+    const float shs = lf_impl_acc_shift(a.ms, cs), sht = lf_impl_acc_shift(a.mt, cs);
+    float ss = 0.0f, st = 0.0f, us = 0.0f, ut = 0.0f, ra = 0.0f, rb = 0.0f;
+#pragma unroll 2
+    for (int i = t0; i < n; i += THREADS) {
+        float fs[8], ft[8];
+        lf_impl_unit_get<TS>(bs, i, PU, fs);
+        lf_impl_unit_get<TT>(bt, i, PU, ft);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            const float ws = lf_kl_w<LIN>(fs[e], xf.s, xf), wt = lf_kl_w<LIN>(ft[e], xf.t, xf);
+            const float es = lf_ex2(fmaf(ws, cs, -shs)), et = lf_ex2(fmaf(wt, cs, -sht));
+            const float d = wt - ws;
+            ss += es;
+            st += et;
+            ra = fmaf(-es, d, ra);
+            rb = fmaf(et, d, rb);
+            if (ENT) {
+                us = fmaf(es, ws - a.ms, us);
+                ut = fmaf(et, wt - a.mt, ut);
+            }
+        }
+    }
+    /* a -inf entry (or an empty side) made a term 0 * inf: sum this share again, exactly. NaN
+     * or +inf inputs make the sums NaN, which is the answer anyway. */
+    if (lf_isnan_f32(ra + rb + us + ut) && !lf_isnan_f32(ss + st)) {
+        ss = st = us = ut = ra = rb = 0.0f;
+        for (int i = t0; i < n; i += THREADS) {
+            float fs[8], ft[8];
+            lf_impl_unit_get<TS>(bs, i, PU, fs);
+            lf_impl_unit_get<TT>(bt, i, PU, ft);
+            for (int e = 0; e < 8; ++e)
+                lf_impl_dual_terms<ENT>(lf_kl_w<LIN>(fs[e], xf.s, xf), lf_kl_w<LIN>(ft[e], xf.t, xf), a.ms, a.mt, shs,
+                                        sht, cs, &ss, &st, &us, &ut, &ra, &rb);
+        }
+    }
+    a.ss += ss;
+    a.st += st;
+    a.us += us;
+    a.ut += ut;
+    a.ra = (a.ra == LF_INF_F || ra == LF_INF_F) ? LF_INF_F : a.ra + ra;
+    a.rb = (a.rb == LF_INF_F || rb == LF_INF_F) ? LF_INF_F : a.rb + rb;
+}
+
+/* The thread's state as an lf_dual of z (lossfuse.h §3b). */
+static __device__ __forceinline__ lf_dual lf_dual_acc_final(const lf_dual_acc &a, const lf_kl_xf &xf)
+{
+    const float k = xf.kappa;
+    lf_dual d;
+    d.a.m = a.ms * k;
+    d.a.s = a.ss;
+    d.a.u = a.us * k;
+    d.b.m = a.mt * k;
+    d.b.s = a.st;
+    d.b.u = a.ut * k;
+    d.ra = a.ra * k;
+    d.rb = a.rb * k;
+    return d;
+}
+
+static __device__ __forceinline__ lf_dual lf_impl_shfl(lf_dual v, int o)
+{
+    v.a = lf_impl_shfl(v.a, o);
+    v.b = lf_impl_shfl(v.b, o);
+    v.ra = lf_impl_shfl(v.ra, o);
+    v.rb = lf_impl_shfl(v.rb, o);
+    return v;
+}
+struct lf_impl_op_dual {
+    __device__ __forceinline__ lf_dual operator()(lf_dual a, lf_dual b) const { return lf_dual_merge(a, b); }
+};
+static __device__ __forceinline__ float2 lf_impl_shfl(float2 v, int o)
+{
+    v.x = lf_impl_shfl(v.x, o);
+    v.y = lf_impl_shfl(v.y, o);
+    return v;
+}
+struct lf_impl_op_sum2 {
+    __device__ __forceinline__ float2 operator()(float2 a, float2 b) const { return make_float2(a.x + b.x, a.y + b.y); }
+};
+
+/* Block merge of the threads' lf_dual (section 3's barrier rule; scratch: THREADS/32). */
+template <int THREADS> static __device__ __forceinline__ lf_dual lf_block_dual(lf_dual v, lf_dual *scratch)
+{
+    return lf_impl_block_allreduce<THREADS>(v, scratch, lf_impl_op_dual());
+}
+/* Block sum of two floats at once (pass 2's pair of sums). */
+template <int THREADS> static __device__ __forceinline__ float2 lf_block_sum2_f32(float2 v, float2 *scratch)
+{
+    return lf_impl_block_allreduce<THREADS>(v, scratch, lf_impl_op_sum2());
+}
+
+/* ---- the per-row coefficients, pass 2, the gradient ---- */
+
+typedef struct lf_kl_coef {
+    int kind;     /* lf_kl_kind (JSD with beta 0 / 1 already mapped to forward / reverse) */
+    float beta;   /* JSD */
+    float cs;     /* w -> log2 units */
+    float ks, kt; /* lse_s, lse_t in log2 units: p_j = 2^(w_j cs - ks) */
+    float c3;     /* reverse: KL(p||q) log2(e); JSD: k_p log2(e) (after pass 2); TVD: sum sgn(p-q) p */
+    float a;      /* gradient scale, times the kind's constant (ln 2, (1 - beta) ln 2, 1/2) and,
+                   * when LIN, 1/tau; NaN poisons the row */
+} lf_kl_coef;
+
+/* g: the row's upstream scale (reduction, weight, tau^2 ...), o: the merged pass-1 result.
+ * Pass 2's c3 is filled in later (lf_kl_coef_set_stats2). */
+static __device__ __forceinline__ lf_kl_coef lf_kl_coef_make(int kind, float beta, float g, const lf_dual_out &o,
+                                                             const lf_kl_xf &xf, bool lin)
+{
+    lf_kl_coef c;
+    c.kind = kind;
+    c.beta = beta;
+    c.cs = xf.cs;
+    c.ks = o.lse_a * LF_LOG2E;
+    c.kt = o.lse_b * LF_LOG2E;
+    c.c3 = kind == LF_KL_REVERSE ? o.kl_rev * LF_LOG2E : 0.0f;
+    float k = kind == LF_KL_REVERSE ? LF_LN2 : kind == LF_KL_JSD ? (1.0f - beta) * LF_LN2 : kind == LF_KL_TVD ? 0.5f : 1.0f;
+    c.a = g * k * (lin ? xf.inv_tau : 1.0f);
+    const bool bad = !(fabsf(o.lse_a) < LF_INF_F) || !(fabsf(o.lse_b) < LF_INF_F) ||
+                     (kind == LF_KL_REVERSE && !(o.kl_rev < LF_INF_F)) || lf_isnan_f32(o.kl_fwd);
+    if (bad) c.a = NAN;
+    return c;
+}
+
+/* p, q, and log2 M = log2(beta q + (1 - beta) p) of one pair (w values). */
+static __device__ __forceinline__ void lf_impl_kl_pq(const lf_kl_coef &c, float ws, float wt, float *lp2, float *lq2,
+                                                     float *p, float *q)
+{
+    *lp2 = fmaf(ws, c.cs, -c.ks);
+    *lq2 = fmaf(wt, c.cs, -c.kt);
+    *p = lf_ex2(*lp2);
+    *q = lf_ex2(*lq2);
+}
+
+/* Pass 2 terms of one pair, added to (x, y): JSD (k_p, k_q) in log2 units, TVD (|p-q|, sgn p). */
+static __device__ __forceinline__ void lf_impl_kl_stats2(const lf_kl_coef &c, float ws, float wt, float *x, float *y)
+{
+    float lp2, lq2, p, q;
+    lf_impl_kl_pq(c, ws, wt, &lp2, &lq2, &p, &q);
+    if (c.kind == LF_KL_JSD) {
+        const float lm2 = __log2f(fmaf(c.beta, q - p, p)); /* beta q + (1 - beta) p */
+        *x += p > 0.0f ? p * (lp2 - lm2) : 0.0f;
+        *y += q > 0.0f ? q * (lq2 - lm2) : 0.0f;
+    } else {
+        const float d = p - q;
+        *x += fabsf(d);
+        *y += d > 0.0f ? p : d < 0.0f ? -p : 0.0f;
+    }
+}
+
+template <int THREADS, typename TS, typename TT, bool LIN>
+static __device__ __forceinline__ void lf_kl_piece_stats2(float2 &acc, const uint4 *bs, const uint4 *bt, int n, int PU,
+                                                          const lf_kl_xf &xf, const lf_kl_coef &c)
+{
+    for (int i = (int)threadIdx.x; i < n; i += THREADS) {
+        float fs[8], ft[8];
+        lf_impl_unit_get<TS>(bs, i, PU, fs);
+        lf_impl_unit_get<TT>(bt, i, PU, ft);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) lf_impl_kl_stats2(c, lf_kl_w<LIN>(fs[e], xf.s, xf), lf_kl_w<LIN>(ft[e], xf.t, xf), &acc.x, &acc.y);
+    }
+}
+
+/* Pass 2's merged sums into the coefficients (and the loss they give: JSD in nats, TVD). */
+static __device__ __forceinline__ float lf_kl_coef_set_stats2(lf_kl_coef &c, float2 sums)
+{
+    if (c.kind == LF_KL_JSD) {
+        c.c3 = sums.x;
+        return LF_LN2 * fmaf(c.beta, sums.y - sums.x, sums.x); /* beta k_q + (1 - beta) k_p */
+    }
+    c.c3 = sums.y;
+    return 0.5f * sums.x;
+}
+
+/* d loss / d w_s of one pair, before the scale a and dz/dx; KIND a compile-time lf_kl_kind so
+ * that the unit loops carry no per-element switch (lf_kl_piece_grad dispatches once). */
+template <int KIND>
+static __device__ __forceinline__ float lf_impl_kl_grad(const lf_kl_coef &c, float ws, float wt)
+{
+    float lp2, lq2, p, q;
+    lf_impl_kl_pq(c, ws, wt, &lp2, &lq2, &p, &q);
+    if (KIND == LF_KL_REVERSE) return p > 0.0f ? p * (lp2 - lq2 - c.c3) : 0.0f;
+    if (KIND == LF_KL_JSD) {
+        const float lm2 = __log2f(fmaf(c.beta, q - p, p));
+        return p > 0.0f ? p * (lp2 - lm2 - c.c3) : 0.0f;
+    }
+    if (KIND == LF_KL_TVD) {
+        const float d = p - q;
+        return p * ((d > 0.0f ? 1.0f : d < 0.0f ? -1.0f : 0.0f) - c.c3);
+    }
+    return p - q; /* forward KL, soft CE */
+}
+
+static __device__ __forceinline__ float lf_impl_kl_grad_any(const lf_kl_coef &c, float ws, float wt)
+{
+    switch (c.kind) {
+    case LF_KL_REVERSE: return lf_impl_kl_grad<LF_KL_REVERSE>(c, ws, wt);
+    case LF_KL_JSD: return lf_impl_kl_grad<LF_KL_JSD>(c, ws, wt);
+    case LF_KL_TVD: return lf_impl_kl_grad<LF_KL_TVD>(c, ws, wt);
+    default: return lf_impl_kl_grad<LF_KL_FORWARD>(c, ws, wt);
+    }
+}
+
+template <int THREADS, typename TS, typename TT, bool LIN, int KIND>
+static __device__ __forceinline__ void lf_impl_kl_piece_grad(TS *out, bool vec_ok, const uint4 *bs, const uint4 *bt,
+                                                             const lf_dual_span &sp, int ub, int n, int PU,
+                                                             const lf_kl_xf &xf, const lf_kl_coef &c)
+{
+    for (int i = (int)threadIdx.x; i < n; i += THREADS) {
+        float fs[8], ft[8], g[8];
+        lf_impl_unit_get<TS>(bs, i, PU, fs);
+        lf_impl_unit_get<TT>(bt, i, PU, ft);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            const float d = lf_impl_kl_grad<KIND>(c, lf_kl_w<LIN>(fs[e], xf.s, xf), lf_kl_w<LIN>(ft[e], xf.t, xf));
+            g[e] = LIN ? c.a * d : c.a * d * lf_kl_dzdx(fs[e], xf);
+        }
+        TS *dst = out + sp.head + 8 * (int64_t)(ub + i);
+        if (vec_ok) {
+            lf_st16(reinterpret_cast<uint4 *>(dst), lf_elem<TS>::pack(g));
+            if (sizeof(TS) == 4) lf_st16(reinterpret_cast<uint4 *>(dst) + 1, lf_elem<TS>::pack(g + 4));
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) dst[e] = lf_elem<TS>::from_f32(g[e]);
+        }
+    }
+}
+
+/* Gradient of this thread's units [ub, ub + n) of a staged piece, stored to out: the student's
+ * row (in place) or another row with the same element alignment when vec_ok (16-byte stores),
+ * element by element otherwise. */
+template <int THREADS, typename TS, typename TT, bool LIN>
+static __device__ __forceinline__ void lf_kl_piece_grad(TS *out, bool vec_ok, const uint4 *bs, const uint4 *bt,
+                                                        const lf_dual_span &sp, int ub, int n, int PU, const lf_kl_xf &xf,
+                                                        const lf_kl_coef &c)
+{
+    switch (c.kind) {
+    case LF_KL_REVERSE: lf_impl_kl_piece_grad<THREADS, TS, TT, LIN, LF_KL_REVERSE>(out, vec_ok, bs, bt, sp, ub, n, PU, xf, c); break;
+    case LF_KL_JSD: lf_impl_kl_piece_grad<THREADS, TS, TT, LIN, LF_KL_JSD>(out, vec_ok, bs, bt, sp, ub, n, PU, xf, c); break;
+    case LF_KL_TVD: lf_impl_kl_piece_grad<THREADS, TS, TT, LIN, LF_KL_TVD>(out, vec_ok, bs, bt, sp, ub, n, PU, xf, c); break;
+    default: lf_impl_kl_piece_grad<THREADS, TS, TT, LIN, LF_KL_FORWARD>(out, vec_ok, bs, bt, sp, ub, n, PU, xf, c); break;
+    }
+}
+
+/* The edge elements (head, tail, or the whole row of an unaligned pair): thread t takes edge
+ * elements t, t + THREADS, ... loaded from global memory. Pass 1: */
+template <int THREADS, typename TS, typename TT, bool LIN, bool ENT>
+static __device__ __forceinline__ void lf_dual_edge_stats(lf_dual_acc &a, const TS *xs, const TT *xt,
+                                                          const lf_dual_span &sp, const lf_kl_xf &xf)
+{
+    for (int e = (int)threadIdx.x; e < sp.nedge; e += THREADS) {
+        const int32_t j = lf_dual_edge_index(sp, e);
+        lf_dual_edge_push<ENT>(a, lf_kl_w<LIN>(lf_elem<TS>::to_f32(xs[j]), xf.s, xf),
+                               lf_kl_w<LIN>(lf_elem<TT>::to_f32(xt[j]), xf.t, xf), xf.cs);
+    }
+}
+
+/* ... pass 2: */
+template <int THREADS, typename TS, typename TT, bool LIN>
+static __device__ __forceinline__ void lf_kl_edge_stats2(float2 &acc, const TS *xs, const TT *xt, const lf_dual_span &sp,
+                                                         const lf_kl_xf &xf, const lf_kl_coef &c)
+{
+    for (int e = (int)threadIdx.x; e < sp.nedge; e += THREADS) {
+        const int32_t j = lf_dual_edge_index(sp, e);
+        lf_impl_kl_stats2(c, lf_kl_w<LIN>(lf_elem<TS>::to_f32(xs[j]), xf.s, xf),
+                          lf_kl_w<LIN>(lf_elem<TT>::to_f32(xt[j]), xf.t, xf), &acc.x, &acc.y);
+    }
+}
+
+/* ... and the gradient (out may be xs: each element is read before it is written, by its owner). */
+template <int THREADS, typename TS, typename TT, bool LIN>
+static __device__ __forceinline__ void lf_kl_edge_grad(TS *out, const TS *xs, const TT *xt, const lf_dual_span &sp,
+                                                       const lf_kl_xf &xf, const lf_kl_coef &c)
+{
+    for (int e = (int)threadIdx.x; e < sp.nedge; e += THREADS) {
+        const int32_t j = lf_dual_edge_index(sp, e);
+        const float x = lf_elem<TS>::to_f32(xs[j]);
+        const float d = lf_impl_kl_grad_any(c, lf_kl_w<LIN>(x, xf.s, xf), lf_kl_w<LIN>(lf_elem<TT>::to_f32(xt[j]), xf.t, xf));
+        out[j] = lf_elem<TS>::from_f32(LIN ? c.a * d : c.a * d * lf_kl_dzdx(x, xf));
+    }
 }
 
 #endif /* LOSSFUSE_CUDA_CUH */

@@ -2,13 +2,16 @@
 # bench/gpu_check.sh — the GPU CI of lossfuse, run on the device machine in one call:
 # build, GPU test suite, compute-sanitizer (memcheck + racecheck) on the small cases, benchmarks
 # against PyTorch (eager, torch.compile) in the same run, then a short table last.
-#   bench/gpu_check.sh [build] [test] [sanitize] [bench] [peers]     (default: all of them)
+#   bench/gpu_check.sh [build] [test] [sanitize] [bench] [peers] [klpeers]   (default: all of them)
+# (peers: the cross-entropy peers at every bench shape; klpeers: the distillation peers at two
+# shapes, since torch.compile takes ~30 s per shape and mode.) One device call runs at most
+# 10 minutes: split it, e.g. "build test sanitize" then "build bench peers klpeers".
 # Logs and the table/chart go to $OUT (or ./gpu_out).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
-stages=${*:-build test sanitize bench peers}
+stages=${*:-build test sanitize bench peers klpeers}
 has() { [[ " $stages " == *" $1 "* ]]; }
 B=build-gpu
 summary=()
@@ -24,24 +27,33 @@ if has test; then
   meson test -C "$B" --no-rebuild --print-errorlogs >"$OUT/test.log" 2>&1
   grep -E "^ *[0-9]+/[0-9]+ " "$OUT/test.log"
   cp "$B/meson-logs/testlog.txt" "$OUT/testlog.txt" 2>/dev/null
-  grep -E "^(ok|FAIL) |FAIL \[|test_ce_gpu:" "$B/meson-logs/testlog.txt" | grep -v "^ok " | tail -40
+  grep -E "^(ok|FAIL) |FAIL \[|test_(ce|kl)_gpu:" "$B/meson-logs/testlog.txt" | grep -v "^ok " | tail -40
   summary+=("tests: $(grep -E '^(Ok|Fail|Skipped|Timeout):' "$OUT/test.log" | tr -s ' ' | tr '\n' ' ')")
 fi
 if has sanitize; then
-  for tool in memcheck racecheck; do
-    timeout ${SANITIZE_TIMEOUT:-200} compute-sanitizer --tool $tool --error-exitcode 9 "$B/tests/test_ce_gpu" --small >"$OUT/$tool.log" 2>&1
-    rc=$?
-    summary+=("compute-sanitizer $tool (test_ce_gpu --small): rc=$rc, $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$tool.log" | tail -1), $(grep 'test_ce_gpu:' "$OUT/$tool.log" | tail -1)")
+  for t in test_ce_gpu test_kl_gpu; do
+    for tool in memcheck racecheck; do
+      log="$OUT/$tool.$t.log"
+      timeout ${SANITIZE_TIMEOUT:-200} compute-sanitizer --tool $tool --error-exitcode 9 "$B/tests/$t" --small >"$log" 2>&1
+      rc=$?
+      summary+=("compute-sanitizer $tool ($t --small): rc=$rc, $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1), $(grep "$t:" "$log" | tail -1)")
+    done
   done
 fi
 if has bench; then
   "$B/bench/bench_ce" --variants ${BENCH_ARGS:-} | tee "$OUT/bench.log"
+  "$B/bench/bench_kl" ${BENCH_KL_ARGS:-} | grep -v "^COPY\|^DEVICE" | tee -a "$OUT/bench.log"
 fi
 if has peers; then
-  PYTHONUNBUFFERED=1 timeout ${PEERS_TIMEOUT:-420} python3 bench/torch_peers.py ${PEERS_ARGS:-} 2>"$OUT/peers.err" | tee -a "$OUT/bench.log"
+  PYTHONUNBUFFERED=1 timeout ${PEERS_TIMEOUT:-420} python3 bench/torch_peers.py --modes fwdbwd,fwd ${PEERS_ARGS:-} 2>"$OUT/peers.err" | tee -a "$OUT/bench.log"
   tail -5 "$OUT/peers.err"
 fi
-if has bench || has peers; then
+if has klpeers; then
+  PYTHONUNBUFFERED=1 timeout ${PEERS_TIMEOUT:-420} python3 bench/torch_peers.py --no-copy --modes kl_fwd,kl_rev,jsd \
+    --impls eager_fp32,compile --iters 10 --shapes ${KL_PEERS_SHAPES:-4096x32768,4096x151936} 2>"$OUT/klpeers.err" | tee -a "$OUT/bench.log"
+  tail -5 "$OUT/klpeers.err"
+fi
+if has bench || has peers || has klpeers; then
   python3 bench/report.py "$OUT/bench.log" --md "$OUT/results_table.md" --png "$OUT/results.png" >/dev/null 2>"$OUT/report.err" || tail "$OUT/report.err"
 fi
 echo "================ summary ($(head -1 "$OUT/device.txt"))"

@@ -23,7 +23,7 @@ import re
 import sys
 
 IMPL_ORDER = ["lossfuse", "lossfuse_nocluster", "torch_compile", "torch_eager_bf16", "torch_eager_fp32"]
-MODE_ORDER = ["fwdbwd", "fwd"]
+MODE_ORDER = ["fwdbwd", "fwd", "kl_fwd", "kl_rev", "jsd", "softce", "tvd"]
 KEYWORD_RE = re.compile(r"(?:^|\s)(RESULT|COPY|DEVICE)(?=\s|$)(.*)$")
 
 
@@ -168,7 +168,8 @@ def markdown(rows, copy_src, copy_gbps, devices):
         lines.append("Copy bandwidth: none found in the logs, % column left empty")
     lines.append("")
     lines.append("GB/s = floor bytes / time (fwdbwd: N*V*4, read bf16 logits + write bf16 grad; "
-                 "fwd: N*V*2).")
+                 "fwd: N*V*2; distillation kl_fwd / kl_rev / jsd fwd+bwd: N*V*6, read student + "
+                 "teacher, write the student's grad).")
     lines.append("")
     lines.append("| mode | N | V | impl | ms | GB/s | % of copy | extra mem | status |")
     lines.append("|---|---:|---:|---|---:|---:|---:|---:|---|")

@@ -28,6 +28,13 @@ What it measures, for each shape [N, V] (bf16 logits, int64 labels, ~5% ignore_i
                                    summed in fp32): the least traffic eager can do, lower accuracy
                  torch_compile     torch.compile(<the fp32 one>, dynamic=False)
 
+  mode=kl_fwd, kl_rev, jsd   distillation from a bf16 student and a bf16 teacher (the student
+               plus uniform noise of width 1.5), forward + backward w.r.t. the student, mean over
+               rows: lp = log_softmax(student.float()), lq = log_softmax(teacher.float()), then
+               F.kl_div(lp, lq, log_target=True, reduction="batchmean") (KL(q||p)), the same with
+               the roles swapped (KL(p||q)), and the generalised JSD at beta = 0.5 through
+               logaddexp; torch_eager_fp32 and torch_compile of it (floor: N*V*6 bytes).
+
 Timing: CUDA events around ONLY the op (fwdbwd: forward + backward; logits.grad = None before
 each iteration, outside the timed region). Before each timed iteration a 256 MiB scratch buffer
 is written (untimed) to flush L2, then the events are recorded around the op and the device is
@@ -68,7 +75,8 @@ import torch.nn.functional as F
 
 DEFAULT_SHAPES = [(n, v) for n in (4096, 16384) for v in (32768, 131072, 151936, 262144)]
 ALL_IMPLS = ["eager_bf16", "eager_fp32", "compile"]
-ALL_MODES = ["fwdbwd", "fwd"]
+ALL_MODES = ["fwdbwd", "fwd", "kl_fwd", "kl_rev", "jsd"]
+KL_MODES = ("kl_fwd", "kl_rev", "jsd")  # distillation, fwd+bwd w.r.t. the student; eager is fp32 only
 IMPL_NAME = {"eager_bf16": "torch_eager_bf16", "eager_fp32": "torch_eager_fp32",
              "compile": "torch_compile"}
 IGNORE_INDEX = -100
@@ -113,6 +121,20 @@ def stats_bf16(logits, labels):
     entropy = -(lp.exp() * lp).sum(dim=-1, dtype=torch.float32)
     argmax = logits.argmax(dim=-1)
     return logprob, lse, entropy, argmax
+
+
+def kl_loss(mode, student, teacher):
+    """Distillation as users write it: log_softmax of .float() logits, F.kl_div, batchmean."""
+    lp = torch.log_softmax(student.float(), dim=-1)
+    lq = torch.log_softmax(teacher.float(), dim=-1)
+    if mode == "kl_fwd":  # KL(q || p)
+        return F.kl_div(lp, lq, log_target=True, reduction="batchmean")
+    if mode == "kl_rev":  # KL(p || q)
+        return F.kl_div(lq, lp, log_target=True, reduction="batchmean")
+    beta = 0.5           # generalised JSD, beta = 0.5
+    lm = torch.logaddexp(lq + math.log(beta), lp + math.log(1.0 - beta))
+    return (beta * F.kl_div(lm, lq, log_target=True, reduction="batchmean")
+            + (1.0 - beta) * F.kl_div(lm, lp, log_target=True, reduction="batchmean"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -244,9 +266,15 @@ def make_data(dev, n, v, seed):
     return logits, labels
 
 
-def build_op(impl, mode, logits, labels):
+def build_op(impl, mode, logits, labels, teacher=None):
     """Returns (op, warmup_iters). op() runs one forward(+backward) and keeps nothing alive."""
-    if mode == "fwdbwd":
+    if mode in KL_MODES:
+        fn = kl_loss if impl == "eager_fp32" else torch.compile(kl_loss, dynamic=False)
+
+        def op():
+            loss = fn(mode, logits, teacher)
+            loss.backward()
+    elif mode == "fwdbwd":
         if impl == "eager_bf16":
             fn = ce_bf16
         elif impl == "eager_fp32":
@@ -271,9 +299,9 @@ def build_op(impl, mode, logits, labels):
     return op, (6 if impl == "compile" else 3)
 
 
-def measure(dev, impl, mode, logits, labels, iters):
+def measure(dev, impl, mode, logits, labels, iters, teacher=None):
     """Returns (median_ms, extra_bytes, compile_s or None)."""
-    op, warmup = build_op(impl, mode, logits, labels)
+    op, warmup = build_op(impl, mode, logits, labels, teacher)
     compile_s = None
     for i in range(warmup):
         logits.grad = None
@@ -303,7 +331,7 @@ def measure(dev, impl, mode, logits, labels, iters):
 
 
 def result_line(impl, mode, n, v, ms, extra, status):
-    floor = n * v * (4 if mode == "fwdbwd" else 2)
+    floor = n * v * (6 if mode in KL_MODES else 4 if mode == "fwdbwd" else 2)
     ms_s = "nan" if ms is None or (isinstance(ms, float) and math.isnan(ms)) else f"{ms:.4f}"
     ex_s = "nan" if extra is None else str(int(extra))
     return (f"RESULT impl={IMPL_NAME[impl]} mode={mode} N={n} V={v} dtype=bf16 ms={ms_s} "
@@ -418,14 +446,20 @@ def main():
                     out(result_line(impl, mode, n, v, float("nan"), None, data_err))
             continue
 
+        teacher = None
+        if any(m in KL_MODES for m in modes):
+            teacher = (logits.detach() + torch.rand_like(logits, dtype=torch.float32).sub_(0.5).mul_(1.5)
+                       .to(torch.bfloat16))
         for mode in modes:
             for impl in impls:
+                if mode in KL_MODES and impl == "eager_bf16":
+                    continue  # the KL peers are the fp32 forms users write (issue 3)
                 status, ms, extra, compile_s, err = "ok", float("nan"), None, None, None
                 if impl == "compile":
                     torch._dynamo.reset()  # compile once per shape, fresh cache
                     hits_before = len(watcher.hits)
                 try:
-                    ms, extra, compile_s = measure(dev, impl, mode, logits, labels, args.iters)
+                    ms, extra, compile_s = measure(dev, impl, mode, logits, labels, args.iters, teacher)
                 except Exception as e:  # noqa: BLE001
                     status = "OOM" if is_oom(e) else "ERROR"
                     err = one_line(e)
@@ -443,7 +477,7 @@ def main():
                         out(f"INFO impl=torch_compile mode={mode} N={n} V={v} "
                             f"first_call_s={compile_s:.1f}")
                 out(result_line(impl, mode, n, v, ms, extra, status))
-        del logits, labels
+        del logits, labels, teacher
         dev.free()
     out(f"INFO done elapsed_s={time.perf_counter() - t_start:.1f}")
 

@@ -1,0 +1,111 @@
+/* bench/bench_kl.cu — times examples/kl_distill.cu against the bytes-moved floor.
+ *
+ *   bench_kl [--shapes 4096x32768,...] [--iters 20] [--kinds kl_fwd,kl_rev,jsd,softce,tvd] [--tag _name]
+ *
+ * Each mode is the fused forward+backward of one loss, bf16 student and teacher logits, the
+ * gradient written in place over the student, reduction mean (the floor: read the student and
+ * the teacher once, write the gradient once = 6 B/elem). Prints the lines bench/report.py reads:
+ *   DEVICE name=...   COPY impl=cuda gbps=...
+ *   RESULT impl=lossfuse mode=kl_fwd N=.. V=.. dtype=bf16 ms=.. bytes=.. extra_bytes=.. status=ok pieces=..
+ * Each timed launch is preceded (untimed) by restoring the student from a pristine copy and by
+ * writing a 256 MiB buffer (nothing of the inputs left in L2); the median is reported.
+ * A benchmark, not a test: it checks nothing but CUDA errors.
+ */
+#define KL_NO_MAIN
+#include "examples/kl_distill.cu"
+
+#include "bench/bench_common.cuh"
+
+int main(int argc, char **argv)
+{
+    std::string shapes = "4096x32768,4096x131072,4096x151936,4096x262144,16384x32768,16384x131072,16384x151936,16384x262144";
+    std::string kinds = "kl_fwd,kl_rev,jsd";
+    int iters = 20;
+    std::string tag;
+    for (int i = 1; i < argc; ++i) {
+        if (!strcmp(argv[i], "--shapes") && i + 1 < argc) shapes = argv[++i];
+        else if (!strcmp(argv[i], "--kinds") && i + 1 < argc) kinds = argv[++i];
+        else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--tag") && i + 1 < argc) tag = argv[++i];
+    }
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+        printf("bench_kl: no CUDA device\n");
+        return 77;
+    }
+    bench_device_line();
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    const size_t flush_bytes = 256u << 20;
+    void *flush;
+    CK(cudaMalloc(&flush, flush_bytes));
+    bench_copy_line(e0, e1);
+
+    const char *names[5] = {"kl_fwd", "kl_rev", "jsd", "softce", "tvd"};
+    size_t pos = 0;
+    int64_t N, V;
+    while (bench_next_shape(shapes, &pos, &N, &V)) {
+        const size_t nel = (size_t)N * V, bytes = nel * 2;
+        void *xs, *xt, *pristine, *ws;
+        float *loss;
+        const size_t wsb = kl_workspace_bytes(N);
+        CK(cudaMalloc(&xs, bytes));
+        CK(cudaMalloc(&xt, bytes));
+        CK(cudaMalloc(&pristine, bytes));
+        CK(cudaMalloc(&loss, 4));
+        CK(cudaMalloc(&ws, wsb));
+        CK(cudaMemset(ws, 0, wsb));
+        fill_logits<<<4096, 256>>>((__nv_bfloat16 *)pristine, (int64_t)nel, 12345u + (uint64_t)V);
+        CK(cudaGetLastError());
+        fill_logits<<<4096, 256>>>((__nv_bfloat16 *)xt, (int64_t)nel, 777u + (uint64_t)V);
+        CK(cudaGetLastError());
+
+        kl_args a = kl_args_default();
+        a.student = xs;
+        a.teacher = xt;
+        a.n_rows = N;
+        a.vocab = V;
+        a.s_stride = a.t_stride = V;
+        a.grad = xs;
+        a.grad_stride = V;
+        a.loss = loss;
+        a.workspace = ws;
+        a.workspace_bytes = wsb;
+        for (int k = 0; k < 5; ++k) {
+            if (("," + kinds + ",").find("," + std::string(names[k]) + ",") == std::string::npos) continue;
+            kl_args b = a;
+            b.opts.kind = (lf_kl_kind)k;
+            kl_plan plan;
+            b.plan = &plan;
+            std::vector<float> t;
+            for (int it = 0; it < iters + 3; ++it) {
+                CK(cudaMemcpyAsync(xs, pristine, bytes, cudaMemcpyDeviceToDevice));
+                CK(cudaMemsetAsync(flush, it & 0xff, flush_bytes));
+                CK(cudaEventRecord(e0));
+                cudaError_t ce;
+                const lf_status st = kl_launch(&b, 0, &ce);
+                CK(cudaEventRecord(e1));
+                if (st != LF_OK) {
+                    fprintf(stderr, "kl_launch: %s (%s)\n", lf_status_str(st), cudaGetErrorString(ce));
+                    return 1;
+                }
+                CK(cudaEventSynchronize(e1));
+                float ms;
+                CK(cudaEventElapsedTime(&ms, e0, e1));
+                if (it >= 3) t.push_back(ms);
+            }
+            CK(cudaGetLastError());
+            printf("RESULT impl=lossfuse%s mode=%s N=%lld V=%lld dtype=bf16 ms=%.4f bytes=%zu extra_bytes=%zu status=ok "
+                   "pieces=%d ctas=%d\n", tag.c_str(), names[k], (long long)N, (long long)V, median(t), 3 * bytes, wsb,
+                   plan.pieces, plan.ctas);
+            fflush(stdout);
+        }
+        CK(cudaFree(xs));
+        CK(cudaFree(xt));
+        CK(cudaFree(pristine));
+        CK(cudaFree(loss));
+        CK(cudaFree(ws));
+    }
+    return 0;
+}

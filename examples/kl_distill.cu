@@ -1,0 +1,731 @@
+/* examples/kl_distill.cu — distillation losses from raw logits, built only from lossfuse's two
+ * headers: forward KL, reverse KL, generalised JSD, soft-target cross-entropy, total variation.
+ *
+ * Build and run (from the repository root; meson does the same, see README.md):
+ *     nvcc -O3 -std=c++17 -arch=sm_90 -I. examples/kl_distill.cu -o kl_distill
+ *     ./kl_distill [N=4096] [V=32768] [forward|reverse|jsd|softce|tvd] [bf16|fp16|fp32]
+ *
+ * What it does
+ *   A student row x_s and a teacher row x_t per token (each bf16, fp16 or fp32, independently;
+ *   the teacher may also be given as log-probabilities or probabilities). Both are turned into
+ *   softmax logits alike, z = softcap(x) / tau, p = softmax(z_s), q = softmax(z_t), and per row
+ *       forward KL(q || p), reverse KL(p || q), JSD_beta, soft CE -sum q log p, TVD 1/2 |p - q|_1
+ *   (definitions and gradients: lossfuse.h section 8, lf_ref_kl_row). Forward + backward in ONE
+ *   launch, gradient with respect to the student only, in place over the student logits or to
+ *   another buffer; forward only without a gradient buffer. Options: temperature tau (and the
+ *   customary tau^2 scale), logit softcap, a per-token mask (labels == ignore_index and/or mask
+ *   bytes), per-token weights, reduction none / sum / mean with the mean's divisor a DEVICE
+ *   scalar, an upstream gradient. Per-row outputs for logging: both KLs and both entropies.
+ *
+ * How a row pair is read once
+ *   Persistent CTAs of 256 threads (three per SM) stage the two rows in shared memory with
+ *   cp.async, in pieces of 8-element units (lossfuse_cuda.cuh section 8): two 32 KB buffers,
+ *   each holding a piece of the student AND the same elements of the teacher, so the next
+ *   piece's copies are in flight while the current one is reduced. Every loss here needs a
+ *   statistic of the whole row (both lse; JSD and TVD a second sum that needs both lse) before
+ *   any gradient element can be written, so the kernel streams a row as
+ *       pass 1 (statistics)      pieces 0 .. n-1 from HBM
+ *       pass 2 (JSD, TVD only)   piece n-1 while still staged, then n-2 .. 0 read again
+ *       gradient                 the piece still staged first, then the others read again
+ *   The second reads come, most recent first, from L2 where the pair was just read (at
+ *   V = 32K a bf16 pair is 128 KB; three CTAs per SM keep ~50 MB in flight on an H100/H200).
+ *   CHOSEN and MEASURED in bench/RESULTS.md against the HBM floor (read student + teacher,
+ *   write the gradient: 6 B/elem for bf16).
+ *
+ * Contract (as DESIGN.md and examples/cross_entropy.cu)
+ *   - Masked rows (mask byte 0, or label == ignore_index) have loss 0, zero gradient, weight 0.
+ *     A label outside [0, V) that is not ignore_index adds 1 to *n_errors and masks the row.
+ *   - NaN or +inf in a valid row (either side), or a side with no mass: NaN loss and an all-NaN
+ *     gradient row. Reverse KL where the teacher has no mass but the student has: +inf loss,
+ *     NaN gradient. Forward KL / soft CE where the student has none: +inf loss, finite gradient.
+ *   - Deterministic: fixed-order reductions within a row and over rows; no float atomics.
+ *   - No host synchronisation; CUDA-graph capturable; N = 0 launches nothing.
+ *
+ * Sections: 1. API   2. kernels   3. launcher   4. main (make data, check, time)
+ */
+#include "lossfuse_cuda.cuh"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ============================================================================================
+ * 1. API
+ * ========================================================================================== */
+
+/* What the teacher tensor holds (the temperature applies to all three; the softcap only to
+ * logits): log-probabilities and probabilities at temperature 1, as stored by offline
+ * distillation pipelines — softmax(log q / tau) is the teacher at temperature tau. */
+typedef enum kl_teacher_kind {
+    KL_TEACHER_LOGITS = LF_SIDE_LOGITS,
+    KL_TEACHER_LOGPROBS = LF_SIDE_LOGPROBS,
+    KL_TEACHER_PROBS = LF_SIDE_PROBS
+} kl_teacher_kind;
+
+typedef struct kl_args {
+    /* inputs */
+    const void *student;   /* [N, V] logits, row stride s_stride (elements) */
+    lf_dtype s_dtype;      /* of the student and the gradient */
+    int64_t n_rows, vocab, s_stride;
+    const void *teacher;   /* [N, V], row stride t_stride */
+    lf_dtype t_dtype;
+    int64_t t_stride;
+    kl_teacher_kind teacher_kind;
+    lf_kl_opts opts;       /* kind, beta, temperature, tau2, softcap (lossfuse.h section 8) */
+    const void *labels;    /* optional [N] int32/int64: rows with ignore_index are masked */
+    int labels_i64;
+    int64_t ignore_index;  /* default -100 */
+    const uint8_t *mask;   /* optional [N]: 0 masks the row */
+    const float *weights;  /* optional [N]: per-row loss weights */
+    lf_reduction reduction;
+    const float *divisor;  /* device scalar for LF_REDUCE_MEAN, or NULL: sum of the weights of
+                            * unmasked rows (their count without weights) */
+    const float *dloss;    /* device upstream gradient: [1] for sum/mean, [N] for none; NULL = 1 */
+    float grad_scale;      /* host multiplier of the gradient */
+    /* outputs (device pointers) */
+    void *grad;            /* NULL: forward only; == student: in place */
+    int64_t grad_stride;
+    float *loss;           /* [N] (weighted) for none, [1] otherwise; required */
+    float *kl_fwd, *kl_rev;   /* optional [N]: KL(q||p), KL(p||q) of z (no tau^2, no weight) */
+    float *ent_s, *ent_t;     /* optional [N]: entropies of p and q in nats */
+    unsigned int *n_errors;   /* optional: += rows with a bad label */
+    void *workspace;       /* kl_workspace_bytes(n_rows) bytes, zeroed once before first use */
+    size_t workspace_bytes;
+    struct kl_plan *plan;  /* optional host out */
+} kl_args;
+
+typedef struct kl_plan {
+    int pieces;      /* pieces per row pair; 1 = each pair read from HBM once */
+    int piece_units; /* 8-element units per piece */
+    int ctas;        /* persistent CTAs launched */
+} kl_plan;
+
+static kl_args kl_args_default(void)
+{
+    kl_args a;
+    memset(&a, 0, sizeof a);
+    a.s_dtype = a.t_dtype = LF_BF16;
+    a.teacher_kind = KL_TEACHER_LOGITS;
+    a.opts = lf_kl_opts_default();
+    a.ignore_index = -100;
+    a.reduction = LF_REDUCE_MEAN;
+    a.grad_scale = 1.0f;
+    return a;
+}
+
+/* Workspace: a 64-byte header (completion counter, default divisor) and one float per row.
+ * Zero it once; every launch leaves the counter at zero again. One per launch in flight. */
+typedef struct kl_ws_header {
+    unsigned long long rows_done;
+    float divisor;
+    float pad[13];
+} kl_ws_header;
+
+static size_t kl_workspace_bytes(int64_t n_rows)
+{
+    return sizeof(kl_ws_header) + sizeof(float) * (size_t)(n_rows > 0 ? n_rows : 0);
+}
+
+/* ============================================================================================
+ * 2. Kernels
+ * ========================================================================================== */
+
+#ifndef KL_THREADS
+#define KL_THREADS 256
+#endif
+#ifndef KL_CTAS_PER_SM
+#define KL_CTAS_PER_SM 3
+#endif
+#ifndef KL_PIECE_BYTES
+#define KL_PIECE_BYTES 32768 /* per buffer (student and teacher parts together); two buffers */
+#endif
+#define KL_ROW_CACHE 512
+#define KL_SMEM_BYTES (2 * KL_PIECE_BYTES + KL_ROW_CACHE * 8)
+
+typedef struct kl_kparams {
+    const void *student, *teacher;
+    int64_t s_stride, t_stride, n_rows, vocab;
+    int kind;
+    float beta, tau2_scale;
+    lf_kl_xf xf;
+    bool ent;      /* entropies needed (soft CE, or requested) */
+    int piece_units;
+    const void *labels;
+    int labels_i64;
+    int64_t ignore_index;
+    const uint8_t *mask;
+    const float *weights;
+    int reduction;
+    const float *divisor, *dloss;
+    float grad_scale;
+    void *grad;
+    int64_t grad_stride;
+    float *loss, *kl_fwd, *kl_rev, *ent_s, *ent_t;
+    unsigned int *n_errors;
+    kl_ws_header *ws;
+    float *ws_loss;
+} kl_kparams;
+
+/* 0 valid, 1 masked, 2 bad label (also masked) */
+static __device__ __forceinline__ int kl_row_status(const kl_kparams &p, int64_t row)
+{
+    if (p.mask && !p.mask[row]) return 1;
+    if (!p.labels) return 0;
+    const int64_t y = p.labels_i64 ? ((const int64_t *)p.labels)[row] : (int64_t)((const int32_t *)p.labels)[row];
+    return y == p.ignore_index ? 1 : (y < 0 || y >= p.vocab) ? 2 : 0;
+}
+
+/* The default mean divisor, sum of the weights of unmasked rows, in a fixed order (one CTA). */
+__global__ void __launch_bounds__(1024) kl_divisor_kernel(const kl_kparams p)
+{
+    __shared__ double scratch[1024 / 32];
+    double acc = 0.0;
+    for (int64_t i = threadIdx.x; i < p.n_rows; i += 1024)
+        if (kl_row_status(p, i) == 0) acc += p.weights ? (double)p.weights[i] : 1.0;
+    acc = lf_block_sum_f64<1024>(acc, scratch);
+    if (threadIdx.x == 0) p.ws->divisor = (float)acc;
+}
+
+typedef struct kl_job {
+    int64_t row, lr;
+    int k, status;
+    float w;
+    lf_dual_span sp;
+} kl_job;
+
+/* The persistent kernel: CTA b takes rows b, b + nctas, ...; a row is J jobs (module comment). */
+template <typename TS, typename TT, bool LIN>
+__global__ void __launch_bounds__(KL_THREADS, KL_CTAS_PER_SM) kl_kernel(const kl_kparams p, int npieces, int nctas)
+{
+    extern __shared__ uint4 kl_smem[];
+    __shared__ lf_dual red[2][KL_THREADS / 32]; /* alternate rows: one barrier per merge */
+    __shared__ float2 red2[2][KL_THREADS / 32];
+    __shared__ double fin[KL_THREADS / 32];
+    __shared__ int is_last;
+    const int PU = p.piece_units;
+    const int svecs = lf_dual_part_vecs<TS>(PU), bvecs = svecs + lf_dual_part_vecs<TT>(PU);
+    uint4 *const buf0 = kl_smem, *const buf1 = kl_smem + bvecs;
+    int *const st_cache = reinterpret_cast<int *>(kl_smem + 2 * bvecs);
+    float *const w_cache = reinterpret_cast<float *>(st_cache + KL_ROW_CACHE);
+
+    const int64_t N = p.n_rows, V = p.vocab, cid = blockIdx.x;
+    const int64_t my_rows = cid < N ? (N - 1 - cid) / nctas + 1 : 0;
+    const int n = npieces;
+    const bool three = p.kind == LF_KL_JSD || p.kind == LF_KL_TVD;
+    const bool grad = p.grad != nullptr;
+    const int J = three ? (grad ? 3 * n - 2 : 2 * n - 1) : (grad ? 2 * n - 1 : n);
+    const int64_t njobs = my_rows * J;
+    const float dl_all = (grad && p.dloss && p.reduction != LF_REDUCE_NONE) ? p.dloss[0] : 1.0f;
+    float inv_div = 1.0f;
+    if (grad && p.reduction == LF_REDUCE_MEAN) {
+        const float d = p.divisor ? *p.divisor : p.ws->divisor;
+        inv_div = d == 0.0f ? 0.0f : 1.0f / d;
+    }
+
+    auto row_ptrs = [&](int64_t row, const TS **xs, const TT **xt) {
+        *xs = (const TS *)p.student + row * p.s_stride;
+        *xt = (const TT *)p.teacher + row * p.t_stride;
+    };
+    auto piece_of = [&](int k) { return k < n ? k : k < 2 * n - 1 ? 2 * n - 2 - k : k - (2 * n - 2); };
+    auto start_job = [&](int64_t jj, const kl_job &prev) -> kl_job {
+        kl_job j = prev;
+        if (jj == 0) {
+            j.k = 0;
+            j.lr = 0;
+        } else if (prev.k + 1 < J) {
+            j.k = prev.k + 1;
+            return j;
+        } else {
+            j.k = 0;
+            j.lr = prev.lr + 1;
+        }
+        if (j.lr % KL_ROW_CACHE == 0) { /* status and weight of the next rows, one parallel load */
+            __syncthreads();
+            for (int64_t i = threadIdx.x; i < KL_ROW_CACHE && j.lr + i < my_rows; i += KL_THREADS) {
+                const int64_t r = cid + (j.lr + i) * nctas;
+                st_cache[i] = kl_row_status(p, r);
+                w_cache[i] = p.weights ? p.weights[r] : 1.0f;
+            }
+            __syncthreads();
+        }
+        j.row = cid + j.lr * nctas;
+        j.status = st_cache[j.lr % KL_ROW_CACHE];
+        j.w = w_cache[j.lr % KL_ROW_CACHE];
+        const TS *xs;
+        const TT *xt;
+        row_ptrs(j.row, &xs, &xt);
+        j.sp = lf_dual_span_make(xs, xt, V);
+        return j;
+    };
+    auto issue = [&](const kl_job &j, uint4 *b) {
+        if (j.status) return;
+        const int pc = piece_of(j.k);
+        const int ub = min(j.sp.nunit, pc * PU), ue = min(j.sp.nunit, ub + PU);
+        const TS *xs;
+        const TT *xt;
+        row_ptrs(j.row, &xs, &xt);
+        lf_dual_piece_load<KL_THREADS, TS, TT>(b, b + svecs, xs, xt, j.sp, ub, ue, PU);
+    };
+
+    lf_dual_acc acc = lf_dual_acc_init();
+    float2 acc2 = make_float2(0.0f, 0.0f);
+    lf_kl_coef coef;
+    memset(&coef, 0, sizeof coef);
+    lf_dual_out dout;
+    memset(&dout, 0, sizeof dout);
+    int slot = 0;
+
+    /* The row's outputs (thread 0). */
+    auto row_outputs = [&](int64_t row, float loss) {
+        /* a row without two distributions (NaN, +inf, no mass on a side) is NaN throughout, as
+         * in lf_ref_kl_row: no output of it may look like a number */
+        const bool ok = fabsf(dout.lse_a) < LF_INF_F && fabsf(dout.lse_b) < LF_INF_F;
+        if (p.kl_fwd) p.kl_fwd[row] = dout.kl_fwd;
+        if (p.kl_rev) p.kl_rev[row] = dout.kl_rev;
+        if (p.ent_s) p.ent_s[row] = ok ? dout.ent_a : NAN;
+        if (p.ent_t) p.ent_t[row] = ok ? dout.ent_b : NAN;
+        if (p.reduction == LF_REDUCE_NONE) p.loss[row] = loss;
+        else p.ws_loss[row] = loss;
+    };
+
+    kl_job cur;
+    memset(&cur, 0, sizeof cur);
+    if (njobs > 0) {
+        cur = start_job(0, cur);
+        issue(cur, buf0);
+    }
+    lf_cp_async_commit();
+    for (int64_t jj = 0; jj < njobs; ++jj) {
+        uint4 *const b = (jj & 1) ? buf1 : buf0;
+        kl_job nxt = cur;
+        if (jj + 1 < njobs) {
+            nxt = start_job(jj + 1, cur);
+            issue(nxt, (jj & 1) ? buf0 : buf1); /* that buffer held job jj-1: already consumed */
+        }
+        lf_cp_async_commit();
+        lf_cp_async_wait<1>(); /* job jj's copies (this thread's) have landed */
+
+        const int64_t row = cur.row;
+        const int k = cur.k;
+        TS *out = grad ? (TS *)p.grad + row * p.grad_stride : nullptr;
+        if (cur.status) {
+            if (k == 0) {
+                if (grad)
+                    for (int64_t j = threadIdx.x; j < V; j += KL_THREADS) out[j] = lf_elem<TS>::from_f32(0.0f);
+                if (threadIdx.x == 0) {
+                    if (cur.status == 2 && p.n_errors) atomicAdd(p.n_errors, 1u);
+                    memset(&dout, 0, sizeof dout);
+                    row_outputs(row, 0.0f);
+                }
+            }
+        } else {
+            const TS *xs;
+            const TT *xt;
+            row_ptrs(row, &xs, &xt);
+            const int pc = piece_of(k);
+            const int ub = min(cur.sp.nunit, pc * PU), nu = min(cur.sp.nunit, ub + PU) - ub;
+            const uint4 *bs = b, *bt = b + svecs;
+            const bool s1 = k < n, m1 = k == n - 1, B = k >= n && k < 2 * n - 1;
+            const bool s2 = three && (m1 || B);
+            const bool m2 = s2 && pc == 0;
+            const bool g = grad && (three ? (m2 || k >= 2 * n - 1) : (m1 || B));
+            if (s1) {
+                if (k == 0) {
+                    acc = lf_dual_acc_init();
+                    if (p.ent) lf_dual_edge_stats<KL_THREADS, TS, TT, LIN, true>(acc, xs, xt, cur.sp, p.xf);
+                    else lf_dual_edge_stats<KL_THREADS, TS, TT, LIN, false>(acc, xs, xt, cur.sp, p.xf);
+                }
+                if (p.ent) lf_dual_piece_stats<KL_THREADS, TS, TT, LIN, true>(acc, bs, bt, nu, PU, p.xf);
+                else lf_dual_piece_stats<KL_THREADS, TS, TT, LIN, false>(acc, bs, bt, nu, PU, p.xf);
+            }
+            if (m1) {
+                const lf_dual d = lf_block_dual<KL_THREADS>(lf_dual_acc_final(acc, p.xf), red[slot]);
+                dout = lf_dual_final(d);
+                const float gs = grad ? p.grad_scale * (p.reduction == LF_REDUCE_NONE ? (p.dloss ? p.dloss[row] : 1.0f) : dl_all) *
+                                            inv_div * cur.w * p.tau2_scale
+                                      : 0.0f;
+                coef = lf_kl_coef_make(p.kind, p.beta, gs, dout, p.xf, LIN);
+                acc2 = make_float2(0.0f, 0.0f);
+                if (!three && threadIdx.x == 0) {
+                    const float l = p.kind == LF_KL_FORWARD ? dout.kl_fwd
+                                    : p.kind == LF_KL_REVERSE ? dout.kl_rev
+                                                              : dout.kl_fwd + dout.ent_b; /* soft CE */
+                    row_outputs(row, l * p.tau2_scale * cur.w);
+                }
+            }
+            if (s2) {
+                lf_kl_piece_stats2<KL_THREADS, TS, TT, LIN>(acc2, bs, bt, nu, PU, p.xf, coef);
+                if (pc == 0) lf_kl_edge_stats2<KL_THREADS, TS, TT, LIN>(acc2, xs, xt, cur.sp, p.xf, coef);
+            }
+            if (m2) {
+                const float2 sums = lf_block_sum2_f32<KL_THREADS>(acc2, red2[slot]);
+                float l = lf_kl_coef_set_stats2(coef, sums);
+                if (!(fabsf(dout.lse_a) < LF_INF_F) || !(fabsf(dout.lse_b) < LF_INF_F)) l = NAN;
+                if (threadIdx.x == 0) row_outputs(row, l * p.tau2_scale * cur.w);
+            }
+            if (g) {
+                const bool vec_ok = ((uintptr_t)(out + cur.sp.head) & 15u) == 0;
+                lf_kl_piece_grad<KL_THREADS, TS, TT, LIN>(out, vec_ok, bs, bt, cur.sp, ub, nu, PU, p.xf, coef);
+                if (pc == 0) lf_kl_edge_grad<KL_THREADS, TS, TT, LIN>(out, xs, xt, cur.sp, p.xf, coef);
+            }
+            if ((three && m2) || (!three && m1)) slot ^= 1;
+        }
+        cur = nxt;
+    }
+    lf_cp_async_wait<0>();
+    if (p.reduction == LF_REDUCE_NONE) return;
+
+    /* Last-CTA-done: the CTA that completes the count sums all rows in a fixed order. */
+    if (threadIdx.x == 0) {
+        __threadfence();
+        is_last = atomicAdd(&p.ws->rows_done, 1ull) == (unsigned long long)(nctas - 1);
+    }
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    double a = 0.0;
+    for (int64_t i = threadIdx.x; i < N; i += KL_THREADS) a += (double)__ldcg(p.ws_loss + i);
+    a = lf_block_sum_f64<KL_THREADS>(a, fin);
+    if (threadIdx.x == 0) {
+        if (p.reduction == LF_REDUCE_MEAN) {
+            const double d = (double)(p.divisor ? *p.divisor : p.ws->divisor);
+            a = d == 0.0 ? a * 0.0 : a / d; /* 0, or NaN when a row is NaN: never hidden */
+        }
+        p.loss[0] = (float)a;
+        p.ws->rows_done = 0;
+    }
+}
+
+/* ============================================================================================
+ * 3. Launcher
+ * ========================================================================================== */
+
+#define KL_CHECK(call)                                                                              \
+    do {                                                                                            \
+        cudaError_t e_ = (call);                                                                    \
+        if (e_ != cudaSuccess) {                                                                    \
+            if (cuda_err) *cuda_err = e_;                                                           \
+            return LF_ERR_DEVICE;                                                                   \
+        }                                                                                           \
+    } while (0)
+
+template <typename TS, typename TT, bool LIN>
+static lf_status kl_launch_kernel(kl_kparams p, kl_plan *plan, cudaStream_t stream, cudaError_t *cuda_err)
+{
+    auto kernel = kl_kernel<TS, TT, LIN>;
+    static int ready = 0, active = 0; /* per instantiation: the opt-in and the occupancy, once */
+    if (!ready) {
+        int dev = 0, sms = 0, per_sm = 0;
+        KL_CHECK(cudaGetDevice(&dev));
+        KL_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+        KL_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, KL_SMEM_BYTES));
+        KL_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, KL_THREADS, KL_SMEM_BYTES));
+        if (per_sm == 0) return LF_ERR_DEVICE;
+        active = sms * per_sm;
+        ready = 1;
+    }
+    p.piece_units = KL_PIECE_BYTES / (8 * (int)(sizeof(TS) + sizeof(TT)));
+    const int64_t units = (p.vocab + 7) / 8;
+    const int npieces = (int)((units + p.piece_units - 1) / p.piece_units);
+    const int nctas = (int)(p.n_rows < active ? p.n_rows : active);
+    if (plan) {
+        plan->pieces = npieces < 1 ? 1 : npieces;
+        plan->piece_units = p.piece_units;
+        plan->ctas = nctas;
+    }
+    kernel<<<nctas, KL_THREADS, KL_SMEM_BYTES, stream>>>(p, npieces < 1 ? 1 : npieces, nctas);
+    KL_CHECK(cudaGetLastError());
+    return LF_OK;
+}
+
+template <typename TS>
+static lf_status kl_dispatch_t(const kl_kparams &p, lf_dtype tt, bool lin, kl_plan *plan, cudaStream_t s, cudaError_t *e)
+{
+    switch (tt) {
+    case LF_F32: return lin ? kl_launch_kernel<TS, float, true>(p, plan, s, e) : kl_launch_kernel<TS, float, false>(p, plan, s, e);
+    case LF_BF16:
+        return lin ? kl_launch_kernel<TS, __nv_bfloat16, true>(p, plan, s, e) : kl_launch_kernel<TS, __nv_bfloat16, false>(p, plan, s, e);
+    default: return lin ? kl_launch_kernel<TS, __half, true>(p, plan, s, e) : kl_launch_kernel<TS, __half, false>(p, plan, s, e);
+    }
+}
+
+/* Validate, then launch (one kernel; two for reduction mean without a divisor). Returns LF_OK,
+ * LF_ERR_* for bad arguments (nothing launched), or LF_ERR_DEVICE with *cuda_err set. */
+static lf_status kl_launch(const kl_args *a, cudaStream_t stream, cudaError_t *cuda_err)
+{
+    if (cuda_err) *cuda_err = cudaSuccess;
+    if (!a) return LF_ERR_NULL;
+    lf_status st = lf_check_kl_opts(&a->opts);
+    if (st != LF_OK) return st;
+    if (a->n_rows < 0 || a->vocab < 1 || a->vocab > 0x7fffffff || a->s_stride < a->vocab || a->t_stride < a->vocab)
+        return LF_ERR_SIZE;
+    for (lf_dtype d : {a->s_dtype, a->t_dtype})
+        if (d != LF_F32 && d != LF_BF16 && d != LF_F16) return LF_ERR_ARG;
+    if ((int)a->teacher_kind < 0 || (int)a->teacher_kind > 2) return LF_ERR_ARG;
+    if ((int)a->reduction < 0 || (int)a->reduction > 2) return LF_ERR_ARG;
+    if (a->grad && a->grad_stride < a->vocab) return LF_ERR_SIZE;
+    if (a->grad && a->n_rows > 0) {
+        /* In place means the student's own rows; any other overlap with the student or the
+         * teacher would race. */
+        auto span = [&](const void *base, int64_t stride, lf_dtype dt, const char **lo, const char **hi) {
+            *lo = (const char *)base;
+            *hi = *lo + ((size_t)(a->n_rows - 1) * stride + a->vocab) * lf_dtype_size(dt);
+        };
+        const char *g0, *g1, *s0, *s1, *t0, *t1;
+        span(a->grad, a->grad_stride, a->s_dtype, &g0, &g1);
+        span(a->student, a->s_stride, a->s_dtype, &s0, &s1);
+        span(a->teacher, a->t_stride, a->t_dtype, &t0, &t1);
+        const bool same = a->grad == a->student && a->grad_stride == a->s_stride;
+        if (!same && g0 < s1 && s0 < g1) return LF_ERR_ARG;
+        if (g0 < t1 && t0 < g1) return LF_ERR_ARG;
+    }
+    if (a->n_rows == 0) {
+        if (a->reduction != LF_REDUCE_NONE && a->loss) KL_CHECK(cudaMemsetAsync(a->loss, 0, sizeof(float), stream));
+        return LF_OK;
+    }
+    if (!a->student || !a->teacher || !a->loss || !a->workspace) return LF_ERR_NULL;
+    if (a->workspace_bytes < kl_workspace_bytes(a->n_rows)) return LF_ERR_SIZE;
+
+    kl_kparams p;
+    memset(&p, 0, sizeof p);
+    p.student = a->student;
+    p.teacher = a->teacher;
+    p.s_stride = a->s_stride;
+    p.t_stride = a->t_stride;
+    p.n_rows = a->n_rows;
+    p.vocab = a->vocab;
+    p.kind = (int)a->opts.kind;
+    p.beta = a->opts.beta;
+    if (p.kind == LF_KL_JSD && p.beta == 0.0f) p.kind = LF_KL_FORWARD; /* the limits (lossfuse.h §8) */
+    if (p.kind == LF_KL_JSD && p.beta == 1.0f) p.kind = LF_KL_REVERSE;
+    const float tau = a->opts.temperature;
+    p.tau2_scale = a->opts.tau2 ? tau * tau : 1.0f;
+    const lf_kl_side ss = {LF_SIDE_LOGITS, a->opts.softcap, 0.0f}, ts = {(int)a->teacher_kind, a->opts.softcap, 0.0f};
+    const bool lin = lf_kl_side_lin(ss) && lf_kl_side_lin(ts);
+    p.xf = lf_kl_xf_make(tau, LF_SIDE_LOGITS, a->opts.softcap, (int)a->teacher_kind, a->opts.softcap, lin);
+    p.ent = p.kind == LF_KL_SOFT_CE || a->ent_s || a->ent_t;
+    p.labels = a->labels;
+    p.labels_i64 = a->labels_i64;
+    p.ignore_index = a->ignore_index;
+    p.mask = a->mask;
+    p.weights = a->weights;
+    p.reduction = (int)a->reduction;
+    p.divisor = a->divisor;
+    p.dloss = a->dloss;
+    p.grad_scale = a->grad_scale;
+    p.grad = a->grad;
+    p.grad_stride = a->grad_stride;
+    p.loss = a->loss;
+    p.kl_fwd = a->kl_fwd;
+    p.kl_rev = a->kl_rev;
+    p.ent_s = a->ent_s;
+    p.ent_t = a->ent_t;
+    p.n_errors = a->n_errors;
+    p.ws = (kl_ws_header *)a->workspace;
+    p.ws_loss = (float *)((char *)a->workspace + sizeof(kl_ws_header));
+
+    if (a->reduction == LF_REDUCE_MEAN && !a->divisor) {
+        kl_divisor_kernel<<<1, 1024, 0, stream>>>(p);
+        KL_CHECK(cudaGetLastError());
+    }
+    switch (a->s_dtype) {
+    case LF_F32: return kl_dispatch_t<float>(p, a->t_dtype, lin, a->plan, stream, cuda_err);
+    case LF_BF16: return kl_dispatch_t<__nv_bfloat16>(p, a->t_dtype, lin, a->plan, stream, cuda_err);
+    default: return kl_dispatch_t<__half>(p, a->t_dtype, lin, a->plan, stream, cuda_err);
+    }
+}
+
+#undef KL_CHECK
+
+/* ============================================================================================
+ * 4. main: make a student and a related teacher, run forward+backward in place, check rows
+ *    against lf_ref_kl_row, time it.
+ * ========================================================================================== */
+#ifndef KL_NO_MAIN
+
+#define CHECK_CUDA(call)                                                                            \
+    do {                                                                                            \
+        cudaError_t e_ = (call);                                                                    \
+        if (e_ != cudaSuccess) {                                                                    \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_));  \
+            exit(1);                                                                                \
+        }                                                                                           \
+    } while (0)
+
+static uint64_t rng_state = 0x2545f4914f6cdd1dull;
+static double rng_uniform(void) /* splitmix64 -> [0, 1) */
+{
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return (double)((z ^ (z >> 31)) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+/* Student logits like a language model's (normal bulk, strong candidates, rare outliers); the
+ * teacher is the student plus noise, so the two distributions are close but not equal. */
+static float make_logit(void)
+{
+    double u = rng_uniform(), n = 0.0;
+    for (int k = 0; k < 4; ++k) n += rng_uniform() - 0.5;
+    if (u < 1e-4) return (float)(40.0 * (rng_uniform() - 0.3));
+    if (u < 1e-2) return (float)(8.0 + 4.0 * n);
+    return (float)(2.0 * n * 1.7);
+}
+
+static uint16_t to_half_bits(float v, lf_dtype t) { return t == LF_BF16 ? lf_f32_to_bf16(v) : lf_f32_to_f16(v); }
+static float from_half_bits(uint16_t h, lf_dtype t) { return t == LF_BF16 ? lf_bf16_to_f32(h) : lf_f16_to_f32(h); }
+static float round_to(float v, lf_dtype t) { return t == LF_F32 ? v : from_half_bits(to_half_bits(v, t), t); }
+static void put(void *h, size_t i, float v, lf_dtype t)
+{
+    if (t == LF_F32) ((float *)h)[i] = v;
+    else ((uint16_t *)h)[i] = to_half_bits(v, t);
+}
+
+int main(int argc, char **argv)
+{
+    int64_t N = argc > 1 ? atoll(argv[1]) : 4096;
+    int64_t V = argc > 2 ? atoll(argv[2]) : 32768;
+    lf_kl_opts o = lf_kl_opts_default();
+    const char *kname = argc > 3 ? argv[3] : "forward";
+    o.kind = !strcmp(kname, "reverse") ? LF_KL_REVERSE : !strcmp(kname, "jsd") ? LF_KL_JSD
+             : !strcmp(kname, "softce") ? LF_KL_SOFT_CE : !strcmp(kname, "tvd") ? LF_KL_TVD : LF_KL_FORWARD;
+    lf_dtype dt = LF_BF16;
+    if (argc > 4) dt = !strcmp(argv[4], "fp32") ? LF_F32 : !strcmp(argv[4], "fp16") ? LF_F16 : LF_BF16;
+    const char *dname = dt == LF_F32 ? "fp32" : dt == LF_F16 ? "fp16" : "bf16";
+    const int esz = lf_dtype_size(dt);
+    o.temperature = 2.0f;
+    o.tau2 = 1;
+
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+        /* Say so plainly, and still show the host reference at work. */
+        const int64_t n = 8, v = 1000;
+        float *xs = (float *)malloc(sizeof(float) * n * v), *xt = (float *)malloc(sizeof(float) * n * v);
+        for (int64_t i = 0; i < n * v; ++i) {
+            xs[i] = make_logit();
+            xt[i] = xs[i] + (float)(rng_uniform() - 0.5);
+        }
+        double loss = 0.0;
+        lf_status st = lf_ref_kl(n, v, xs, v, xt, v, NULL, NULL, &o, LF_REDUCE_MEAN, -1.0, &loss, NULL);
+        printf("no CUDA device found: ran the host reference only\n");
+        printf("lf_ref_kl N=%lld V=%lld %s tau=2 (tau^2 scaled): status=%s mean loss=%.6f\n", (long long)n,
+               (long long)v, kname, lf_status_str(st), loss);
+        free(xs);
+        free(xt);
+        return st == LF_OK ? 0 : 1;
+    }
+
+    cudaDeviceProp prop;
+    CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+    printf("device: %s (sm_%d%d)  N=%lld V=%lld %s %s  tau=2 (tau^2 scaled)\n", prop.name, prop.major, prop.minor,
+           (long long)N, (long long)V, kname, dname);
+
+    const size_t nel = (size_t)N * (size_t)V;
+    float *xsf = (float *)malloc(nel * sizeof(float)), *xtf = (float *)malloc(nel * sizeof(float));
+    void *xsh = malloc(nel * esz), *xth = malloc(nel * esz);
+    for (size_t i = 0; i < nel; ++i) {
+        const float s = round_to(make_logit(), dt), t = round_to(s + (float)(1.5 * (rng_uniform() - 0.5)), dt);
+        put(xsh, i, s, dt);
+        put(xth, i, t, dt);
+        xsf[i] = s; /* the reference sees exactly what the kernel sees */
+        xtf[i] = t;
+    }
+
+    void *xs_d, *xt_d, *ws_d, *pristine;
+    float *loss_d, *kf_d, *kr_d;
+    const size_t wsb = kl_workspace_bytes(N);
+    CHECK_CUDA(cudaMalloc(&xs_d, nel * esz));
+    CHECK_CUDA(cudaMalloc(&xt_d, nel * esz));
+    CHECK_CUDA(cudaMalloc(&pristine, nel * esz));
+    CHECK_CUDA(cudaMalloc(&loss_d, sizeof(float)));
+    CHECK_CUDA(cudaMalloc(&kf_d, N * sizeof(float)));
+    CHECK_CUDA(cudaMalloc(&kr_d, N * sizeof(float)));
+    CHECK_CUDA(cudaMalloc(&ws_d, wsb));
+    CHECK_CUDA(cudaMemset(ws_d, 0, wsb));
+    CHECK_CUDA(cudaMemcpy(pristine, xsh, nel * esz, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(xs_d, xsh, nel * esz, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(xt_d, xth, nel * esz, cudaMemcpyHostToDevice));
+
+    /* forward + backward in place, mean over rows */
+    kl_args a = kl_args_default();
+    a.student = xs_d;
+    a.s_dtype = dt;
+    a.teacher = xt_d;
+    a.t_dtype = dt;
+    a.n_rows = N;
+    a.vocab = V;
+    a.s_stride = a.t_stride = V;
+    a.opts = o;
+    a.grad = xs_d;
+    a.grad_stride = V;
+    a.loss = loss_d;
+    a.kl_fwd = kf_d;
+    a.kl_rev = kr_d;
+    a.workspace = ws_d;
+    a.workspace_bytes = wsb;
+    kl_plan plan;
+    a.plan = &plan;
+    cudaError_t ce;
+    lf_status st = kl_launch(&a, 0, &ce);
+    if (st != LF_OK) {
+        fprintf(stderr, "kl_launch: %s (%s)\n", lf_status_str(st), cudaGetErrorString(ce));
+        return 1;
+    }
+    CHECK_CUDA(cudaDeviceSynchronize());
+    float mean_loss;
+    CHECK_CUDA(cudaMemcpy(&mean_loss, loss_d, sizeof(float), cudaMemcpyDeviceToHost));
+    float *kfh = (float *)malloc(N * sizeof(float));
+    CHECK_CUDA(cudaMemcpy(kfh, kf_d, N * sizeof(float), cudaMemcpyDeviceToHost));
+
+    /* 16 rows (first, last, random) against the double reference. The KL is a difference of
+     * fp32 terms of the size of the row's logits and lse: 2^-19 (1 + |lse_s| + |lse_t| + max|z|
+     * + log V) absolute, plus 1e-5 relative. A bf16 / fp16 gradient may differ from the exact
+     * one by its rounding (2^-8 / 2^-11 relative); fp32 by the kernel's arithmetic (2^-17);
+     * plus 1e-6 of the row's largest entry for the cancellation in p - q. Errors are reported
+     * as fractions of these tolerances (1.0 = exactly at tolerance). */
+    double *dx = (double *)malloc(V * sizeof(double)), max_kl_err = 0.0, max_grad_err = 0.0;
+    const double unit = dt == LF_BF16 ? 0x1p-8 : dt == LF_F16 ? 0x1p-11 : 0x1p-17;
+    void *grow = malloc(V * esz);
+    for (int k = 0; k < 16; ++k) {
+        const int64_t i = k == 0 ? 0 : k == 1 ? N - 1 : (int64_t)(rng_uniform() * N);
+        const lf_kl_row r = lf_ref_kl_row(xsf + i * V, xtf + i * V, V, &o, dx);
+        double zmax = 0.0;
+        for (int64_t j = 0; j < V; ++j) zmax = fmax(zmax, fmax(fabs(xsf[i * V + j]), fabs(xtf[i * V + j])) / o.temperature);
+        const double tol_kl = 1e-5 * fabs(r.kl_fwd) + 0x1p-19 * (1.0 + fabs(r.lse_s) + fabs(r.lse_t) + zmax + log((double)V));
+        max_kl_err = fmax(max_kl_err, fabs(kfh[i] - r.kl_fwd) / tol_kl);
+        CHECK_CUDA(cudaMemcpy(grow, (char *)xs_d + (size_t)i * V * esz, V * esz, cudaMemcpyDeviceToHost));
+        double rowmax = 0.0;
+        for (int64_t j = 0; j < V; ++j) rowmax = fmax(rowmax, fabs(dx[j] / N));
+        for (int64_t j = 0; j < V; ++j) {
+            const double gj = dt == LF_F32 ? ((float *)grow)[j] : from_half_bits(((uint16_t *)grow)[j], dt);
+            const double want = dx[j] / N;
+            max_grad_err = fmax(max_grad_err, fabs(gj - want) / (fabs(want) * unit + 1e-6 * rowmax + 1e-30));
+        }
+    }
+
+    /* time the fused forward + backward in place (student restored before every run, untimed) */
+    cudaEvent_t e0, e1;
+    CHECK_CUDA(cudaEventCreate(&e0));
+    CHECK_CUDA(cudaEventCreate(&e1));
+    float best = 1e30f;
+    for (int it = 0; it < 6; ++it) {
+        CHECK_CUDA(cudaMemcpy(xs_d, pristine, nel * esz, cudaMemcpyDeviceToDevice));
+        CHECK_CUDA(cudaEventRecord(e0));
+        st = kl_launch(&a, 0, &ce);
+        CHECK_CUDA(cudaEventRecord(e1));
+        CHECK_CUDA(cudaEventSynchronize(e1));
+        if (st != LF_OK) return 1;
+        float ms;
+        CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+        if (it > 0 && ms < best) best = ms;
+    }
+    printf("plan         : %d piece(s) of %d units per row pair, %d CTAs\n", plan.pieces, plan.piece_units, plan.ctas);
+    printf("fwd+bwd      : mean loss %.6f; 16 rows vs lf_ref: KL(q||p) max err %.3f, gradient max err %.3f of tolerance\n",
+           mean_loss, max_kl_err, max_grad_err);
+    printf("fwd+bwd time : %.3f ms, %.1f GB/s (read student + teacher, write gradient = %d B/elem)\n", best,
+           3.0 * nel * esz / (best * 1e6), 3 * esz);
+    const int ok = max_kl_err <= 1.0 && max_grad_err <= 1.0;
+    printf("%s\n", ok ? "OK" : "MISMATCH");
+    return ok ? 0 : 1;
+}
+#endif /* KL_NO_MAIN */

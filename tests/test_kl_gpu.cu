@@ -1,0 +1,740 @@
+/* tests/test_kl_gpu.cu — GPU tests of examples/kl_distill.cu against the double-precision host
+ * references lf_ref_kl_row / lf_ref_kl_row_lq (lossfuse.h section 8).
+ *
+ *   test_kl_gpu            full suite (V in {1 .. 262144}, N in {1, 3, 4096}, every kind, all
+ *                          nine student x teacher dtype pairs, every option, N*V > 2^31,
+ *                          determinism, graph replay, bad input)
+ *   test_kl_gpu --small    small sizes only, for compute-sanitizer
+ *   test_kl_gpu --seed S   reproduce a run (the seed is printed at start)
+ * Exit: 0 all passed, 1 a check failed, 77 no CUDA device (meson counts it as skipped).
+ *
+ * Every output is poisoned before each launch and checked to be written (gradient columns
+ * [0, V)) or untouched (padding). The teacher is the student plus uniform noise of width 1.5
+ * (close distributions, where the KLs are small and cancellation is the danger), drawn fresh
+ * each run from a seeded hash on the device. Tolerances are derived where they are computed.
+ */
+#define KL_NO_MAIN
+#include "examples/kl_distill.cu"
+
+#include "tests/gpu_test.cuh"
+
+/* ---------------------------------------------------------------- data --------------------- */
+
+/* Teacher element (row, col): the student's value at the same place plus noise in
+ * [-0.75, 0.75) (noise 0: identical rows); padding columns get plain values. */
+template <typename T>
+__global__ void gen_teacher(T *t, int64_t N, int64_t V, int64_t t_stride, int64_t s_stride, uint64_t seed_s,
+                            uint64_t seed_t, float outlier, float noise)
+{
+    const int64_t total = N * t_stride;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t row = i / t_stride, col = i % t_stride;
+        float v;
+        if (col < V) v = gen_value(seed_s, (uint64_t)(row * s_stride + col), outlier) + noise * (unit(mix64(seed_t ^ mix64((uint64_t)i))) - 0.5f);
+        else v = gen_value(seed_t, (uint64_t)i, outlier);
+        t[i] = lf_elem<T>::from_f32(v);
+    }
+}
+
+template <typename T>
+static void gen_typed(void *x, lf_dtype dt, int64_t N, int64_t V, int64_t stride, uint64_t seed, float outlier)
+{
+    (void)dt;
+    gen_logits<T><<<2048, 256>>>((T *)x, N, V, stride, seed, outlier);
+}
+
+static void gen_student(void *x, lf_dtype dt, int64_t N, int64_t V, int64_t stride, uint64_t seed, float outlier)
+{
+    if (dt == LF_F32) gen_typed<float>(x, dt, N, V, stride, seed, outlier);
+    else if (dt == LF_BF16) gen_typed<__nv_bfloat16>(x, dt, N, V, stride, seed, outlier);
+    else gen_typed<__half>(x, dt, N, V, stride, seed, outlier);
+    CK(cudaGetLastError());
+}
+
+static void gen_teacher_any(void *t, lf_dtype dt, int64_t N, int64_t V, int64_t t_stride, int64_t s_stride,
+                            uint64_t seed_s, uint64_t seed_t, float outlier, float noise)
+{
+    if (dt == LF_F32) gen_teacher<float><<<2048, 256>>>((float *)t, N, V, t_stride, s_stride, seed_s, seed_t, outlier, noise);
+    else if (dt == LF_BF16)
+        gen_teacher<__nv_bfloat16><<<2048, 256>>>((__nv_bfloat16 *)t, N, V, t_stride, s_stride, seed_s, seed_t, outlier, noise);
+    else gen_teacher<__half><<<2048, 256>>>((__half *)t, N, V, t_stride, s_stride, seed_s, seed_t, outlier, noise);
+    CK(cudaGetLastError());
+}
+
+static float host_round(float v, lf_dtype dt)
+{
+    if (dt == LF_F32) return v;
+    return dt == LF_BF16 ? lf_bf16_to_f32(lf_f32_to_bf16(v)) : lf_f16_to_f32(lf_f32_to_f16(v));
+}
+
+static void host_put(std::vector<char> &h, int64_t j, float v, lf_dtype dt)
+{
+    if (dt == LF_F32) ((float *)h.data())[j] = v;
+    else ((uint16_t *)h.data())[j] = dt == LF_BF16 ? lf_f32_to_bf16(v) : lf_f32_to_f16(v);
+}
+
+/* ---------------------------------------------------------------- one case ----------------- */
+
+struct Case {
+    const char *name = "";
+    int64_t N = 3, V = 1000, spad = 0, tpad = 0;
+    lf_dtype sdt = LF_BF16, tdt = LF_BF16;
+    lf_kl_kind kind = LF_KL_FORWARD;
+    float beta = 0.5f, tau = 1.0f, cap = 0.0f;
+    int tau2 = 0;
+    kl_teacher_kind tkind = KL_TEACHER_LOGITS;
+    int grad = 1;            /* 0 forward only, 1 separate buffer, 2 in place */
+    int64_t gpad = 0;        /* separate buffer: grad stride = V + gpad */
+    int64_t t_offset = 0;    /* teacher pointer shifted by this many elements (alignment) */
+    bool labels = false;     /* mask through labels (int64 if lab64) with ignore / bad labels */
+    int lab64 = 1;
+    bool mask = false;       /* mask bytes */
+    double ignore_frac = 0.1, bad_frac = 0.0;
+    bool weights = false;
+    lf_reduction red = LF_REDUCE_MEAN;
+    bool dev_divisor = false;
+    bool dloss = false;
+    float grad_scale = 1.0f;
+    bool stats = false;      /* request kl_fwd, kl_rev, ent_s, ent_t */
+    float noise = 1.5f;      /* teacher = student + noise (0: identical rows) */
+    float outlier = 40.0f;
+    bool plant_masks = false, plant_nonfinite = false;
+    bool determinism = false, check_all = false;
+};
+
+static void run_case(const Case &c)
+{
+    const char *kn[5] = {"fwd", "rev", "jsd", "softce", "tvd"};
+    snprintf(g_case, sizeof g_case, "%s %s N=%lld V=%lld %s/%s", c.name, kn[c.kind], (long long)c.N, (long long)c.V,
+             dt_name(c.sdt), dt_name(c.tdt));
+    const int fails_before = g_fail;
+    uint64_t rs = g_seed ^ mix64((uint64_t)c.N * 1315423911ull + (uint64_t)c.V * 2654435761ull + (uint64_t)c.kind * 97 +
+                                 (uint64_t)c.sdt * 7 + (uint64_t)c.tdt);
+    const uint64_t seed_s = mix64(rs + 7), seed_t = mix64(rs + 11);
+    const int64_t N = c.N, V = c.V, ss = V + c.spad, ts = V + c.tpad;
+    const int es = lf_dtype_size(c.sdt), et = lf_dtype_size(c.tdt);
+    const size_t nel_s = (size_t)N * ss, nel_t = (size_t)N * ts;
+
+    DevBuf xs(nel_s * es), xtb((nel_t + c.t_offset) * et);
+    char *xt = (char *)xtb.p + c.t_offset * et;
+    gen_student(xs.p, c.sdt, N, V, ss, seed_s, c.outlier);
+    gen_teacher_any(xt, c.tdt, N, V, ts, ss, seed_s, seed_t, c.outlier, c.noise);
+
+    /* host copies of every row (what the kernel sees), and the teacher as log-probs / probs */
+    std::vector<std::vector<float>> hs(N), ht(N);
+    {
+        std::vector<char> a((size_t)V * es), b((size_t)V * et);
+        for (int64_t i = 0; i < N; ++i) {
+            CK(cudaMemcpy(a.data(), (char *)xs.p + (size_t)i * ss * es, V * es, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(b.data(), xt + (size_t)i * ts * et, V * et, cudaMemcpyDeviceToHost));
+            hs[i].resize(V);
+            ht[i].resize(V);
+            for (int64_t j = 0; j < V; ++j) {
+                hs[i][j] = elem_to_f32(a.data(), j, c.sdt);
+                ht[i][j] = elem_to_f32(b.data(), j, c.tdt);
+            }
+        }
+    }
+    std::set<int64_t> planted;
+    auto write_row = [&](int64_t i) {
+        std::vector<char> a((size_t)V * es), b((size_t)V * et);
+        for (int64_t j = 0; j < V; ++j) {
+            host_put(a, j, hs[i][j], c.sdt);
+            host_put(b, j, ht[i][j], c.tdt);
+        }
+        CK(cudaMemcpy((char *)xs.p + (size_t)i * ss * es, a.data(), V * es, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(xt + (size_t)i * ts * et, b.data(), V * et, cudaMemcpyHostToDevice));
+    };
+    const float NINF = -INFINITY;
+    if (c.plant_masks && N >= 5) {
+        /* row 0: both sides -inf on the last 7 entries and every 5th (vocabulary padding);
+         * row 1: the student -inf where the teacher is not (forward KL +inf);
+         * row 2: the teacher -inf where the student is not (reverse KL +inf, NaN gradient);
+         * row 3: the student all -inf; row 4: the teacher all -inf (no distribution: NaN) */
+        for (int64_t j = 0; j < V; ++j) {
+            if (j % 5 == 0 || j >= V - 7) hs[0][j] = ht[0][j] = NINF;
+            if (j % 7 == 3 && j + 1 < V) hs[1][j] = NINF;
+            if (j % 6 == 2 && j + 1 < V) ht[2][j] = NINF;
+            hs[3][j] = NINF;
+            ht[4][j] = NINF;
+        }
+        for (int64_t i = 0; i < 5; ++i) {
+            write_row(i);
+            planted.insert(i);
+        }
+    }
+    if (c.plant_nonfinite && N >= 3) {
+        hs[1][V - 1] = NAN;
+        ht[2][V / 2] = INFINITY;
+        write_row(1);
+        write_row(2);
+        planted.insert(1);
+        planted.insert(2);
+    }
+    if (c.tkind != KL_TEACHER_LOGITS) {
+        /* the teacher's logits become log-softmax (or softmax) at temperature 1, stored in its dtype */
+        for (int64_t i = 0; i < N; ++i) {
+            double m = -INFINITY, s = 0.0;
+            for (float v : ht[i]) m = fmax(m, (double)v);
+            for (float v : ht[i]) s += v == NINF ? 0.0 : exp((double)v - m);
+            const double lse = m + log(s);
+            for (int64_t j = 0; j < V; ++j) {
+                const double lp = ht[i][j] == NINF ? -INFINITY : (double)ht[i][j] - lse;
+                ht[i][j] = host_round((float)(c.tkind == KL_TEACHER_PROBS ? exp(lp) : lp), c.tdt);
+            }
+            write_row(i);
+        }
+    }
+
+    /* masks: labels and/or bytes; rows planted above stay valid */
+    std::vector<int64_t> y(N, 0);
+    std::vector<uint8_t> mb(N, 1);
+    std::vector<int> valid(N, 1);
+    int64_t n_bad = 0;
+    for (int64_t i = 0; i < N; ++i) {
+        const double r = rng_u(&rs);
+        if (c.labels) {
+            y[i] = (int64_t)(rng_u(&rs) * V) % V;
+            if (!planted.count(i) && r < c.ignore_frac) y[i] = -100, valid[i] = 0;
+            else if (!planted.count(i) && r < c.ignore_frac + c.bad_frac) {
+                y[i] = (i % 2) ? V : -5;
+                valid[i] = 0;
+                ++n_bad;
+            }
+        }
+        if (c.mask && !planted.count(i) && rng_u(&rs) < 0.15) {
+            mb[i] = 0;
+            if (valid[i] == 0 && c.labels && y[i] != -100) --n_bad; /* masked first: no label check */
+            valid[i] = 0;
+        }
+    }
+    DevBuf yd(N * 8 + 8), md(N + 1), wd(N * 4 + 4);
+    if (c.lab64) CK(cudaMemcpy(yd.p, y.data(), N * 8, cudaMemcpyHostToDevice));
+    else {
+        std::vector<int32_t> y32(y.begin(), y.end());
+        CK(cudaMemcpy(yd.p, y32.data(), N * 4, cudaMemcpyHostToDevice));
+    }
+    CK(cudaMemcpy(md.p, mb.data(), N, cudaMemcpyHostToDevice));
+    std::vector<float> w(N, 1.0f);
+    if (c.weights)
+        for (auto &v : w) v = rng_u(&rs) < 0.05 ? 0.0f : (float)(0.25 + 1.75 * rng_u(&rs));
+    CK(cudaMemcpy(wd.p, w.data(), N * 4, cudaMemcpyHostToDevice));
+    double wsum = 0.0;
+    for (int64_t i = 0; i < N; ++i) wsum += valid[i] ? w[i] : 0.0;
+    const double D = c.dev_divisor ? 77.25 : wsum;
+
+    std::vector<float> dl(c.red == LF_REDUCE_NONE ? N : 1);
+    for (auto &v : dl) v = (float)((rng_u(&rs) < 0.3 ? -1.0 : 1.0) * (0.5 + rng_u(&rs)));
+    DevBuf dld(dl.size() * 4), divd(4), ws(kl_workspace_bytes(N));
+    CK(cudaMemcpy(dld.p, dl.data(), dl.size() * 4, cudaMemcpyHostToDevice));
+    const float divh = 77.25f;
+    CK(cudaMemcpy(divd.p, &divh, 4, cudaMemcpyHostToDevice));
+    CK(cudaMemset(ws.p, 0, ws.bytes));
+
+    /* outputs, poisoned */
+    const int64_t nloss = c.red == LF_REDUCE_NONE ? N : 1;
+    DevBuf loss(nloss * 4), kf(N * 4), kr(N * 4), ens(N * 4), ent(N * 4), cnt(4);
+    for (DevBuf *b : {&loss, &kf, &kr, &ens, &ent}) fill_poison(b->p, b->bytes / 4, LF_F32);
+    CK(cudaMemset(cnt.p, 0, 4));
+    const int64_t gs = c.grad == 1 ? V + c.gpad : ss;
+    DevBuf gbuf(c.grad == 1 ? (size_t)N * gs * es : 4);
+    if (c.grad == 1) {
+        if (c.sdt == LF_F32) fill_bits<uint32_t><<<1024, 256>>>((uint32_t *)gbuf.p, N * gs, PAD32);
+        else fill_bits<uint16_t><<<1024, 256>>>((uint16_t *)gbuf.p, N * gs, PAD16);
+        CK(cudaGetLastError());
+        for (int64_t i = 0; i < N && c.gpad > 0; ++i) fill_poison((char *)gbuf.p + (size_t)i * gs * es, V, c.sdt);
+        if (c.gpad == 0) fill_poison(gbuf.p, (size_t)N * gs, c.sdt);
+    }
+
+    kl_args a = kl_args_default();
+    a.student = xs.p;
+    a.s_dtype = c.sdt;
+    a.n_rows = N;
+    a.vocab = V;
+    a.s_stride = ss;
+    a.teacher = xt;
+    a.t_dtype = c.tdt;
+    a.t_stride = ts;
+    a.teacher_kind = c.tkind;
+    a.opts.kind = c.kind;
+    a.opts.beta = c.beta;
+    a.opts.temperature = c.tau;
+    a.opts.tau2 = c.tau2;
+    a.opts.softcap = c.cap;
+    a.labels = c.labels ? yd.p : NULL;
+    a.labels_i64 = c.lab64;
+    a.mask = c.mask ? (const uint8_t *)md.p : NULL;
+    a.weights = c.weights ? (const float *)wd.p : NULL;
+    a.reduction = c.red;
+    a.divisor = c.dev_divisor ? (const float *)divd.p : NULL;
+    a.dloss = c.dloss ? (const float *)dld.p : NULL;
+    a.grad_scale = c.grad_scale;
+    a.grad = c.grad == 0 ? NULL : c.grad == 1 ? gbuf.p : xs.p;
+    a.grad_stride = gs;
+    a.loss = (float *)loss.p;
+    if (c.stats) {
+        a.kl_fwd = (float *)kf.p;
+        a.kl_rev = (float *)kr.p;
+        a.ent_s = (float *)ens.p;
+        a.ent_t = (float *)ent.p;
+    }
+    a.n_errors = (unsigned *)cnt.p;
+    a.workspace = ws.p;
+    a.workspace_bytes = ws.bytes;
+
+    /* rows to check */
+    std::set<int64_t> rows;
+    if (c.check_all || (double)N * V <= 4e6) {
+        for (int64_t i = 0; i < N; ++i) rows.insert(i);
+    } else {
+        rows = planted;
+        for (int64_t i : {(int64_t)0, (int64_t)1, N - 1, N / 2}) rows.insert(std::max<int64_t>(0, std::min(i, N - 1)));
+        for (int k = 0; k < (g_small ? 4 : 16); ++k) rows.insert((int64_t)(rng_u(&rs) * N) % N);
+    }
+
+    /* reduced losses over sampled rows: the kernel's own per-row losses (forward only, none) */
+    std::vector<float> all_rows;
+    if (c.red != LF_REDUCE_NONE && rows.size() < (size_t)N) {
+        kl_args f = a;
+        DevBuf l2(N * 4), ws2(kl_workspace_bytes(N)), cnt2(4);
+        CK(cudaMemset(ws2.p, 0, ws2.bytes));
+        f.reduction = LF_REDUCE_NONE;
+        f.grad = NULL;
+        f.loss = (float *)l2.p;
+        f.kl_fwd = f.kl_rev = f.ent_s = f.ent_t = NULL;
+        f.n_errors = (unsigned *)cnt2.p;
+        f.dloss = NULL;
+        f.workspace = ws2.p;
+        cudaError_t ce;
+        EXPECT(kl_launch(&f, 0, &ce) == LF_OK, "forward-only launch failed: %s", cudaGetErrorString(ce));
+        CK(cudaDeviceSynchronize());
+        all_rows.resize(N);
+        CK(cudaMemcpy(all_rows.data(), l2.p, N * 4, cudaMemcpyDeviceToHost));
+    }
+
+    cudaError_t ce;
+    const lf_status st = kl_launch(&a, 0, &ce);
+    EXPECT(st == LF_OK, "kl_launch: %s (%s)", lf_status_str(st), cudaGetErrorString(ce));
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+
+    /* ---- counters and per-row outputs: every element written ---- */
+    unsigned errs;
+    CK(cudaMemcpy(&errs, cnt.p, 4, cudaMemcpyDeviceToHost));
+    EXPECT((int64_t)errs == n_bad, "n_errors %u, want %lld", errs, (long long)n_bad);
+    std::vector<float> lossh(nloss), kfh(N), krh(N), ensh(N), enth(N);
+    CK(cudaMemcpy(lossh.data(), loss.p, nloss * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(kfh.data(), kf.p, N * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(krh.data(), kr.p, N * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(ensh.data(), ens.p, N * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(enth.data(), ent.p, N * 4, cudaMemcpyDeviceToHost));
+    auto bits = [](float f) { uint32_t u; memcpy(&u, &f, 4); return u; };
+    int64_t unwritten = 0;
+    for (int64_t i = 0; i < nloss; ++i) unwritten += bits(lossh[i]) == POISON32;
+    if (c.stats)
+        for (int64_t i = 0; i < N; ++i)
+            unwritten += (bits(kfh[i]) == POISON32) + (bits(krh[i]) == POISON32) + (bits(ensh[i]) == POISON32) +
+                         (bits(enth[i]) == POISON32);
+    EXPECT(unwritten == 0, "%lld per-row outputs left unwritten", (long long)unwritten);
+    if (c.grad == 1) {
+        DevBuf counts(16);
+        CK(cudaMemset(counts.p, 0, 16));
+        unsigned long long ch[2];
+        if (c.sdt == LF_F32)
+            count_unwritten<uint32_t><<<1024, 256>>>((const uint32_t *)gbuf.p, N, V, gs, POISON32, PAD32, (unsigned long long *)counts.p);
+        else
+            count_unwritten<uint16_t><<<1024, 256>>>((const uint16_t *)gbuf.p, N, V, gs, POISON16, PAD16, (unsigned long long *)counts.p);
+        CK(cudaGetLastError());
+        CK(cudaMemcpy(ch, counts.p, 16, cudaMemcpyDeviceToHost));
+        EXPECT(ch[0] == 0, "%llu gradient elements never written", ch[0]);
+        EXPECT(ch[1] == 0, "%llu padding elements overwritten", ch[1]);
+    }
+
+    /* ---- checked rows against the double reference ---- */
+    lf_kl_opts o = lf_kl_opts_default();
+    o.kind = c.kind;
+    o.beta = c.beta;
+    o.temperature = c.tau;
+    o.tau2 = c.tau2;
+    o.softcap = c.cap;
+    const double unit_round = c.sdt == LF_BF16 ? 0x1p-8 : c.sdt == LF_F16 ? 0x1p-11 : 0.0;
+    const double fp16_abs = c.sdt == LF_F16 ? 0x1p-25 : 0.0;
+    const double scale2 = c.tau2 ? (double)c.tau * c.tau : 1.0;
+    double ref_sum = 0.0, ref_tol = 0.0;
+    std::vector<double> dx(V), lq(V);
+    std::vector<char> grow((size_t)V * es);
+    for (int64_t i : rows) {
+        const float *xsr = hs[i].data();
+        lf_kl_row r;
+        if (c.tkind == KL_TEACHER_LOGITS) {
+            r = lf_ref_kl_row(xsr, ht[i].data(), V, &o, dx.data());
+        } else {
+            for (int64_t j = 0; j < V; ++j) {
+                const double v = c.tkind == KL_TEACHER_PROBS ? log((double)ht[i][j]) : (double)ht[i][j];
+                lq[j] = v / c.tau;
+            }
+            r = lf_ref_kl_row_lq(xsr, lq.data(), V, &o, dx.data());
+        }
+        /* magnitudes of the row in z units */
+        double zmax = 0.0;
+        for (int64_t j = 0; j < V; ++j) {
+            const double zs = fabs((double)lf_logit_xform(xsr[j], 1.0f / c.tau, 0.0f));
+            if (zs < INFINITY) zmax = fmax(zmax, zs);
+            const double zt = c.tkind == KL_TEACHER_LOGITS ? fabs((double)ht[i][j] / c.tau) : fabs(lq[j]);
+            if (zt < INFINITY) zmax = fmax(zmax, zt);
+        }
+        const double lsem = (fabs(r.lse_s) < INFINITY ? fabs(r.lse_s) : 0.0) + (fabs(r.lse_t) < INFINITY ? fabs(r.lse_t) : 0.0);
+        /* fp32 work: exp arguments w*cs - shift carry ~2^-24 (|z| + |m|) each, the cross terms and
+         * sums are fp32 chains of <= 2^15 terms per thread then trees, logs of sums <= V; the KL
+         * is a difference of terms of size ~(|z| + |lse|): 2^-19 (1 + |lse_s| + |lse_t| + max|z|
+         * + log V) absolute covers it; 1e-5 relative on top. Soft CE and JSD/TVD (two passes,
+         * log2 of a mixture) get 2x. */
+        const double tol_abs = 0x1p-19 * (1.0 + lsem + zmax + log((double)V + 1.0)) * (c.kind >= LF_KL_JSD ? 2.0 : 1.0);
+        const bool ok_row = valid[i] != 0;
+        const double wi = ok_row ? w[i] : 0.0;
+        const double loss_w = ok_row ? wi * r.loss : 0.0;
+        ref_sum += loss_w;
+        ref_tol += ok_row ? wi * scale2 * (1e-5 * fabs(r.loss / scale2) + tol_abs) : 0.0;
+        if (c.red == LF_REDUCE_NONE) {
+            const double tl = wi * scale2 * (1e-5 * fabs(r.loss / scale2) + tol_abs);
+            EXPECT(close(lossh[i], loss_w, tl), "row %lld loss %.9g want %.9g (tol %.3g)", (long long)i, lossh[i], loss_w, tl);
+        }
+        if (c.stats) {
+            const double kfw = ok_row ? r.kl_fwd : 0.0, krw = ok_row ? r.kl_rev : 0.0;
+            const double esw = ok_row ? r.ent_s : 0.0, etw = ok_row ? r.ent_t : 0.0;
+            EXPECT(close(kfh[i], kfw, 1e-5 * fabs(kfw) + tol_abs), "row %lld kl_fwd %.9g want %.9g", (long long)i, kfh[i], kfw);
+            EXPECT(close(krh[i], krw, 1e-5 * fabs(krw) + tol_abs), "row %lld kl_rev %.9g want %.9g", (long long)i, krh[i], krw);
+            EXPECT(close(ensh[i], esw, 1e-5 * fabs(esw) + tol_abs), "row %lld ent_s %.9g want %.9g", (long long)i, ensh[i], esw);
+            EXPECT(close(enth[i], etw, 1e-5 * fabs(etw) + tol_abs), "row %lld ent_t %.9g want %.9g", (long long)i, enth[i], etw);
+        }
+        if (!c.grad) continue;
+        const double G = (double)c.grad_scale * (c.dloss ? dl[c.red == LF_REDUCE_NONE ? i : 0] : 1.0) *
+                         (c.red == LF_REDUCE_MEAN ? (D == 0.0 ? 0.0 : 1.0 / D) : 1.0) * wi;
+        const void *src = c.grad == 1 ? (const char *)gbuf.p + (size_t)i * gs * es : (const char *)xs.p + (size_t)i * ss * es;
+        CK(cudaMemcpy(grow.data(), src, V * es, cudaMemcpyDeviceToHost));
+        /* per element: with p_j, q_j and the reference's log-ratios, the kernel's fp32 error is
+         * |G| dz/dx (p_j + q_j) (rel32 (1 + |log-ratio terms|) + 2^-21 (|z_j| + |lse| terms));
+         * TVD's sign can flip where p_j ~ q_j (the tie band), which moves its element by up to
+         * p_j and the row's sum sgn * p by the band's mass; then the dtype's rounding. */
+        const double rel32 = 1e-6 + 0x1p-22 * (lsem + zmax);
+        double band = 0.0;
+        std::vector<double> pj(V), qj(V);
+        for (int64_t j = 0; j < V; ++j) {
+            const double zs = (double)lf_logit_xform(xsr[j], 1.0f, c.cap) / c.tau;
+            const double zt = c.tkind == KL_TEACHER_LOGITS ? (double)lf_logit_xform(ht[i][j], 1.0f, c.cap) / c.tau : lq[j];
+            pj[j] = zs == -INFINITY ? 0.0 : exp(zs - r.lse_s);
+            qj[j] = zt == -INFINITY ? 0.0 : exp(zt - r.lse_t);
+            if (fabs(pj[j] - qj[j]) <= 8.0 * rel32 * (pj[j] + qj[j])) band += pj[j];
+        }
+        const double ratio = c.kind == LF_KL_REVERSE ? 2.0 * (fabs(r.kl_rev) < INFINITY ? fabs(r.kl_rev) : 0.0) + 60.0 : 60.0;
+        int bad_elems = 0;
+        double worst = 0.0;
+        int64_t worst_j = -1;
+        for (int64_t j = 0; j < V; ++j) {
+            const double gj = elem_to_f32(grow.data(), j, c.sdt), want = dx[j] * G;
+            const double dzdx = (double)lf_logit_xform_grad(xsr[j], 1.0f, c.cap) / c.tau;
+            const double sc = fabs(G) * dzdx * scale2;
+            /* (and ex2.approx.ftz flushes p_j < 2^-126 to 0: the element's log-ratio factor times that) */
+            double e32 = sc * (pj[j] + qj[j]) * (rel32 * (1.0 + ratio) + 0x1p-21 * (1.0 + lsem + zmax)) + sc * 0x1p-126 * (2.0 + ratio);
+            if (c.kind == LF_KL_TVD) {
+                e32 += sc * pj[j] * (band + 1e-6);
+                if (fabs(pj[j] - qj[j]) <= 8.0 * rel32 * (pj[j] + qj[j])) e32 += sc * pj[j];
+            }
+            const double tol = unit_round * fabs(want) + e32 * (1.0 + unit_round) + fp16_abs + 1e-37;
+            if (!close(gj, want, tol)) {
+                ++bad_elems;
+                const double e = want != want ? INFINITY : fabs(gj - want) / tol;
+                if (!(e <= worst)) {
+                    worst = e;
+                    worst_j = j;
+                }
+            }
+        }
+        EXPECT(bad_elems == 0, "row %lld: %d gradient elements off; worst j=%lld got %.9g want %.9g (%.3g x tol)", (long long)i,
+               bad_elems, (long long)worst_j, worst_j >= 0 ? elem_to_f32(grow.data(), worst_j, c.sdt) : 0.0,
+               worst_j >= 0 ? dx[worst_j] * G : 0.0, worst);
+    }
+
+    /* ---- the reduced loss ---- */
+    if (c.red != LF_REDUCE_NONE) {
+        const double inv = c.red == LF_REDUCE_MEAN ? (D == 0.0 ? 0.0 : 1.0 / D) : 1.0;
+        if (rows.size() == (size_t)N) {
+            const double want = ref_sum * inv;
+            EXPECT(close(lossh[0], want, 1e-6 * fabs(want) + ref_tol * inv), "reduced loss %.9g want %.9g", lossh[0], want);
+        } else {
+            double s = 0.0;
+            for (float v : all_rows) s += v;
+            EXPECT(close(lossh[0], s * inv, 4e-7 * fabs(s * inv) + 1e-30), "reduced loss %.9g want %.9g (sum of rows)", lossh[0], s * inv);
+        }
+    }
+
+    /* ---- determinism ---- */
+    if (c.determinism) {
+        const size_t gbytes = (c.grad == 1 ? (size_t)N * gs : nel_s) * es;
+        const unsigned long long h1 = c.grad ? device_checksum(c.grad == 1 ? gbuf.p : xs.p, gbytes) : 0;
+        const float l1 = lossh[0];
+        for (int rep = 0; rep < 2; ++rep) {
+            if (c.grad == 2) {
+                gen_student(xs.p, c.sdt, N, V, ss, seed_s, c.outlier);
+                CK(cudaDeviceSynchronize());
+            }
+            EXPECT(kl_launch(&a, 0, &ce) == LF_OK, "relaunch failed");
+            CK(cudaDeviceSynchronize());
+            float l2;
+            CK(cudaMemcpy(&l2, loss.p, 4, cudaMemcpyDeviceToHost));
+            const unsigned long long h2 = c.grad ? device_checksum(c.grad == 1 ? gbuf.p : xs.p, gbytes) : 0;
+            EXPECT(bits(l1) == bits(l2), "loss not bit-identical across runs: %.9g vs %.9g", l1, l2);
+            EXPECT(h1 == h2, "gradient not bit-identical across runs");
+        }
+    }
+    printf("%-4s %s\n", g_fail == fails_before ? "ok" : "FAIL", g_case);
+    fflush(stdout);
+}
+
+/* ---------------------------------------------------------------- special cases ------------ */
+
+static void test_arguments(void)
+{
+    snprintf(g_case, sizeof g_case, "argument checks");
+    DevBuf xs(64 * 4), xt(64 * 4), l(64 * 4), ws(kl_workspace_bytes(64));
+    kl_args a = kl_args_default();
+    a.student = xs.p;
+    a.teacher = xt.p;
+    a.n_rows = 4;
+    a.vocab = 8;
+    a.s_stride = a.t_stride = 8;
+    a.loss = (float *)l.p;
+    a.workspace = ws.p;
+    a.workspace_bytes = ws.bytes;
+    cudaError_t ce;
+    kl_args b = a;
+    b.t_stride = 7;
+    EXPECT(kl_launch(&b, 0, &ce) == LF_ERR_SIZE, "teacher stride < V accepted");
+    b = a;
+    b.opts.temperature = 0.0f;
+    EXPECT(kl_launch(&b, 0, &ce) == LF_ERR_ARG, "temperature 0 accepted");
+    b = a;
+    b.opts.beta = 1.5f;
+    EXPECT(kl_launch(&b, 0, &ce) == LF_ERR_ARG, "beta 1.5 accepted");
+    b = a;
+    b.teacher_kind = (kl_teacher_kind)7;
+    EXPECT(kl_launch(&b, 0, &ce) == LF_ERR_ARG, "teacher kind 7 accepted");
+    b = a;
+    b.workspace_bytes = 8;
+    EXPECT(kl_launch(&b, 0, &ce) == LF_ERR_SIZE, "small workspace accepted");
+    b = a;
+    b.grad = xt.p; /* over the teacher */
+    b.grad_stride = 8;
+    EXPECT(kl_launch(&b, 0, &ce) == LF_ERR_ARG, "gradient over the teacher accepted");
+    b = a;
+    b.grad = (char *)xs.p + 2;
+    b.grad_stride = 8;
+    EXPECT(kl_launch(&b, 0, &ce) == LF_ERR_ARG, "gradient overlapping the student accepted");
+    b = a;
+    b.teacher = NULL;
+    EXPECT(kl_launch(&b, 0, &ce) == LF_ERR_NULL, "NULL teacher accepted");
+    b = a;
+    b.n_rows = 0;
+    fill_poison(l.p, 1, LF_F32);
+    EXPECT(kl_launch(&b, 0, &ce) == LF_OK, "N = 0 rejected");
+    CK(cudaDeviceSynchronize());
+    float lh;
+    CK(cudaMemcpy(&lh, l.p, 4, cudaMemcpyDeviceToHost));
+    EXPECT(lh == 0.0f, "N = 0 loss %g, want 0", lh);
+    printf("%-4s %s\n", "ok", g_case);
+}
+
+/* A captured graph replays to the same bits as the eager launch. */
+static void test_graph(void)
+{
+    snprintf(g_case, sizeof g_case, "graph capture + replay (JSD)");
+    const int64_t N = g_small ? 33 : 1024, V = g_small ? 3001 : 50257;
+    DevBuf xs(N * V * 2), xt(N * V * 2), g(N * V * 2), l(4), ws(kl_workspace_bytes(N));
+    gen_student(xs.p, LF_BF16, N, V, V, mix64(g_seed + 99), 40.0f);
+    gen_teacher_any(xt.p, LF_BF16, N, V, V, V, mix64(g_seed + 99), mix64(g_seed + 98), 40.0f, 1.5f);
+    CK(cudaMemset(ws.p, 0, ws.bytes));
+    kl_args a = kl_args_default();
+    a.student = xs.p;
+    a.teacher = xt.p;
+    a.n_rows = N;
+    a.vocab = V;
+    a.s_stride = a.t_stride = V;
+    a.opts.kind = LF_KL_JSD;
+    a.loss = (float *)l.p;
+    a.grad = g.p;
+    a.grad_stride = V;
+    a.workspace = ws.p;
+    a.workspace_bytes = ws.bytes;
+    cudaError_t ce;
+    EXPECT(kl_launch(&a, 0, &ce) == LF_OK, "eager launch");
+    CK(cudaDeviceSynchronize());
+    float l0;
+    CK(cudaMemcpy(&l0, l.p, 4, cudaMemcpyDeviceToHost));
+    const unsigned long long h0 = device_checksum(g.p, N * V * 2);
+    cudaStream_t s;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    const lf_status st = kl_launch(&a, s, &ce);
+    CK(cudaStreamEndCapture(s, &graph));
+    EXPECT(st == LF_OK, "launch under capture: %s", cudaGetErrorString(ce));
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int r = 0; r < 3; ++r) {
+        CK(cudaMemset(g.p, 0xff, N * V * 2));
+        CK(cudaGraphLaunch(exec, s));
+        CK(cudaStreamSynchronize(s));
+        float l1;
+        CK(cudaMemcpy(&l1, l.p, 4, cudaMemcpyDeviceToHost));
+        EXPECT(memcmp(&l0, &l1, 4) == 0, "replay %d loss %.9g vs eager %.9g", r, l1, l0);
+        EXPECT(device_checksum(g.p, N * V * 2) == h0, "replay %d gradient differs from eager", r);
+    }
+    CK(cudaGraphExecDestroy(exec));
+    CK(cudaGraphDestroy(graph));
+    CK(cudaStreamDestroy(s));
+    printf("%-4s %s\n", "ok", g_case);
+}
+
+int main(int argc, char **argv)
+{
+    for (int i = 1; i < argc; ++i) {
+        if (!strcmp(argv[i], "--small")) g_small = 1;
+        else if (!strcmp(argv[i], "--seed") && i + 1 < argc) g_seed = strtoull(argv[++i], NULL, 0);
+    }
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+        printf("test_kl_gpu: no CUDA device, skipped\n");
+        return 77;
+    }
+    if (!g_seed) g_seed = (uint64_t)time(NULL);
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    printf("test_kl_gpu on %s (sm_%d%d), seed %llu%s\n", prop.name, prop.major, prop.minor, (unsigned long long)g_seed,
+           g_small ? ", small sizes" : "");
+
+    test_arguments();
+    test_graph();
+
+    const lf_dtype dts[3] = {LF_BF16, LF_F16, LF_F32};
+    const lf_kl_kind kinds[5] = {LF_KL_FORWARD, LF_KL_REVERSE, LF_KL_JSD, LF_KL_SOFT_CE, LF_KL_TVD};
+    const int64_t Vs_full[] = {1, 7, 31, 1000, 32000, 32768, 50257, 128256, 151936, 262144};
+    const int64_t Vs_small[] = {1, 7, 31, 1000, 3001, 16385};
+    const int64_t *Vs = g_small ? Vs_small : Vs_full;
+    const int nV = g_small ? 6 : 10;
+
+    /* Sweep: every V x kind with N = 3 (all rows checked), the nine dtype pairs in turn, the
+     * gradient to a buffer / in place / none in turn; per V one N = 4096 (bf16 pair, the bench's
+     * shape) and one N = 1 case. */
+    int turn = 0;
+    for (int vi = 0; vi < nV; ++vi) {
+        for (int ki = 0; ki < 5; ++ki, ++turn) {
+            Case c;
+            c.name = "sweep";
+            c.V = Vs[vi];
+            c.N = 3;
+            c.kind = kinds[ki];
+            c.sdt = dts[turn % 3];
+            c.tdt = dts[(turn / 3) % 3];
+            c.grad = turn % 3 == 2 ? 0 : 1 + turn % 2;
+            c.red = turn % 2 ? LF_REDUCE_NONE : LF_REDUCE_MEAN;
+            c.stats = true;
+            run_case(c);
+        }
+        Case c;
+        c.name = "sweep N=4096";
+        c.V = Vs[vi];
+        c.N = g_small ? 300 : 4096;
+        c.kind = kinds[vi % 5];
+        run_case(c);
+        c.name = "sweep N=1 in place, none";
+        c.N = 1;
+        c.kind = kinds[(vi + 2) % 5];
+        c.grad = 2;
+        c.red = LF_REDUCE_NONE;
+        c.dloss = true;
+        run_case(c);
+    }
+
+    /* Options, every kind, at two vocabularies (a one-piece row and a streamed one). */
+    const int64_t Vo[2] = {1000, g_small ? 16385 : 50257};
+    for (int vi = 0; vi < 2; ++vi)
+        for (lf_kl_kind kd : kinds) {
+            Case b;
+            b.V = Vo[vi];
+            b.N = g_small ? 9 : 41;
+            b.kind = kd;
+            b.check_all = true;
+            Case c;
+            c = b; c.name = "tau 0.05"; c.tau = 0.05f; c.stats = true; run_case(c);
+            c = b; c.name = "tau 20 + tau^2"; c.tau = 20.0f; c.tau2 = 1; run_case(c);
+            c = b; c.name = "tau 2, softcap 30, in place"; c.tau = 2.0f; c.cap = 30.0f; c.grad = 2; c.stats = true; run_case(c);
+            c = b; c.name = "teacher log-probs, tau 1.5"; c.tkind = KL_TEACHER_LOGPROBS; c.tau = 1.5f; c.stats = true; run_case(c);
+            c = b; c.name = "teacher probs fp32"; c.tkind = KL_TEACHER_PROBS; c.tdt = LF_F32; c.stats = true; run_case(c);
+            c = b; c.name = "teacher probs bf16 + softcap"; c.tkind = KL_TEACHER_PROBS; c.cap = 20.0f; run_case(c);
+            c = b; c.name = "labels mask + bad labels (int32)"; c.labels = true; c.lab64 = 0; c.bad_frac = 0.2; run_case(c);
+            c = b; c.name = "mask bytes + labels, weights, none"; c.mask = true; c.labels = true; c.weights = true; c.red = LF_REDUCE_NONE; c.dloss = true; run_case(c);
+            c = b; c.name = "weights, sum, dloss, grad_scale 2"; c.weights = true; c.red = LF_REDUCE_SUM; c.dloss = true; c.grad_scale = 2.0f; run_case(c);
+            c = b; c.name = "mean, device divisor"; c.dev_divisor = true; run_case(c);
+            c = b; c.name = "strides +5 / +3, in place"; c.spad = 5; c.tpad = 3; c.grad = 2; run_case(c);
+            c = b; c.name = "grad stride +3"; c.spad = 2; c.gpad = 3; run_case(c);
+            c = b; c.name = "unaligned pair (teacher +1 elem)"; c.t_offset = 1; c.stats = true; run_case(c);
+            c = b; c.name = "fp32 student, bf16 teacher +1"; c.sdt = LF_F32; c.t_offset = 1; run_case(c);
+            c = b; c.name = "identical rows"; c.noise = 0.0f; c.stats = true; c.red = LF_REDUCE_NONE; run_case(c);
+            c = b; c.name = "-inf masks, support mismatch"; c.plant_masks = true; c.stats = true; c.red = LF_REDUCE_NONE; run_case(c);
+            c = b; c.name = "NaN and +inf rows"; c.plant_nonfinite = true; c.stats = true; c.red = LF_REDUCE_NONE; run_case(c);
+            c = b; c.name = "NaN rows, mean"; c.plant_nonfinite = true; run_case(c);
+            c = b; c.name = "huge logits 1e4"; c.outlier = 1e4f; c.stats = true; run_case(c);
+            c = b; c.name = "all masked"; c.labels = true; c.ignore_frac = 1.0; c.stats = true; run_case(c);
+            c = b; c.name = "forward only, stats"; c.grad = 0; c.stats = true; c.red = LF_REDUCE_NONE; run_case(c);
+        }
+    for (float beta : {0.0f, 1.0f, 0.1f, 0.9f}) { /* JSD's ends are the two KLs (checked against them) */
+        Case c;
+        c.name = beta == 0.0f ? "JSD beta 0 (= forward KL)" : beta == 1.0f ? "JSD beta 1 (= reverse KL)" : "JSD beta";
+        c.kind = LF_KL_JSD;
+        c.beta = beta;
+        c.N = 17;
+        c.V = 4099;
+        c.stats = true;
+        run_case(c);
+    }
+
+    /* Determinism: bit-identical loss and gradient across runs. */
+    {
+        Case c;
+        c.name = "determinism";
+        c.N = g_small ? 50 : 4096;
+        c.V = g_small ? 16385 : 32768;
+        c.determinism = true;
+        run_case(c);
+        c.name = "determinism JSD in place";
+        c.kind = LF_KL_JSD;
+        c.N = g_small ? 20 : 512;
+        c.V = g_small ? 40000 : 151936;
+        c.grad = 2;
+        run_case(c);
+    }
+
+    /* Many tiny rows: the row-status cache refills mid-pipeline. */
+    {
+        Case c;
+        c.name = "200000 rows";
+        c.N = 200000;
+        c.V = g_small ? 7 : 31;
+        c.labels = true;
+        c.bad_frac = 0.01;
+        run_case(c);
+    }
+
+    /* rows x V > 2^31: 64-bit offsets (two 4.3 GB bf16 tensors, gradient in place). */
+    if (!g_small) {
+        Case c;
+        c.name = "N*V > 2^31 in place";
+        c.N = 8193;
+        c.V = 262144;
+        c.grad = 2;
+        run_case(c);
+    }
+
+    printf("test_kl_gpu: %d checks, %d failed\n", g_checks, g_fail);
+    return g_fail ? 1 : 0;
+}
