@@ -46,7 +46,8 @@
  *      lf_edge_grad_store, lf_row_zero
  *   7. Clusters (sm_90): lf_cluster_row_stats, lf_cluster_sync (= lf_cluster_arrive + _wait)
  *   8. Dual-softmax row pass (student and teacher rows, any dtype each) and the KL-family
- *      gradient: lf_dual_span, lf_dual_piece_load, lf_dual_piece_stats (pass 1), lf_block_dual,
+ *      gradient: lf_dual_span, lf_dual_piece_load, lf_dual_piece_stats (pass 1), lf_block_dual
+ *      (or the one-barrier lf_block_dual_acc),
  *      lf_kl_piece_stats2 (pass 2 of JSD / TVD), lf_kl_coef_make, lf_kl_piece_grad, and the
  *      edge-element forms lf_dual_edge_stats / lf_kl_edge_stats2 / lf_kl_edge_grad
  *
@@ -1086,12 +1087,14 @@ static __device__ __forceinline__ void lf_cluster_sync(void)
  *    log-probabilities) and z = w / tau, so that exp(z - m) is one FFMA + EX2; otherwise w = z.
  *
  *    Pass 1, statistics (lf_dual_piece_stats, lf_dual_edge_push): per thread an lf_dual_acc of
- *    both maxima, sums, entropy terms and the cross terms of lossfuse.h §3b; the maximum of a
- *    piece is found first (packed bf16/fp16 max), so sums are rescaled once per piece. The fast
+ *    both shifts (maxima so far), sums, entropy terms and the cross terms of lossfuse.h §3b; a
+ *    piece is summed against the shifts it has, and its maximum (packed bf16/fp16 max) is only
+ *    looked for on a first piece or when a sum overflows, so sums are rarely rescaled. The fast
  *    sweep does no special-value tests: a -inf entry turns a cross term NaN, and then (only
  *    then) the thread's share of the piece is summed again with the exact conventions (0 log 0
  *    = 0, +inf KL on a support mismatch). lf_dual_acc_final gives the thread's lf_dual (z
- *    units); lf_block_dual merges them; lf_dual_final (lossfuse.h) gives lse, entropies, KLs.
+ *    units); lf_block_dual merges them (lf_block_dual_acc: the same on the w-unit states, one
+ *    barrier, an eighth of the work); lf_dual_final (lossfuse.h) gives lse, entropies, KLs.
  *    Pass 2 (JSD and TVD only: they need both lse first): lf_kl_piece_stats2 / lf_kl_edge_stats2
  *        JSD   k_p = sum_j p_j (log p_j - log M_j),  k_q = sum_j q_j (log q_j - log M_j)
  *        TVD   sum_j |p_j - q_j|,  sum_j sgn(p_j - q_j) p_j
@@ -1235,15 +1238,27 @@ static __device__ __forceinline__ typename lf_elem<T>::mx_t lf_impl_unit_mx(type
 }
 
 /* Issue this thread's copies of units [ub, ue) of both rows (no commit). bs, bt: the piece's
- * student and teacher parts (bt = bs + lf_dual_part_vecs<TS>(PU)). */
+ * student and teacher parts (bt = bs + lf_dual_part_vecs<TS>(PU)). Addresses advance by
+ * increments (no 64-bit multiply per unit). */
 template <int THREADS, typename TS, typename TT>
 static __device__ __forceinline__ void lf_dual_piece_load(uint4 *bs, uint4 *bt, const TS *xs, const TT *xt,
                                                           const lf_dual_span &sp, int ub, int ue, int PU)
 {
-    for (int u = ub + (int)threadIdx.x; u < ue; u += THREADS) {
-        const int64_t e = sp.head + 8 * (int64_t)u;
-        lf_impl_unit_copy<TS>(bs, u - ub, PU, xs + e);
-        lf_impl_unit_copy<TT>(bt, u - ub, PU, xt + e);
+    const int t0 = (int)threadIdx.x;
+    if (ub + t0 >= ue) return;
+    const char *gs = reinterpret_cast<const char *>(xs + sp.head + 8 * (int64_t)(ub + t0));
+    const char *gt = reinterpret_cast<const char *>(xt + sp.head + 8 * (int64_t)(ub + t0));
+    uint32_t ss = (uint32_t)__cvta_generic_to_shared(bs + t0), st = (uint32_t)__cvta_generic_to_shared(bt + t0);
+    const uint32_t s2 = 16u * (uint32_t)PU; /* an fp32 side's second half */
+    for (int u = ub + t0; u < ue; u += THREADS) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(ss), "l"(gs) : "memory");
+        if (sizeof(TS) == 4) asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(ss + s2), "l"(gs + 16) : "memory");
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(st), "l"(gt) : "memory");
+        if (sizeof(TT) == 4) asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(st + s2), "l"(gt + 16) : "memory");
+        ss += 16u * THREADS;
+        st += 16u * THREADS;
+        gs += 8 * sizeof(TS) * THREADS;
+        gt += 8 * sizeof(TT) * THREADS;
     }
 }
 
@@ -1273,13 +1288,22 @@ static __device__ __forceinline__ void lf_impl_acc_move(float *m, float *s, floa
         return;
     }
     const float f = m_new == LF_INF_F ? 0.0f : lf_ex2((*m - m_new) * cs);
-    *u = f * fmaf(*s, fmaxf(*m - m_new, -FLT_MAX), *u);
-    *s *= f;
+    const float fs = f * *s; /* scaled first: s (up to 2^128 against a low shift) times the gap
+                              * would overflow */
+    *u = fmaf(fs, fmaxf(*m - m_new, -FLT_MAX), f * *u);
+    *s = fs;
     *r = (*r == LF_INF_F || *r == 0.0f) ? *r : *r * f; /* +inf (support mismatch) stays */
     *m = m_new;
 }
 
 static __device__ __forceinline__ float lf_impl_acc_shift(float m, float cs) { return m == -LF_INF_F ? 0.0f : m * cs; }
+
+/* Which pass-1 terms a loss needs (the fast sweep computes only those):
+ *   LF_DUAL_RB    rb (forward KL; also JSD and TVD, whose pass 2 needs only the two lse)
+ *   LF_DUAL_RA    ra (reverse KL)
+ *   LF_DUAL_FULL  both cross terms and both entropy terms (soft CE, or every output wanted)
+ * The terms not computed are left 0: the lf_dual_out fields built on them are meaningless. */
+enum { LF_DUAL_RB = 1, LF_DUAL_RA = 2, LF_DUAL_FULL = 3 };
 
 /* One pair with the exact conventions (lossfuse.h §3b), maxima already covering it. */
 template <bool ENT>
@@ -1308,28 +1332,17 @@ static __device__ __forceinline__ void lf_dual_edge_push(lf_dual_acc &a, float w
                             &a.st, &a.us, &a.ut, &a.ra, &a.rb);
 }
 
-/* This thread's units of a staged piece of n units: two sweeps (maxima, then the sums), no
- * barrier. ENT: also the entropy terms. */
-template <int THREADS, typename TS, typename TT, bool LIN, bool ENT>
-static __device__ __forceinline__ void lf_dual_piece_stats(lf_dual_acc &a, const uint4 *bs, const uint4 *bt, int n, int PU,
-                                                           const lf_kl_xf &xf)
+/* Internal: the sums of this thread's units of a piece with the shifts a.ms, a.mt (w units),
+ * the fast way (no special-value tests), into p[0..5] = ss, st, us, ut, ra, rb. */
+template <int THREADS, typename TS, typename TT, bool LIN, int TERMS>
+static __device__ __forceinline__ void lf_impl_dual_sweep(const lf_dual_acc &a, const uint4 *bs, const uint4 *bt, int n,
+                                                          int PU, const lf_kl_xf &xf, float *p)
 {
-    const int t0 = (int)threadIdx.x;
-    if (t0 >= n) return;
-    typename lf_elem<TS>::mx_t mxs = lf_elem<TS>::mx_init();
-    typename lf_elem<TT>::mx_t mxt = lf_elem<TT>::mx_init();
-    for (int i = t0; i < n; i += THREADS) {
-        mxs = lf_impl_unit_mx<TS>(mxs, bs, i, PU);
-        mxt = lf_impl_unit_mx<TT>(mxt, bt, i, PU);
-    }
-    /* the transforms are non-decreasing: the max of w is w of the max */
-    const float cs = xf.cs;
-    lf_impl_acc_move(&a.ms, &a.ss, &a.us, &a.ra, fmaxf(a.ms, lf_kl_w<LIN>(lf_elem<TS>::mx_final(mxs), xf.s, xf)), cs);
-    lf_impl_acc_move(&a.mt, &a.st, &a.ut, &a.rb, fmaxf(a.mt, lf_kl_w<LIN>(lf_elem<TT>::mx_final(mxt), xf.t, xf)), cs);
-    const float shs = lf_impl_acc_shift(a.ms, cs), sht = lf_impl_acc_shift(a.mt, cs);
+    constexpr bool ENT = TERMS == LF_DUAL_FULL, RA = (TERMS & LF_DUAL_RA) != 0, RB = (TERMS & LF_DUAL_RB) != 0;
+    const float cs = xf.cs, shs = lf_impl_acc_shift(a.ms, cs), sht = lf_impl_acc_shift(a.mt, cs);
     float ss = 0.0f, st = 0.0f, us = 0.0f, ut = 0.0f, ra = 0.0f, rb = 0.0f;
 #pragma unroll 2
-    for (int i = t0; i < n; i += THREADS) {
+    for (int i = (int)threadIdx.x; i < n; i += THREADS) {
         float fs[8], ft[8];
         lf_impl_unit_get<TS>(bs, i, PU, fs);
         lf_impl_unit_get<TT>(bt, i, PU, ft);
@@ -1340,33 +1353,81 @@ static __device__ __forceinline__ void lf_dual_piece_stats(lf_dual_acc &a, const
             const float d = wt - ws;
             ss += es;
             st += et;
-            ra = fmaf(-es, d, ra);
-            rb = fmaf(et, d, rb);
+            if (RA) ra = fmaf(-es, d, ra);
+            if (RB) rb = fmaf(et, d, rb);
             if (ENT) {
                 us = fmaf(es, ws - a.ms, us);
                 ut = fmaf(et, wt - a.mt, ut);
             }
         }
     }
-    /* a -inf entry (or an empty side) made a term 0 * inf: sum this share again, exactly. NaN
-     * or +inf inputs make the sums NaN, which is the answer anyway. */
-    if (lf_isnan_f32(ra + rb + us + ut) && !lf_isnan_f32(ss + st)) {
-        ss = st = us = ut = ra = rb = 0.0f;
+    p[0] = ss;
+    p[1] = st;
+    p[2] = us;
+    p[3] = ut;
+    p[4] = ra;
+    p[5] = rb;
+}
+
+/* This thread's units of a staged piece of n units, no barrier. TERMS: LF_DUAL_RB, _RA or
+ * _FULL (above). The sums need a shift per side that no element exceeds by more than ~88 nats
+ * (2^127 in exp2 units): once the thread has a state, its maxima so far serve, and the piece
+ * is summed in one sweep; only if a sum then overflows (a new maximum that far above, or
+ * totals grown past 2^128 against a shift far below the row's maximum) — or on the thread's
+ * first piece of a row — is the piece's maximum found first (packed max), the
+ * state moved onto it, and the piece summed again. A shift below a piece's maximum is exact
+ * (the state's m is a shift, not necessarily the maximum; lf_dual_final does not care). */
+template <int THREADS, typename TS, typename TT, bool LIN, int TERMS>
+static __device__ __forceinline__ void lf_dual_piece_stats(lf_dual_acc &a, const uint4 *bs, const uint4 *bt, int n, int PU,
+                                                           const lf_kl_xf &xf)
+{
+    constexpr bool ENT = TERMS == LF_DUAL_FULL, RA = (TERMS & LF_DUAL_RA) != 0, RB = (TERMS & LF_DUAL_RB) != 0;
+    const int t0 = (int)threadIdx.x;
+    if (t0 >= n) return;
+    const float cs = xf.cs;
+    float q[6];
+    bool done = false;
+    if (fabsf(a.ms) < LF_INF_F && fabsf(a.mt) < LF_INF_F) {
+        lf_impl_dual_sweep<THREADS, TS, TT, LIN, TERMS>(a, bs, bt, n, PU, xf, q);
+        /* every new total finite: accepted. An overflow (of a term or of a running total), or a
+         * -inf / NaN input, goes the long way. */
+        done = fabsf(a.ss + q[0]) + fabsf(a.st + q[1]) + fabsf(a.us + q[2]) + fabsf(a.ut + q[3]) + fabsf(a.ra + q[4]) +
+                   fabsf(a.rb + q[5]) < LF_INF_F;
+    }
+    if (!done) {
+        typename lf_elem<TS>::mx_t mxs = lf_elem<TS>::mx_init();
+        typename lf_elem<TT>::mx_t mxt = lf_elem<TT>::mx_init();
         for (int i = t0; i < n; i += THREADS) {
-            float fs[8], ft[8];
-            lf_impl_unit_get<TS>(bs, i, PU, fs);
-            lf_impl_unit_get<TT>(bt, i, PU, ft);
-            for (int e = 0; e < 8; ++e)
-                lf_impl_dual_terms<ENT>(lf_kl_w<LIN>(fs[e], xf.s, xf), lf_kl_w<LIN>(ft[e], xf.t, xf), a.ms, a.mt, shs,
-                                        sht, cs, &ss, &st, &us, &ut, &ra, &rb);
+            mxs = lf_impl_unit_mx<TS>(mxs, bs, i, PU);
+            mxt = lf_impl_unit_mx<TT>(mxt, bt, i, PU);
+        }
+        /* the transforms are non-decreasing: the max of w is w of the max */
+        lf_impl_acc_move(&a.ms, &a.ss, &a.us, &a.ra, fmaxf(a.ms, lf_kl_w<LIN>(lf_elem<TS>::mx_final(mxs), xf.s, xf)), cs);
+        lf_impl_acc_move(&a.mt, &a.st, &a.ut, &a.rb, fmaxf(a.mt, lf_kl_w<LIN>(lf_elem<TT>::mx_final(mxt), xf.t, xf)), cs);
+        lf_impl_dual_sweep<THREADS, TS, TT, LIN, TERMS>(a, bs, bt, n, PU, xf, q);
+        /* a -inf entry (or an empty side) made a term 0 * inf: sum this share again, exactly.
+         * NaN or +inf inputs make the sums NaN, which is the answer anyway. */
+        if (lf_isnan_f32(q[2] + q[3] + q[4] + q[5]) && !lf_isnan_f32(q[0] + q[1])) {
+            const float shs = lf_impl_acc_shift(a.ms, cs), sht = lf_impl_acc_shift(a.mt, cs);
+            q[0] = q[1] = q[2] = q[3] = q[4] = q[5] = 0.0f;
+            for (int i = t0; i < n; i += THREADS) {
+                float fs[8], ft[8];
+                lf_impl_unit_get<TS>(bs, i, PU, fs);
+                lf_impl_unit_get<TT>(bt, i, PU, ft);
+                for (int e = 0; e < 8; ++e)
+                    lf_impl_dual_terms<ENT>(lf_kl_w<LIN>(fs[e], xf.s, xf), lf_kl_w<LIN>(ft[e], xf.t, xf), a.ms, a.mt,
+                                            shs, sht, cs, &q[0], &q[1], &q[2], &q[3], &q[4], &q[5]);
+            }
+            if (!RA) q[4] = 0.0f;
+            if (!RB) q[5] = 0.0f;
         }
     }
-    a.ss += ss;
-    a.st += st;
-    a.us += us;
-    a.ut += ut;
-    a.ra = (a.ra == LF_INF_F || ra == LF_INF_F) ? LF_INF_F : a.ra + ra;
-    a.rb = (a.rb == LF_INF_F || rb == LF_INF_F) ? LF_INF_F : a.rb + rb;
+    a.ss += q[0];
+    a.st += q[1];
+    a.us += q[2];
+    a.ut += q[3];
+    a.ra = (a.ra == LF_INF_F || q[4] == LF_INF_F) ? LF_INF_F : a.ra + q[4];
+    a.rb = (a.rb == LF_INF_F || q[5] == LF_INF_F) ? LF_INF_F : a.rb + q[5];
 }
 
 /* The thread's state as an lf_dual of z (lossfuse.h §3b). */
@@ -1411,6 +1472,56 @@ template <int THREADS> static __device__ __forceinline__ lf_dual lf_block_dual(l
 {
     return lf_impl_block_allreduce<THREADS>(v, scratch, lf_impl_op_dual());
 }
+/* The same merge in a cheaper form, on the threads' lf_dual_acc (w units), one barrier:
+ * each warp takes its maxima (shuffles), moves its lanes' sums onto them (one EX2 per side)
+ * and sums them (shuffles); lane 0 posts the warp's 8 floats; after the barrier every thread
+ * moves the warps' records onto the block maxima and sums them in warp order — the same
+ * bits in every thread, run to run. scratch: 8 * THREADS/32 floats; the caller owes a barrier
+ * before reusing it (or alternates two). Returns the block's state in w units. */
+template <int THREADS>
+static __device__ __forceinline__ lf_dual_acc lf_block_dual_acc(lf_dual_acc a, float cs, float *scratch)
+{
+    constexpr int W = THREADS / 32;
+    const float ms = lf_warp_max_f32(a.ms), mt = lf_warp_max_f32(a.mt);
+    lf_impl_acc_move(&a.ms, &a.ss, &a.us, &a.ra, ms, cs);
+    lf_impl_acc_move(&a.mt, &a.st, &a.ut, &a.rb, mt, cs);
+    float v[6] = {a.ss, a.us, a.ra, a.st, a.ut, a.rb};
+#pragma unroll
+    for (int k = 0; k < 6; ++k) v[k] = lf_warp_sum_f32(v[k]);
+    const int w = (int)(threadIdx.x >> 5);
+    if ((threadIdx.x & 31) == 0) {
+        float *r = scratch + 8 * w;
+        r[0] = ms;
+        r[1] = mt;
+#pragma unroll
+        for (int k = 0; k < 6; ++k) r[2 + k] = v[k];
+    }
+    __syncthreads();
+    float Ms = -LF_INF_F, Mt = -LF_INF_F;
+#pragma unroll
+    for (int i = 0; i < W; ++i) {
+        Ms = fmaxf(Ms, scratch[8 * i]);
+        Mt = fmaxf(Mt, scratch[8 * i + 1]);
+    }
+    lf_dual_acc b = lf_dual_acc_init();
+    b.ms = Ms;
+    b.mt = Mt;
+#pragma unroll
+    for (int i = 0; i < W; ++i) {
+        const float *r = scratch + 8 * i;
+        float m1 = r[0], s1 = r[2], u1 = r[3], ra = r[4], m2 = r[1], s2 = r[5], u2 = r[6], rb = r[7];
+        lf_impl_acc_move(&m1, &s1, &u1, &ra, Ms, cs);
+        lf_impl_acc_move(&m2, &s2, &u2, &rb, Mt, cs);
+        b.ss += s1;
+        b.us += u1;
+        b.ra = (b.ra == LF_INF_F || ra == LF_INF_F) ? LF_INF_F : b.ra + ra;
+        b.st += s2;
+        b.ut += u2;
+        b.rb = (b.rb == LF_INF_F || rb == LF_INF_F) ? LF_INF_F : b.rb + rb;
+    }
+    return b;
+}
+
 /* Block sum of two floats at once (pass 2's pair of sums). */
 template <int THREADS> static __device__ __forceinline__ float2 lf_block_sum2_f32(float2 v, float2 *scratch)
 {
@@ -1571,13 +1682,13 @@ static __device__ __forceinline__ void lf_kl_piece_grad(TS *out, bool vec_ok, co
 
 /* The edge elements (head, tail, or the whole row of an unaligned pair): thread t takes edge
  * elements t, t + THREADS, ... loaded from global memory. Pass 1: */
-template <int THREADS, typename TS, typename TT, bool LIN, bool ENT>
+template <int THREADS, typename TS, typename TT, bool LIN, int TERMS>
 static __device__ __forceinline__ void lf_dual_edge_stats(lf_dual_acc &a, const TS *xs, const TT *xt,
                                                           const lf_dual_span &sp, const lf_kl_xf &xf)
 {
     for (int e = (int)threadIdx.x; e < sp.nedge; e += THREADS) {
         const int32_t j = lf_dual_edge_index(sp, e);
-        lf_dual_edge_push<ENT>(a, lf_kl_w<LIN>(lf_elem<TS>::to_f32(xs[j]), xf.s, xf),
+        lf_dual_edge_push<TERMS == LF_DUAL_FULL>(a, lf_kl_w<LIN>(lf_elem<TS>::to_f32(xs[j]), xf.s, xf),
                                lf_kl_w<LIN>(lf_elem<TT>::to_f32(xt[j]), xf.t, xf), xf.cs);
     }
 }

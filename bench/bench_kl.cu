@@ -1,10 +1,12 @@
 /* bench/bench_kl.cu — times examples/kl_distill.cu against the bytes-moved floor.
  *
  *   bench_kl [--shapes 4096x32768,...] [--iters 20] [--kinds kl_fwd,kl_rev,jsd,softce,tvd] [--tag _name]
+ *            [--forward-only]
  *
  * Each mode is the fused forward+backward of one loss, bf16 student and teacher logits, the
  * gradient written in place over the student, reduction mean (the floor: read the student and
- * the teacher once, write the gradient once = 6 B/elem). Prints the lines bench/report.py reads:
+ * the teacher once, write the gradient once = 6 B/elem); --forward-only times the loss alone
+ * (mode=<kind>_fo, floor 4 B/elem). Prints the lines bench/report.py reads:
  *   DEVICE name=...   COPY impl=cuda gbps=...
  *   RESULT impl=lossfuse mode=kl_fwd N=.. V=.. dtype=bf16 ms=.. bytes=.. extra_bytes=.. status=ok pieces=..
  * Each timed launch is preceded (untimed) by restoring the student from a pristine copy and by
@@ -22,8 +24,10 @@ int main(int argc, char **argv)
     std::string kinds = "kl_fwd,kl_rev,jsd";
     int iters = 20;
     std::string tag;
+    bool fwd_only = false;
     for (int i = 1; i < argc; ++i) {
-        if (!strcmp(argv[i], "--shapes") && i + 1 < argc) shapes = argv[++i];
+        if (!strcmp(argv[i], "--forward-only")) fwd_only = true;
+        else if (!strcmp(argv[i], "--shapes") && i + 1 < argc) shapes = argv[++i];
         else if (!strcmp(argv[i], "--kinds") && i + 1 < argc) kinds = argv[++i];
         else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--tag") && i + 1 < argc) tag = argv[++i];
@@ -67,7 +71,7 @@ int main(int argc, char **argv)
         a.n_rows = N;
         a.vocab = V;
         a.s_stride = a.t_stride = V;
-        a.grad = xs;
+        a.grad = fwd_only ? NULL : xs;
         a.grad_stride = V;
         a.loss = loss;
         a.workspace = ws;
@@ -96,9 +100,9 @@ int main(int argc, char **argv)
                 if (it >= 3) t.push_back(ms);
             }
             CK(cudaGetLastError());
-            printf("RESULT impl=lossfuse%s mode=%s N=%lld V=%lld dtype=bf16 ms=%.4f bytes=%zu extra_bytes=%zu status=ok "
-                   "pieces=%d ctas=%d\n", tag.c_str(), names[k], (long long)N, (long long)V, median(t), 3 * bytes, wsb,
-                   plan.pieces, plan.ctas);
+            printf("RESULT impl=lossfuse%s mode=%s%s N=%lld V=%lld dtype=bf16 ms=%.4f bytes=%zu extra_bytes=%zu status=ok "
+                   "pieces=%d ctas=%d\n", tag.c_str(), names[k], fwd_only ? "_fo" : "", (long long)N, (long long)V, median(t),
+                   (fwd_only ? 2 : 3) * bytes, wsb, plan.pieces, plan.ctas);
             fflush(stdout);
         }
         CK(cudaFree(xs));

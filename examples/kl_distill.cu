@@ -17,21 +17,21 @@
  *   bytes), per-token weights, reduction none / sum / mean with the mean's divisor a DEVICE
  *   scalar, an upstream gradient. Per-row outputs for logging: both KLs and both entropies.
  *
- * How a row pair is read once
- *   Persistent CTAs of 256 threads (three per SM) stage the two rows in shared memory with
- *   cp.async, in pieces of 8-element units (lossfuse_cuda.cuh section 8): two 32 KB buffers,
- *   each holding a piece of the student AND the same elements of the teacher, so the next
- *   piece's copies are in flight while the current one is reduced. Every loss here needs a
- *   statistic of the whole row (both lse; JSD and TVD a second sum that needs both lse) before
- *   any gradient element can be written, so the kernel streams a row as
+ * How a row pair is read (and where it is read twice)
+ *   Persistent CTAs of 256 threads (two per SM) stage the two rows in shared memory with
+ *   cp.async, in pieces of 8-element units (lossfuse_cuda.cuh section 8): two 48 KB buffers,
+ *   each holding a piece of the student AND the same elements of the teacher (12K elements of
+ *   a bf16 pair), so the next piece's copies are in flight while the current one is reduced.
+ *   Every loss here needs a statistic of the whole row (both lse; JSD and TVD a second sum that
+ *   needs both lse) before any gradient element can be written, so the kernel streams a row as
  *       pass 1 (statistics)      pieces 0 .. n-1 from HBM
  *       pass 2 (JSD, TVD only)   piece n-1 while still staged, then n-2 .. 0 read again
  *       gradient                 the piece still staged first, then the others read again
- *   The second reads come, most recent first, from L2 where the pair was just read (at
- *   V = 32K a bf16 pair is 128 KB; three CTAs per SM keep ~50 MB in flight on an H100/H200).
- *   CHOSEN and MEASURED in bench/RESULTS.md against the HBM floor (read student + teacher,
- *   write the gradient: 6 B/elem for bf16).
- *
+ *   The second reads come, most recent first, from L2 where the pair was just read. CHOSEN and
+ *   MEASURED (bench/RESULTS.md): the tile shape (2 CTAs x 2 x 48 KB beat 3 x 2 x 32 KB, which
+ *   also spills registers, and 1 x 512 threads x 2 x 96 KB at V = 32K; the latter is ~13% faster
+ *   at V >= 152K); deeper pipelines (3-4 buffers) gained nothing. Where the time goes now is
+ *   the per-piece work outside the element loops (bench/RESULTS.md, design log).
  * Contract (as DESIGN.md and examples/cross_entropy.cu)
  *   - Masked rows (mask byte 0, or label == ignore_index) have loss 0, zero gradient, weight 0.
  *     A label outside [0, V) that is not ignore_index adds 1 to *n_errors and masks the row.
@@ -134,10 +134,10 @@ static size_t kl_workspace_bytes(int64_t n_rows)
 #define KL_THREADS 256
 #endif
 #ifndef KL_CTAS_PER_SM
-#define KL_CTAS_PER_SM 3
+#define KL_CTAS_PER_SM 2
 #endif
 #ifndef KL_PIECE_BYTES
-#define KL_PIECE_BYTES 32768 /* per buffer (student and teacher parts together); two buffers */
+#define KL_PIECE_BYTES 49152 /* per buffer (student and teacher parts together); two buffers */
 #endif
 #define KL_ROW_CACHE 512
 #define KL_SMEM_BYTES (2 * KL_PIECE_BYTES + KL_ROW_CACHE * 8)
@@ -148,7 +148,7 @@ typedef struct kl_kparams {
     int kind;
     float beta, tau2_scale;
     lf_kl_xf xf;
-    bool ent;      /* entropies needed (soft CE, or requested) */
+    int terms;     /* LF_DUAL_RB / _RA / _FULL: what pass 1 computes (the loss and the outputs asked for) */
     int piece_units;
     const void *labels;
     int labels_i64;
@@ -188,6 +188,7 @@ __global__ void __launch_bounds__(1024) kl_divisor_kernel(const kl_kparams p)
 
 typedef struct kl_job {
     int64_t row, lr;
+    const void *xs, *xt; /* the row pair (set with the row: no address arithmetic per job) */
     int k, status;
     float w;
     lf_dual_span sp;
@@ -198,13 +199,12 @@ template <typename TS, typename TT, bool LIN>
 __global__ void __launch_bounds__(KL_THREADS, KL_CTAS_PER_SM) kl_kernel(const kl_kparams p, int npieces, int nctas)
 {
     extern __shared__ uint4 kl_smem[];
-    __shared__ lf_dual red[2][KL_THREADS / 32]; /* alternate rows: one barrier per merge */
+    __shared__ float red[2][8 * (KL_THREADS / 32)]; /* alternate rows: one barrier per merge */
     __shared__ float2 red2[2][KL_THREADS / 32];
     __shared__ double fin[KL_THREADS / 32];
     __shared__ int is_last;
     const int PU = p.piece_units;
     const int svecs = lf_dual_part_vecs<TS>(PU), bvecs = svecs + lf_dual_part_vecs<TT>(PU);
-    uint4 *const buf0 = kl_smem, *const buf1 = kl_smem + bvecs;
     int *const st_cache = reinterpret_cast<int *>(kl_smem + 2 * bvecs);
     float *const w_cache = reinterpret_cast<float *>(st_cache + KL_ROW_CACHE);
 
@@ -222,10 +222,6 @@ __global__ void __launch_bounds__(KL_THREADS, KL_CTAS_PER_SM) kl_kernel(const kl
         inv_div = d == 0.0f ? 0.0f : 1.0f / d;
     }
 
-    auto row_ptrs = [&](int64_t row, const TS **xs, const TT **xt) {
-        *xs = (const TS *)p.student + row * p.s_stride;
-        *xt = (const TT *)p.teacher + row * p.t_stride;
-    };
     auto piece_of = [&](int k) { return k < n ? k : k < 2 * n - 1 ? 2 * n - 2 - k : k - (2 * n - 2); };
     auto start_job = [&](int64_t jj, const kl_job &prev) -> kl_job {
         kl_job j = prev;
@@ -251,9 +247,10 @@ __global__ void __launch_bounds__(KL_THREADS, KL_CTAS_PER_SM) kl_kernel(const kl
         j.row = cid + j.lr * nctas;
         j.status = st_cache[j.lr % KL_ROW_CACHE];
         j.w = w_cache[j.lr % KL_ROW_CACHE];
-        const TS *xs;
-        const TT *xt;
-        row_ptrs(j.row, &xs, &xt);
+        const TS *xs = (const TS *)p.student + j.row * p.s_stride;
+        const TT *xt = (const TT *)p.teacher + j.row * p.t_stride;
+        j.xs = xs;
+        j.xt = xt;
         j.sp = lf_dual_span_make(xs, xt, V);
         return j;
     };
@@ -261,10 +258,7 @@ __global__ void __launch_bounds__(KL_THREADS, KL_CTAS_PER_SM) kl_kernel(const kl
         if (j.status) return;
         const int pc = piece_of(j.k);
         const int ub = min(j.sp.nunit, pc * PU), ue = min(j.sp.nunit, ub + PU);
-        const TS *xs;
-        const TT *xt;
-        row_ptrs(j.row, &xs, &xt);
-        lf_dual_piece_load<KL_THREADS, TS, TT>(b, b + svecs, xs, xt, j.sp, ub, ue, PU);
+        lf_dual_piece_load<KL_THREADS, TS, TT>(b, b + svecs, (const TS *)j.xs, (const TT *)j.xt, j.sp, ub, ue, PU);
     };
 
     lf_dual_acc acc = lf_dual_acc_init();
@@ -288,6 +282,10 @@ __global__ void __launch_bounds__(KL_THREADS, KL_CTAS_PER_SM) kl_kernel(const kl
         else p.ws_loss[row] = loss;
     };
 
+    /* The pipeline: job jj is processed while the copies of job jj+1 are in flight into the
+     * other buffer (more stages were measured: no gain, bench/RESULTS.md). A thread only ever
+     * reads back its own copies, so cp.async.wait_group is all the synchronisation it needs. */
+    uint4 *const buf0 = kl_smem, *const buf1 = kl_smem + bvecs;
     kl_job cur;
     memset(&cur, 0, sizeof cur);
     if (njobs > 0) {
@@ -319,9 +317,8 @@ __global__ void __launch_bounds__(KL_THREADS, KL_CTAS_PER_SM) kl_kernel(const kl
                 }
             }
         } else {
-            const TS *xs;
-            const TT *xt;
-            row_ptrs(row, &xs, &xt);
+            const TS *xs = (const TS *)cur.xs;
+            const TT *xt = (const TT *)cur.xt;
             const int pc = piece_of(k);
             const int ub = min(cur.sp.nunit, pc * PU), nu = min(cur.sp.nunit, ub + PU) - ub;
             const uint4 *bs = b, *bt = b + svecs;
@@ -332,15 +329,14 @@ __global__ void __launch_bounds__(KL_THREADS, KL_CTAS_PER_SM) kl_kernel(const kl
             if (s1) {
                 if (k == 0) {
                     acc = lf_dual_acc_init();
-                    if (p.ent) lf_dual_edge_stats<KL_THREADS, TS, TT, LIN, true>(acc, xs, xt, cur.sp, p.xf);
-                    else lf_dual_edge_stats<KL_THREADS, TS, TT, LIN, false>(acc, xs, xt, cur.sp, p.xf);
+                    lf_dual_edge_stats<KL_THREADS, TS, TT, LIN, LF_DUAL_FULL>(acc, xs, xt, cur.sp, p.xf);
                 }
-                if (p.ent) lf_dual_piece_stats<KL_THREADS, TS, TT, LIN, true>(acc, bs, bt, nu, PU, p.xf);
-                else lf_dual_piece_stats<KL_THREADS, TS, TT, LIN, false>(acc, bs, bt, nu, PU, p.xf);
+                if (p.terms == LF_DUAL_RB) lf_dual_piece_stats<KL_THREADS, TS, TT, LIN, LF_DUAL_RB>(acc, bs, bt, nu, PU, p.xf);
+                else if (p.terms == LF_DUAL_RA) lf_dual_piece_stats<KL_THREADS, TS, TT, LIN, LF_DUAL_RA>(acc, bs, bt, nu, PU, p.xf);
+                else lf_dual_piece_stats<KL_THREADS, TS, TT, LIN, LF_DUAL_FULL>(acc, bs, bt, nu, PU, p.xf);
             }
             if (m1) {
-                const lf_dual d = lf_block_dual<KL_THREADS>(lf_dual_acc_final(acc, p.xf), red[slot]);
-                dout = lf_dual_final(d);
+                dout = lf_dual_final(lf_dual_acc_final(lf_block_dual_acc<KL_THREADS>(acc, p.xf.cs, red[slot]), p.xf));
                 const float gs = grad ? p.grad_scale * (p.reduction == LF_REDUCE_NONE ? (p.dloss ? p.dloss[row] : 1.0f) : dl_all) *
                                             inv_div * cur.w * p.tau2_scale
                                       : 0.0f;
@@ -503,7 +499,10 @@ static lf_status kl_launch(const kl_args *a, cudaStream_t stream, cudaError_t *c
     const lf_kl_side ss = {LF_SIDE_LOGITS, a->opts.softcap, 0.0f}, ts = {(int)a->teacher_kind, a->opts.softcap, 0.0f};
     const bool lin = lf_kl_side_lin(ss) && lf_kl_side_lin(ts);
     p.xf = lf_kl_xf_make(tau, LF_SIDE_LOGITS, a->opts.softcap, (int)a->teacher_kind, a->opts.softcap, lin);
-    p.ent = p.kind == LF_KL_SOFT_CE || a->ent_s || a->ent_t;
+    /* pass 1 computes what the loss needs, everything when a per-row output asks for more */
+    p.terms = (a->kl_fwd || a->kl_rev || a->ent_s || a->ent_t || p.kind == LF_KL_SOFT_CE) ? LF_DUAL_FULL
+              : p.kind == LF_KL_REVERSE                                                 ? LF_DUAL_RA
+                                                                                        : LF_DUAL_RB;
     p.labels = a->labels;
     p.labels_i64 = a->labels_i64;
     p.ignore_index = a->ignore_index;
