@@ -38,6 +38,10 @@
  *   8. Host references: distillation (lf_ref_kl_row, lf_ref_kl: forward / reverse KL, JSD,
  *      soft-target cross-entropy, total variation; a teacher as log-probabilities or sparse
  *      top-k: lf_ref_kl_row_lq, lf_ref_kl_sparse_teacher)
+ *   9. Host references: packed sequences and preferences (lf_check_pairs, lf_ref_seg_sum,
+ *      lf_ref_pair_scatter, lf_ref_histogram, lf_ref_dpo_packed: the DPO family from packed
+ *      logits, lf_ref_pairwise_preference: Bradley-Terry / hinge over flat pairs with
+ *      histogram budget and coverage penalties)
  *
  * Configuration macros (define before including; each is #ifndef-guarded)
  *   LF_HD        function qualifiers of the portable functions.
@@ -99,7 +103,8 @@ typedef enum lf_status {
     LF_ERR_LABEL = 3,   /* a label outside [0, V) that is not the ignore index */
     LF_ERR_SEQLENS = 4, /* cu_seqlens not starting at 0, decreasing, or not ending at N */
     LF_ERR_ARG = 5,     /* an option out of its domain (negative smoothing, scale <= 0, ...) */
-    LF_ERR_DEVICE = 6   /* a CUDA call failed (used by the examples' launchers) */
+    LF_ERR_DEVICE = 6,  /* a CUDA call failed (used by the examples' launchers) */
+    LF_ERR_PAIR = 7     /* a pair whose items are out of range or the same item */
 } lf_status;
 
 /* Element types of logits and gradients, for launchers that take untyped pointers. */
@@ -118,6 +123,7 @@ static inline const char *lf_status_str(int s)
     case LF_ERR_SEQLENS: return "cu_seqlens not monotonic from 0 to N";
     case LF_ERR_ARG: return "option out of its domain";
     case LF_ERR_DEVICE: return "CUDA call failed";
+    case LF_ERR_PAIR: return "pair index out of range, or a pair of one item with itself";
     default: return "unknown status";
     }
 }
@@ -1203,6 +1209,390 @@ static inline lf_status lf_ref_kl(int64_t N, int64_t V, const float *xs, int64_t
     if (grad && inv != 1.0)
         for (i = 0; i < N; ++i)
             for (j = 0; j < V; ++j) grad[i * V + j] *= inv;
+    return LF_OK;
+}
+
+/* ============================================================================================
+ * 9. Host references: packed sequences and preferences
+ *
+ *    Building blocks (what the device reductions of lossfuse_cuda.cuh compute):
+ *        lf_ref_seg_sum       out[k] = sum of v[t] over the tokens t of sequence k (cu_seqlens)
+ *        lf_ref_pair_scatter  acc[i] += g[p], acc[j] -= g[p] for every pair p = (i, j): the
+ *                             gradient of a pairwise loss with respect to the items' scores
+ *        lf_ref_histogram     hist[b] = sum of mass[i] over the items i with bin[i] = b
+ *    A pair table is int32 [n_pairs][2]; lf_check_pairs says whether every pair names two
+ *    different items in [0, n_items). All sums in double.
+ * ========================================================================================== */
+
+/* LF_OK, or LF_ERR_PAIR with *n_bad / *first_bad (if not NULL) set. */
+static inline lf_status lf_check_pairs(const int32_t *pairs, int64_t n_pairs, int64_t n_items, int64_t *n_bad,
+                                       int64_t *first_bad)
+{
+    int64_t p, bad = 0, first = -1;
+    if (n_bad) *n_bad = 0;
+    if (first_bad) *first_bad = -1;
+    if (n_pairs < 0 || n_items < 0) return LF_ERR_SIZE;
+    if (n_pairs > 0 && !pairs) return LF_ERR_NULL;
+    for (p = 0; p < n_pairs; ++p) {
+        int32_t i = pairs[2 * p], j = pairs[2 * p + 1];
+        if (i < 0 || i >= n_items || j < 0 || j >= n_items || i == j) {
+            if (first < 0) first = p;
+            ++bad;
+        }
+    }
+    if (n_bad) *n_bad = bad;
+    if (first_bad) *first_bad = first;
+    return bad ? LF_ERR_PAIR : LF_OK;
+}
+
+static inline lf_status lf_ref_seg_sum(const int32_t *cu_seqlens, int64_t nseq, const float *v, double *out)
+{
+    int64_t k, t;
+    lf_status st = lf_check_cu_seqlens(cu_seqlens, nseq, nseq >= 0 && cu_seqlens ? cu_seqlens[nseq] : 0);
+    if (st != LF_OK) return st;
+    if (!out || (cu_seqlens[nseq] > 0 && !v)) return LF_ERR_NULL;
+    for (k = 0; k < nseq; ++k) {
+        double a = 0.0;
+        for (t = cu_seqlens[k]; t < cu_seqlens[k + 1]; ++t) a += (double)v[t];
+        out[k] = a;
+    }
+    return LF_OK;
+}
+
+/* acc (n_items doubles) is added to, not cleared. */
+static inline lf_status lf_ref_pair_scatter(const int32_t *pairs, int64_t n_pairs, const float *g, int64_t n_items,
+                                            double *acc)
+{
+    int64_t p;
+    lf_status st = lf_check_pairs(pairs, n_pairs, n_items, NULL, NULL);
+    if (st != LF_OK) return st;
+    if ((n_pairs > 0 && !g) || (n_items > 0 && !acc)) return LF_ERR_NULL;
+    for (p = 0; p < n_pairs; ++p) {
+        acc[pairs[2 * p]] += (double)g[p];
+        acc[pairs[2 * p + 1]] -= (double)g[p];
+    }
+    return LF_OK;
+}
+
+/* bin[i] == -1: the item is in no bin. Any other value outside [0, n_bins): LF_ERR_ARG.
+ * mass NULL: every item weighs 1. hist (n_bins doubles) is overwritten. */
+static inline lf_status lf_ref_histogram(const int32_t *bin, const float *mass, int64_t n_items, int64_t n_bins,
+                                         double *hist)
+{
+    int64_t i, b;
+    if (n_items < 0 || n_bins < 0) return LF_ERR_SIZE;
+    if ((n_items > 0 && !bin) || (n_bins > 0 && !hist)) return LF_ERR_NULL;
+    for (i = 0; i < n_items; ++i)
+        if (bin[i] < -1 || bin[i] >= n_bins) return LF_ERR_ARG;
+    for (b = 0; b < n_bins; ++b) hist[b] = 0.0;
+    for (i = 0; i < n_items; ++i)
+        if (bin[i] >= 0) hist[bin[i]] += mass ? (double)mass[i] : 1.0;
+    return LF_OK;
+}
+
+/* ============================================================================================
+ * 9b. The DPO family from packed logits (lf_ref_dpo_packed)
+ *    Sequences k = 0..nseq-1 are packed in logits [T, V] by cu_seqlens; labels[t] is token t's
+ *    next-token target (shifted within its sequence, lf_packed_next_label) or ignore_index
+ *    (prompt tokens, the last token). Per sequence:
+ *        logp_k = sum over its tokens t with a label of log softmax(x_t)[labels[t]],  n_k = their
+ *        number; the score s_k = logp_k, or logp_k / n_k with length_normalize (0 when n_k = 0)
+ *    With reference log-probabilities ref_k (NULL: 0; divided by n_k alike when normalised),
+ *    for each pair (c, r) = (chosen, rejected):
+ *        h = (s_c - ref_c) - (s_r - ref_r)      rewards beta (s_c - ref_c), beta (s_r - ref_r)
+ *        loss_p = lf_dpo_sigmoid(h, beta, eps) | lf_dpo_hinge(h, beta) | lf_dpo_ipo(h, beta)
+ *               | lf_simpo(s_c - s_r, beta, gamma)   (SimPO: length-normalised, no reference;
+ *                                                    its rewards are beta s)
+ *               (the formulas of section 3c, evaluated here in double)
+ *               + nll_weight * (-logp_c / n_c)      (an SFT term on the chosen response)
+ *    loss = sum_p loss_p / D, D = divisor, or n_pairs when divisor < 0 (D = 0: loss 0, NaN
+ *    kept). A sequence in several pairs (or in none) is fine. The gradient with respect to the
+ *    logits of token t of sequence k with label y is c_k (onehot(y) - softmax(x_t)), c_k the sum
+ *    over the pairs of d loss / d logp_k; tokens without a label get 0. Labels outside [0, V)
+ *    that are not ignore_index are counted in *n_bad and treated as ignored.
+ *    Per-pair metrics (trainer logs) in pair_out[4 p + 0..3]: loss_p, chosen reward, rejected
+ *    reward, 1 if chosen reward > rejected reward else 0. The IPO of the paper and TRL uses
+ *    length-normalised scores: set length_normalize.
+ *    seq (3 nseq doubles, required: nothing here allocates) receives per sequence logp_k in
+ *    [0, nseq), n_k in [nseq, 2 nseq) and c_k = d loss / d logp_k in [2 nseq, 3 nseq).
+ * ========================================================================================== */
+
+typedef enum lf_dpo_kind { LF_DPO_SIGMOID = 0, LF_DPO_HINGE = 1, LF_DPO_IPO = 2, LF_DPO_SIMPO = 3 } lf_dpo_kind;
+
+typedef struct lf_dpo_opts {
+    lf_dpo_kind kind;      /* default LF_DPO_SIGMOID */
+    float beta;            /* > 0; default 0.1 */
+    float label_smoothing; /* sigmoid only, in [0, 0.5] (conservative DPO); default 0 */
+    float gamma;           /* SimPO target margin; default 0.5 */
+    int length_normalize;  /* 1: per-token mean log-probabilities (forced for SimPO); default 0 */
+    float nll_weight;      /* >= 0; default 0 */
+    int64_t ignore_index;  /* default -100 */
+} lf_dpo_opts;
+
+static inline lf_dpo_opts lf_dpo_opts_default(void)
+{
+    lf_dpo_opts o;
+    o.kind = LF_DPO_SIGMOID;
+    o.beta = 0.1f;
+    o.label_smoothing = 0.0f;
+    o.gamma = 0.5f;
+    o.length_normalize = 0;
+    o.nll_weight = 0.0f;
+    o.ignore_index = -100;
+    return o;
+}
+
+static inline lf_status lf_check_dpo_opts(const lf_dpo_opts *o)
+{
+    if (!o) return LF_ERR_NULL;
+    if ((int)o->kind < (int)LF_DPO_SIGMOID || (int)o->kind > (int)LF_DPO_SIMPO) return LF_ERR_ARG;
+    if (!(o->beta > 0.0f) || o->beta == LF_INF_F) return LF_ERR_ARG;
+    if (!(o->label_smoothing >= 0.0f && o->label_smoothing <= 0.5f)) return LF_ERR_ARG;
+    if (!(fabsf(o->gamma) < LF_INF_F)) return LF_ERR_ARG;
+    if (!(o->nll_weight >= 0.0f) || o->nll_weight == LF_INF_F) return LF_ERR_ARG;
+    return LF_OK;
+}
+
+/* Internal: the pair losses of section 3c again in double, for the references. */
+static inline double lf_impl_softplus_d(double x) { return (x > 0.0 ? x : 0.0) + log1p(exp(-fabs(x))); }
+static inline double lf_impl_sigmoid_d(double x)
+{
+    double e = exp(-fabs(x));
+    return x >= 0.0 ? 1.0 / (1.0 + e) : e / (1.0 + e);
+}
+
+/* Internal: one pair's loss from h = (s_c - ref_c) - (s_r - ref_r) (SimPO: s_c - s_r), and its
+ * derivative d loss / d h in *d (double). */
+static inline double lf_impl_dpo_pair(const lf_dpo_opts *o, double h, double *d)
+{
+    double beta = (double)o->beta, z;
+    switch (o->kind) {
+    case LF_DPO_HINGE:
+        z = 1.0 - beta * h;
+        *d = z > 0.0 ? -beta : 0.0;
+        return z > 0.0 ? z : 0.0;
+    case LF_DPO_IPO:
+        z = h - 0.5 / beta;
+        *d = 2.0 * z;
+        return z * z;
+    case LF_DPO_SIMPO:
+        z = beta * h - (double)o->gamma;
+        *d = -beta * lf_impl_sigmoid_d(-z);
+        return lf_impl_softplus_d(-z);
+    default: {
+        double eps = (double)o->label_smoothing;
+        z = beta * h;
+        *d = beta * (lf_impl_sigmoid_d(z) - (1.0 - eps));
+        return (1.0 - eps) * lf_impl_softplus_d(-z) + (eps == 0.0 ? 0.0 : eps * lf_impl_softplus_d(z));
+    }
+    }
+}
+
+static inline lf_status lf_ref_dpo_packed(int64_t T, int64_t V, const float *logits, int64_t stride,
+                                          const int64_t *labels, const int32_t *cu_seqlens, int64_t nseq,
+                                          const int32_t *pairs, int64_t n_pairs, const float *ref_logps,
+                                          const lf_dpo_opts *o, double divisor, double *loss, double *seq,
+                                          double *pair_out, double *grad, int64_t *n_bad)
+{
+    double *lp = seq, *nt, *coef, inv, sum = 0.0;
+    int64_t k, p, t, j, bad = 0;
+    int norm;
+    lf_status st = lf_check_dpo_opts(o);
+    if (n_bad) *n_bad = 0;
+    if (st != LF_OK) return st;
+    if (T < 0 || V < 1 || stride < V) return LF_ERR_SIZE;
+    if ((st = lf_check_cu_seqlens(cu_seqlens, nseq, T)) != LF_OK) return st;
+    if ((st = lf_check_pairs(pairs, n_pairs, nseq, NULL, NULL)) != LF_OK) return st;
+    if ((T > 0 && (!logits || !labels)) || (nseq > 0 && !seq)) return LF_ERR_NULL;
+    for (k = 0; k < 3 * nseq; ++k) seq[k] = 0.0;
+    nt = lp + nseq;
+    coef = nt + nseq;
+    norm = o->length_normalize || o->kind == LF_DPO_SIMPO;
+    /* per-token label log-probabilities, summed per sequence */
+    for (k = 0; k < nseq; ++k)
+        for (t = cu_seqlens[k]; t < cu_seqlens[k + 1]; ++t) {
+            const float *x = logits + t * stride;
+            int64_t y = labels[t];
+            double m = -(double)LF_INF_F, s = 0.0;
+            if (y == o->ignore_index) continue;
+            if (y < 0 || y >= V) {
+                ++bad;
+                continue;
+            }
+            for (j = 0; j < V; ++j) m = (double)x[j] > m ? (double)x[j] : m;
+            for (j = 0; j < V; ++j) s += exp((double)x[j] - m);
+            lp[k] += (double)x[y] - m - log(s);
+            nt[k] += 1.0;
+        }
+    /* pairs: losses, metrics, d loss / d logp per sequence */
+    inv = divisor < 0.0 ? (n_pairs ? 1.0 / (double)n_pairs : 0.0) : divisor == 0.0 ? 0.0 : 1.0 / divisor;
+    for (p = 0; p < n_pairs; ++p) {
+        int32_t c = pairs[2 * p], r = pairs[2 * p + 1];
+        double sc = norm ? (nt[c] > 0.0 ? lp[c] / nt[c] : 0.0) : lp[c];
+        double sr = norm ? (nt[r] > 0.0 ? lp[r] / nt[r] : 0.0) : lp[r];
+        double rc = 0.0, rr = 0.0, dc, dr, l;
+        if (ref_logps && o->kind != LF_DPO_SIMPO) {
+            rc = norm ? (nt[c] > 0.0 ? (double)ref_logps[c] / nt[c] : 0.0) : (double)ref_logps[c];
+            rr = norm ? (nt[r] > 0.0 ? (double)ref_logps[r] / nt[r] : 0.0) : (double)ref_logps[r];
+        }
+        l = lf_impl_dpo_pair(o, (sc - rc) - (sr - rr), &dc);
+        dr = -dc;
+        if (o->nll_weight > 0.0f && nt[c] > 0.0) {
+            l += (double)o->nll_weight * (-lp[c] / nt[c]);
+            coef[c] += inv * (-(double)o->nll_weight / nt[c]);
+        }
+        coef[c] += inv * dc * (norm ? (nt[c] > 0.0 ? 1.0 / nt[c] : 0.0) : 1.0);
+        coef[r] += inv * dr * (norm ? (nt[r] > 0.0 ? 1.0 / nt[r] : 0.0) : 1.0);
+        sum += l;
+        if (pair_out) {
+            pair_out[4 * p + 0] = l;
+            pair_out[4 * p + 1] = (double)o->beta * (sc - rc);
+            pair_out[4 * p + 2] = (double)o->beta * (sr - rr);
+            pair_out[4 * p + 3] = pair_out[4 * p + 1] > pair_out[4 * p + 2] ? 1.0 : 0.0;
+        }
+    }
+    if (loss) *loss = inv == 0.0 ? sum * 0.0 : sum * inv;
+    if (grad)
+        for (k = 0; k < nseq; ++k)
+            for (t = cu_seqlens[k]; t < cu_seqlens[k + 1]; ++t) {
+                const float *x = logits + t * stride;
+                double *g = grad + t * V, m = -(double)LF_INF_F, s = 0.0;
+                int64_t y = labels[t];
+                for (j = 0; j < V; ++j) g[j] = 0.0;
+                if (y == o->ignore_index || y < 0 || y >= V) continue;
+                for (j = 0; j < V; ++j) m = (double)x[j] > m ? (double)x[j] : m;
+                for (j = 0; j < V; ++j) s += exp((double)x[j] - m);
+                for (j = 0; j < V; ++j) g[j] = -coef[k] * exp((double)x[j] - m) / s;
+                g[y] += coef[k];
+            }
+    if (n_bad) *n_bad = bad;
+    return LF_OK;
+}
+
+/* ============================================================================================
+ * 9c. Pairwise preference over flat pairs with histogram penalties (lf_ref_pairwise_preference)
+ *    Scores s [S] (fp32); pairs (i, j) [P][2]; per pair a target, a weight w_p (NULL: 1) and a
+ *    scale a_p (NULL: opts.scale). With d = s_i - s_j:
+ *        LF_PREF_BT     lf_bt(d, t_p, a_p)                t_p = P(i preferred over j), in [0, 1]
+ *        LF_PREF_HINGE  lf_hinge_margin(d, t_p, margin, a_p)   t_p = +1 (i over j) or -1
+ *    (the formulas of section 3c, evaluated here in double)
+ *    pair loss = sum_p w_p loss_p / D, D = divisor, or sum_p w_p when divisor < 0.
+ *    Penalties on a histogram of the items: item i (bin b_i >= 0, mass m_i, NULL: 1) puts
+ *    m_i g(s_i) into bin b_i, g = sigmoid (LF_GATE_SIGMOID: the item's probability of being
+ *    kept) or the identity (LF_GATE_NONE); with budget B_b and coverage floor F_b per bin,
+ *        penalty = budget_weight sum_b max(0, h_b - B_b)^2 + coverage_weight sum_b max(0, F_b - h_b)^2
+ *    (not divided by D). loss_out[0] = pair loss + penalty, [1] the pair loss, [2] the penalty.
+ *    hist (n_bins doubles; required with item_bin) receives h. grad (S doubles, may be NULL)
+ *    = d loss / d s. Bad pairs: LF_ERR_PAIR; a bin outside [-1, n_bins): LF_ERR_ARG; budget /
+ *    coverage may be NULL when their weight is 0.
+ * ========================================================================================== */
+
+typedef enum lf_pref_kind { LF_PREF_BT = 0, LF_PREF_HINGE = 1 } lf_pref_kind;
+typedef enum lf_pref_gate { LF_GATE_SIGMOID = 0, LF_GATE_NONE = 1 } lf_pref_gate;
+
+typedef struct lf_pref_opts {
+    lf_pref_kind kind;     /* default LF_PREF_BT */
+    float scale;           /* default 1 (when no per-pair scale is given) */
+    float margin;          /* hinge margin; default 1 */
+    lf_pref_gate gate;     /* default LF_GATE_SIGMOID */
+    float budget_weight;   /* >= 0; default 0 (off) */
+    float coverage_weight; /* >= 0; default 0 (off) */
+} lf_pref_opts;
+
+static inline lf_pref_opts lf_pref_opts_default(void)
+{
+    lf_pref_opts o;
+    o.kind = LF_PREF_BT;
+    o.scale = 1.0f;
+    o.margin = 1.0f;
+    o.gate = LF_GATE_SIGMOID;
+    o.budget_weight = 0.0f;
+    o.coverage_weight = 0.0f;
+    return o;
+}
+
+static inline lf_status lf_check_pref_opts(const lf_pref_opts *o)
+{
+    if (!o) return LF_ERR_NULL;
+    if ((int)o->kind < (int)LF_PREF_BT || (int)o->kind > (int)LF_PREF_HINGE) return LF_ERR_ARG;
+    if ((int)o->gate < (int)LF_GATE_SIGMOID || (int)o->gate > (int)LF_GATE_NONE) return LF_ERR_ARG;
+    if (!(fabsf(o->scale) < LF_INF_F) || !(fabsf(o->margin) < LF_INF_F)) return LF_ERR_ARG;
+    if (!(o->budget_weight >= 0.0f) || !(o->coverage_weight >= 0.0f)) return LF_ERR_ARG;
+    if (o->budget_weight == LF_INF_F || o->coverage_weight == LF_INF_F) return LF_ERR_ARG;
+    return LF_OK;
+}
+
+static inline lf_status lf_ref_pairwise_preference(int64_t S, const float *scores, int64_t P, const int32_t *pairs,
+                                                   const float *target, const float *pair_weight,
+                                                   const float *pair_scale, const int32_t *item_bin,
+                                                   const float *item_mass, int64_t n_bins, const float *budget,
+                                                   const float *coverage, const lf_pref_opts *o, double divisor,
+                                                   double *loss_out, double *hist, double *grad)
+{
+    double wsum = 0.0, sum = 0.0, pen = 0.0, inv, *h = hist;
+    int64_t p, i, b;
+    lf_status st = lf_check_pref_opts(o);
+    if (st != LF_OK) return st;
+    if (S < 0 || P < 0 || n_bins < 0) return LF_ERR_SIZE;
+    if ((st = lf_check_pairs(pairs, P, S, NULL, NULL)) != LF_OK) return st;
+    if ((S > 0 && !scores) || (P > 0 && !target)) return LF_ERR_NULL;
+    if (item_bin) {
+        if ((o->budget_weight > 0.0f && !budget) || (o->coverage_weight > 0.0f && !coverage)) return LF_ERR_NULL;
+        if (n_bins > 0 && !hist) return LF_ERR_NULL;
+        for (i = 0; i < S; ++i)
+            if (item_bin[i] < -1 || item_bin[i] >= n_bins) return LF_ERR_ARG;
+    }
+    if (grad)
+        for (i = 0; i < S; ++i) grad[i] = 0.0;
+    for (p = 0; p < P; ++p) wsum += pair_weight ? (double)pair_weight[p] : 1.0;
+    inv = divisor < 0.0 ? (wsum == 0.0 ? 0.0 : 1.0 / wsum) : divisor == 0.0 ? 0.0 : 1.0 / divisor;
+    for (p = 0; p < P; ++p) {
+        int32_t a = pairs[2 * p], c = pairs[2 * p + 1];
+        double d = (double)scores[a] - (double)scores[c], sc = pair_scale ? (double)pair_scale[p] : (double)o->scale;
+        double w = pair_weight ? (double)pair_weight[p] : 1.0, tp = (double)target[p], l, dd, z;
+        if (o->kind == LF_PREF_HINGE) {
+            z = (double)o->margin - tp * sc * d;
+            l = z > 0.0 ? z : 0.0;
+            dd = z > 0.0 ? -tp * sc : 0.0;
+        } else {
+            z = sc * d;
+            l = (tp == 0.0 ? 0.0 : tp * lf_impl_softplus_d(-z)) + (tp == 1.0 ? 0.0 : (1.0 - tp) * lf_impl_softplus_d(z));
+            dd = sc * (lf_impl_sigmoid_d(z) - tp);
+        }
+        sum += w == 0.0 ? 0.0 : w * l;
+        if (grad && w != 0.0) {
+            grad[a] += inv * w * dd;
+            grad[c] -= inv * w * dd;
+        }
+    }
+    if (item_bin && n_bins > 0) {
+        for (b = 0; b < n_bins; ++b) h[b] = 0.0;
+        for (i = 0; i < S; ++i) {
+            double m = item_mass ? (double)item_mass[i] : 1.0, s = (double)scores[i];
+            double g = o->gate == LF_GATE_SIGMOID ? 1.0 / (1.0 + exp(-s)) : s;
+            if (item_bin[i] >= 0) h[item_bin[i]] += m * g;
+        }
+        for (b = 0; b < n_bins; ++b) {
+            double over = o->budget_weight > 0.0f && h[b] > (double)budget[b] ? h[b] - (double)budget[b] : 0.0;
+            double under = o->coverage_weight > 0.0f && h[b] < (double)coverage[b] ? (double)coverage[b] - h[b] : 0.0;
+            pen += (double)o->budget_weight * over * over + (double)o->coverage_weight * under * under;
+        }
+        if (grad)
+            for (i = 0; i < S; ++i) {
+                int32_t bi = item_bin[i];
+                double m = item_mass ? (double)item_mass[i] : 1.0, s = (double)scores[i], dg, dh = 0.0;
+                if (bi < 0) continue;
+                dg = o->gate == LF_GATE_SIGMOID ? 1.0 / (1.0 + exp(-s)) * (1.0 - 1.0 / (1.0 + exp(-s))) : 1.0;
+                if (o->budget_weight > 0.0f && h[bi] > (double)budget[bi]) dh += 2.0 * (double)o->budget_weight * (h[bi] - (double)budget[bi]);
+                if (o->coverage_weight > 0.0f && h[bi] < (double)coverage[bi]) dh -= 2.0 * (double)o->coverage_weight * ((double)coverage[bi] - h[bi]);
+                grad[i] += dh * m * dg;
+            }
+    }
+    if (loss_out) {
+        loss_out[1] = inv == 0.0 ? sum * 0.0 : sum * inv;
+        loss_out[2] = pen;
+        loss_out[0] = loss_out[1] + pen;
+    }
     return LF_OK;
 }
 
