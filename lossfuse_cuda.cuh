@@ -50,6 +50,9 @@
  *      (or the one-barrier lf_block_dual_acc),
  *      lf_kl_piece_stats2 (pass 2 of JSD / TVD), lf_kl_coef_make, lf_kl_piece_grad, and the
  *      edge-element forms lf_dual_edge_stats / lf_kl_edge_stats2 / lf_kl_edge_grad
+ *   9. Segmented sums, pair scatter-add, histograms: lf_warp_seg_scan_f32, the fast
+ *      lf_atomic_add_aggregated, the deterministic lf_seg_sum_grid (per-sequence sums over
+ *      cu_seqlens) and lf_sorted_run_sum_grid (after a stable sort by slot), lf_seq_bad
  *
  * Configuration macros: those of lossfuse.h (LF_HD, LF_USE_EXP2, LF_ASSERT). Nothing else.
  *
@@ -1715,6 +1718,120 @@ static __device__ __forceinline__ void lf_kl_edge_grad(TS *out, const TS *xs, co
         const float x = lf_elem<TS>::to_f32(xs[j]);
         const float d = lf_impl_kl_grad_any(c, lf_kl_w<LIN>(x, xf.s, xf), lf_kl_w<LIN>(lf_elem<TT>::to_f32(xt[j]), xf.t, xf));
         out[j] = lf_elem<TS>::from_f32(LIN ? c.a * d : c.a * d * lf_kl_dzdx(x, xf));
+    }
+}
+
+/* ============================================================================================
+ * 9. Segmented sums, pair scatter-add, histograms (packed sequences, preference losses)
+ *
+ *    All three are "add values into slots": per-token values into their sequence (cu_seqlens),
+ *    per-pair gradient terms into two items (+g into i, -g into j), item masses into bins. Each
+ *    comes in two modes (lossfuse.h section 9 has the host references):
+ *      fast           lf_atomic_add_aggregated: lanes that add into the same slot are grouped
+ *                     (__match_any_sync), their values summed in lane order, one atomicAdd per
+ *                     group. Float atomics: the total is exact to rounding but its bits depend
+ *                     on the order the atomics land in.
+ *      deterministic  no float atomics. Per-sequence sums: lf_seg_sum_grid, one warp per
+ *                     sequence, lanes stride its tokens in order, a fixed butterfly. Scatter-add
+ *                     and histograms: sort the (slot, value) entries by slot with a STABLE sort
+ *                     (cub::DeviceRadixSort::SortPairs keeps the input order within a slot),
+ *                     then lf_sorted_run_sum_grid sums each slot's run in that order. Bit-
+ *                     identical run to run, and the same bits whatever the launch shape.
+ *      lf_warp_seg_scan_f32: the segmented inclusive scan within a warp, for kernels that hold
+ *                     one token per lane and want one atomic (or one store) per sequence run.
+ *    Accumulation in double where the result is a sum over many values (per-lane partials of
+ *    lf_seg_sum_grid and lf_sorted_run_sum_grid); results are float.
+ * ========================================================================================== */
+
+/* Inclusive segmented scan over the 32 lanes, segments = runs of equal `seg` in lane order:
+ * every lane gets the sum of v over its run up to itself; *last = this lane ends its run (so
+ * holds the run's total). Fixed order of additions: deterministic. All 32 lanes must call. */
+static __device__ __forceinline__ float lf_warp_seg_scan_f32(float v, int64_t seg, bool *last)
+{
+    const int lane = (int)(threadIdx.x & 31u);
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const float u = __shfl_up_sync(0xffffffffu, v, o);
+        const long long s = __shfl_up_sync(0xffffffffu, (long long)seg, o);
+        /* a lane o back in the same run: runs are contiguous, so everything between is too */
+        if (lane >= o && s == (long long)seg) v += u;
+    }
+    const long long nxt = __shfl_down_sync(0xffffffffu, (long long)seg, 1);
+    *last = lane == 31 || nxt != (long long)seg;
+    return v;
+}
+
+/* base[slot] += v, one atomicAdd per group of lanes with the same slot (slot < 0: nothing).
+ * The lanes of a group need not be adjacent. All 32 lanes must call (v = 0, slot = -1 for a
+ * lane with nothing to add). Fast mode: not bit-reproducible (float atomics). */
+static __device__ __forceinline__ void lf_atomic_add_aggregated(float *base, int64_t slot, float v)
+{
+    const unsigned grp = __match_any_sync(0xffffffffu, (unsigned long long)slot);
+    const int lane = (int)(threadIdx.x & 31u);
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 32; ++k) {
+        const float u = __shfl_sync(0xffffffffu, v, k);
+        if ((grp >> k) & 1u) s += u; /* the group's values, in lane order */
+    }
+    if (slot >= 0 && lane == __ffs((int)grp) - 1) atomicAdd(base + slot, s);
+}
+
+/* out[k] = sum of v[t] over t in [cu_seqlens[k], cu_seqlens[k+1]) for k < nseq, computed by
+ * every thread of the grid together (call it from all threads; no barrier inside): warp w of
+ * the grid takes sequences w, w + W, ... (W = warps in the grid); lane l adds tokens l, l+32,
+ * ... in double; a fixed butterfly. Empty sequences give 0. The bits do not depend on the
+ * grid's shape. cu_seqlens must be valid (lossfuse.h lf_check_cu_seqlens; on the device see
+ * lf_seq_bad). */
+static __device__ __forceinline__ void lf_seg_sum_grid(const int32_t *cu_seqlens, int64_t nseq, const float *v, float *out)
+{
+    const int64_t warps = ((int64_t)gridDim.x * blockDim.x) >> 5;
+    const int64_t w0 = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int lane = (int)(threadIdx.x & 31u);
+    for (int64_t k = w0; k < nseq; k += warps) {
+        const int64_t b = cu_seqlens[k], e = cu_seqlens[k + 1];
+        double a = 0.0;
+        for (int64_t t = b + lane; t < e; t += 32) a += (double)v[t];
+        a = lf_warp_sum_f64(a);
+        if (lane == 0) out[k] = (float)a;
+    }
+}
+
+/* A device-side cu_seqlens check (the host one reads the array): 1 when cu_seqlens[0] != 0,
+ * cu_seqlens[k+1] < cu_seqlens[k] for some k, or cu_seqlens[nseq] != total. Every thread of
+ * the grid may call it; each checks a strided share and ORs into *flag (an int in global
+ * memory, zeroed by the caller), so a kernel can refuse bad input without a host round trip. */
+static __device__ __forceinline__ void lf_seq_bad(const int32_t *cu_seqlens, int64_t nseq, int64_t total, int *flag)
+{
+    const int64_t n = (int64_t)gridDim.x * blockDim.x, i0 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    bool bad = false;
+    for (int64_t k = i0; k <= nseq; k += n) {
+        if (k == 0 && cu_seqlens[0] != 0) bad = true;
+        if (k > 0 && cu_seqlens[k] < cu_seqlens[k - 1]) bad = true;
+        if (k == nseq && cu_seqlens[nseq] != total) bad = true;
+    }
+    if (bad) atomicOr(flag, 1);
+}
+
+/* The deterministic scatter: keys[0..n) sorted ascending by a STABLE sort (entries of one key
+ * keep their original order), vals permuted alike; out[k] = sum of the vals of key k in that
+ * order, for k < nkeys (keys outside [0, nkeys) are skipped; a key with no entry gives 0).
+ * One thread per key finds its run by binary search and sums it in double. All threads of
+ * the grid call it; no barrier. */
+static __device__ __forceinline__ void lf_sorted_run_sum_grid(const int32_t *keys, const float *vals, int64_t n, int64_t nkeys,
+                                                             float *out)
+{
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < nkeys; k += stride) {
+        int64_t lo = 0, hi = n; /* first index with keys[i] >= k */
+        while (lo < hi) {
+            const int64_t mid = lo + ((hi - lo) >> 1);
+            if (keys[mid] < k) lo = mid + 1;
+            else hi = mid;
+        }
+        double a = 0.0;
+        for (int64_t i = lo; i < n && keys[i] == k; ++i) a += (double)vals[i];
+        out[k] = (float)a;
     }
 }
 
