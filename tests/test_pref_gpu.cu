@@ -1,0 +1,259 @@
+/* tests/test_pref_gpu.cu — GPU tests of examples/pairwise_preference.cu against the double
+ * host reference lf_ref_pairwise_preference (lossfuse.h section 9c).
+ *
+ *   test_pref_gpu [--small] [--seed S]      exit 0 passed, 1 failed, 77 no device
+ *
+ * Bradley-Terry and hinge, fast and deterministic modes, with and without per-pair weights and
+ * scales, histogram penalties with both gates, a hot item, 0 and 1 pairs, bad pairs and bad
+ * bins (counted, skipped: compared with the reference on the valid ones), poisoned outputs,
+ * bit-identity of the deterministic mode. Tolerances: each pair term and its derivative is a
+ * float evaluation (relative ~2^-22 of its size), sums in double or float atomics (fast mode:
+ * (n + 1) 2^-24 of the sum of |terms| per slot). A bin's total h_b carries herr_b = (n_b + 1)
+ * 2^-24 sum_b |m g| (fast; det: 2^-23 sum_b) and moves the penalty by 2 (w_B over + w_C under)
+ * herr_b and each of its items' gradients by 2 (w_B + w_C) m |g'| herr_b. The loss within 1e-5
+ * (1 + |loss|) plus that; each gradient entry within 2^-18 of the sum of the |pair terms|
+ * that reach it, the penalty part, and 1e-6 of the largest entry.
+ */
+#define PREF_NO_MAIN
+#include "examples/pairwise_preference.cu"
+
+#include "tests/gpu_test.cuh"
+
+struct PCase {
+    const char *name = "";
+    int64_t S = 100, P = 500, B = 7;
+    lf_pref_kind kind = LF_PREF_BT;
+    lf_pref_gate gate = LF_GATE_SIGMOID;
+    bool det = false, weights = false, scales = false, bins = true, dev_div = false, grad = true;
+    double bad_pairs = 0.0, bad_bins = 0.0, hot = 0.3;
+};
+
+static void run_pcase(const PCase &c)
+{
+    snprintf(g_case, sizeof g_case, "%s S=%lld P=%lld %s %s", c.name, (long long)c.S, (long long)c.P,
+             c.kind == LF_PREF_BT ? "bt" : "hinge", c.det ? "det" : "fast");
+    const int fails = g_fail;
+    uint64_t rs = g_seed ^ mix64((uint64_t)c.S * 7919u + (uint64_t)c.P * 104729u + (uint64_t)c.kind * 31u + (uint64_t)c.det);
+    const int64_t S = c.S, P = c.P, B = c.B;
+    std::vector<float> s(S), t(P + 1), w(P + 1), sc(P + 1), mass(S), budget(B + 1), cov(B + 1);
+    std::vector<int32_t> pairs(2 * P + 2), bin(S);
+    for (int64_t i = 0; i < S; ++i) {
+        s[i] = (float)(4.0 * (rng_u(&rs) - 0.5));
+        bin[i] = (int32_t)(rng_u(&rs) * (B + 1)) - 1;
+        mass[i] = (float)(0.5 + rng_u(&rs));
+    }
+    for (int64_t b = 0; b < B; ++b) {
+        budget[b] = (float)(0.5 * S / (B + 1));
+        cov[b] = (float)(0.45 * S / (B + 1));
+    }
+    int64_t n_bad = 0;
+    std::vector<char> valid(P + 1, 1);
+    for (int64_t p = 0; p < P; ++p) {
+        int32_t a = (int32_t)(rng_u(&rs) * S) % (int32_t)S, b = (int32_t)(rng_u(&rs) * (S - 1)) % (int32_t)(S - 1);
+        if (b >= a) ++b;
+        if (rng_u(&rs) < c.hot && a != 0) b = 0; /* item 0 is hot */
+        if (rng_u(&rs) < c.bad_pairs) {
+            const int r = (int)(p % 3);
+            if (r == 0) b = a;
+            else if (r == 1) a = (int32_t)S;
+            else b = -3;
+            valid[p] = 0;
+            ++n_bad;
+        }
+        pairs[2 * p] = a;
+        pairs[2 * p + 1] = b;
+        t[p] = c.kind == LF_PREF_BT ? (float)rng_u(&rs) : (rng_u(&rs) < 0.5 ? -1.0f : 1.0f);
+        w[p] = rng_u(&rs) < 0.05 ? 0.0f : (float)(0.25 + rng_u(&rs));
+        sc[p] = (float)(0.5 + 2.0 * rng_u(&rs));
+    }
+    if (c.bins)
+        for (int64_t i = 0; i < S; ++i)
+            if (rng_u(&rs) < c.bad_bins) {
+                bin[i] = (int32_t)(B + 2);
+                ++n_bad;
+            }
+    /* the reference over the valid pairs and with bad bins as no bin */
+    std::vector<int32_t> vp;
+    std::vector<float> vt, vw, vsc;
+    for (int64_t p = 0; p < P; ++p)
+        if (valid[p]) {
+            vp.push_back(pairs[2 * p]);
+            vp.push_back(pairs[2 * p + 1]);
+            vt.push_back(t[p]);
+            vw.push_back(w[p]);
+            vsc.push_back(sc[p]);
+        }
+    std::vector<int32_t> vbin(bin);
+    for (auto &b : vbin)
+        if (b >= B) b = -1;
+    lf_pref_opts o = lf_pref_opts_default();
+    o.kind = c.kind;
+    o.gate = c.gate;
+    o.budget_weight = c.bins ? 0.4f : 0.0f;
+    o.coverage_weight = c.bins ? 0.9f : 0.0f;
+    o.margin = 0.5f;
+    const int64_t nv = (int64_t)vt.size();
+    double ref[3] = {0, 0, 0};
+    std::vector<double> rg(S), rh(B + 1);
+    const double D = c.dev_div ? 37.5 : -1.0;
+    EXPECT(lf_ref_pairwise_preference(S, s.data(), nv, vp.data(), vt.data(), c.weights ? vw.data() : NULL, c.scales ? vsc.data() : NULL,
+                                      c.bins ? vbin.data() : NULL, mass.data(), B, budget.data(), cov.data(), &o, D, ref, rh.data(),
+                                      rg.data()) == LF_OK,
+           "reference failed");
+    /* the sums of |terms| per item, for the tolerance */
+    std::vector<double> mag(S, 0.0), cnt(S, 1.0);
+    double wsum = 0.0;
+    for (int64_t p = 0; p < nv; ++p) wsum += c.weights ? vw[p] : 1.0;
+    const double inv = c.dev_div ? 1.0 / 37.5 : (wsum > 0 ? 1.0 / wsum : 0.0);
+    for (int64_t p = 0; p < nv; ++p) {
+        const double a = (c.weights ? vw[p] : 1.0) * (c.scales ? vsc[p] : 1.0) * inv * 2.0;
+        mag[vp[2 * p]] += a;
+        mag[vp[2 * p + 1]] += a;
+        cnt[vp[2 * p]] += 1;
+        cnt[vp[2 * p + 1]] += 1;
+    }
+    double gmax = 0.0;
+    for (int64_t i = 0; i < S; ++i) gmax = fmax(gmax, fabs(rg[i]));
+    /* the histogram's float error per bin, and what it does to the penalty and its gradient */
+    std::vector<double> herr(B + 1, 0.0), bsum(B + 1, 0.0), bcnt(B + 1, 1.0), pen_g(S, 0.0);
+    double pen_tol = 0.0;
+    if (c.bins) {
+        for (int64_t i = 0; i < S; ++i)
+            if (vbin[i] >= 0) {
+                const double g = c.gate == LF_GATE_SIGMOID ? 1.0 / (1.0 + exp(-(double)s[i])) : (double)s[i];
+                bsum[vbin[i]] += fabs(mass[i] * g);
+                bcnt[vbin[i]] += 1.0;
+            }
+        for (int64_t b = 0; b < B; ++b) {
+            herr[b] = (c.det ? 0x1p-23 : (bcnt[b] + 1.0) * 0x1p-24) * bsum[b] + 0x1p-22 * bsum[b];
+            const double over = rh[b] > budget[b] ? rh[b] - budget[b] : 0.0, under = rh[b] < cov[b] ? cov[b] - rh[b] : 0.0;
+            pen_tol += 2.0 * (o.budget_weight * over + o.coverage_weight * under) * herr[b] + (o.budget_weight + o.coverage_weight) * herr[b] * herr[b];
+        }
+        for (int64_t i = 0; i < S; ++i)
+            if (vbin[i] >= 0) {
+                const double dg = c.gate == LF_GATE_SIGMOID ? 0.25 : 1.0;
+                pen_g[i] = 2.0 * (o.budget_weight + o.coverage_weight) * mass[i] * dg * herr[vbin[i]] + 0x1p-20 * fabs(rg[i]);
+            }
+    }
+
+    DevBuf sd(4 * S), td(4 * P + 4), wd(4 * P + 4), scd(4 * P + 4), md(4 * S), bud(4 * B + 4), cvd(4 * B + 4), pd(8 * P + 8),
+        bd(4 * S), loss(12), grad(4 * S), hist(4 * B + 4), err(4), divd(4);
+    const size_t wsb = pref_workspace_bytes(S, P, c.bins ? B : 0, c.det);
+    DevBuf ws(wsb);
+    CK(cudaMemcpy(sd.p, s.data(), 4 * S, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(td.p, t.data(), 4 * P + 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(wd.p, w.data(), 4 * P + 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(scd.p, sc.data(), 4 * P + 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(md.p, mass.data(), 4 * S, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(bud.p, budget.data(), 4 * B + 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(cvd.p, cov.data(), 4 * B + 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(pd.p, pairs.data(), 8 * P + 8, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(bd.p, bin.data(), 4 * S, cudaMemcpyHostToDevice));
+    const float divh = 37.5f;
+    CK(cudaMemcpy(divd.p, &divh, 4, cudaMemcpyHostToDevice));
+    CK(cudaMemset(err.p, 0, 4));
+    /* the workspace holds garbage: the launch must not depend on its contents */
+    CK(cudaMemset(ws.p, 0x7f, wsb));
+    fill_poison(loss.p, 3, LF_F32);
+    fill_poison(grad.p, S, LF_F32);
+    fill_poison(hist.p, B + 1, LF_F32);
+
+    pref_args a = pref_args_default();
+    a.n_items = S;
+    a.scores = (const float *)sd.p;
+    a.n_pairs = P;
+    a.pairs = (const int32_t *)pd.p;
+    a.target = (const float *)td.p;
+    a.pair_weight = c.weights ? (const float *)wd.p : NULL;
+    a.pair_scale = c.scales ? (const float *)scd.p : NULL;
+    a.opts = o;
+    a.item_bin = c.bins ? (const int32_t *)bd.p : NULL;
+    a.item_mass = (const float *)md.p;
+    a.n_bins = B;
+    a.budget = (const float *)bud.p;
+    a.coverage = (const float *)cvd.p;
+    a.divisor = c.dev_div ? (const float *)divd.p : NULL;
+    a.deterministic = c.det;
+    a.loss = (float *)loss.p;
+    a.grad = c.grad ? (float *)grad.p : NULL;
+    a.hist = c.bins ? (float *)hist.p : NULL;
+    a.n_errors = (unsigned *)err.p;
+    a.workspace = ws.p;
+    a.workspace_bytes = wsb;
+    cudaError_t ce;
+    EXPECT(pref_launch(&a, 0, &ce) == LF_OK, "pref_launch: %s", cudaGetErrorString(ce));
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+    float lh[3];
+    std::vector<float> gh(S), hh(B + 1);
+    unsigned eh;
+    CK(cudaMemcpy(lh, loss.p, 12, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(gh.data(), grad.p, 4 * S, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hh.data(), hist.p, 4 * (B + 1), cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(&eh, err.p, 4, cudaMemcpyDeviceToHost));
+    EXPECT((int64_t)eh == n_bad, "n_errors %u want %lld", eh, (long long)n_bad);
+    for (int k = 0; k < 3; ++k)
+        EXPECT(close(lh[k], ref[k], 1e-5 * (1.0 + fabs(ref[k])) + (k != 1 ? pen_tol : 0.0)), "loss[%d] %.9g want %.9g", k, lh[k], ref[k]);
+    if (c.bins)
+        for (int64_t b = 0; b < B; ++b) EXPECT(close(hh[b], rh[b], herr[b] + 1e-30), "hist[%lld] %.9g want %.9g", (long long)b, hh[b], rh[b]);
+    if (c.grad) {
+        int bad = 0;
+        int64_t wi = -1;
+        for (int64_t i = 0; i < S; ++i) {
+            const double tol = (0x1p-18 + (c.det ? 0.0 : cnt[i] * 0x1p-24)) * mag[i] + pen_g[i] + 1e-6 * gmax + 1e-30;
+            if (!close(gh[i], rg[i], tol)) {
+                if (wi < 0) wi = i;
+                ++bad;
+            }
+        }
+        EXPECT(bad == 0, "%d gradient entries off; first %lld: %.9g want %.9g", bad, (long long)wi, wi >= 0 ? gh[wi] : 0.0f,
+               wi >= 0 ? rg[wi] : 0.0);
+        if (c.det) { /* run again on a garbage workspace: the same bits */
+            CK(cudaMemset(ws.p, 0x3c, wsb));
+            EXPECT(pref_launch(&a, 0, &ce) == LF_OK, "relaunch");
+            CK(cudaDeviceSynchronize());
+            std::vector<float> g2(S);
+            float l2[3];
+            CK(cudaMemcpy(g2.data(), grad.p, 4 * S, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(l2, loss.p, 12, cudaMemcpyDeviceToHost));
+            EXPECT(memcmp(g2.data(), gh.data(), 4 * S) == 0, "deterministic gradient not bit-identical");
+            EXPECT(memcmp(l2, lh, 12) == 0, "deterministic loss not bit-identical");
+        }
+    }
+    printf("%-4s %s\n", g_fail == fails ? "ok" : "FAIL", g_case);
+}
+
+int main(int argc, char **argv)
+{
+    for (int i = 1; i < argc; ++i) {
+        if (!strcmp(argv[i], "--small")) g_small = 1;
+        else if (!strcmp(argv[i], "--seed") && i + 1 < argc) g_seed = strtoull(argv[++i], NULL, 0);
+    }
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+        printf("test_pref_gpu: no CUDA device, skipped\n");
+        return 77;
+    }
+    if (!g_seed) g_seed = (uint64_t)time(NULL);
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    printf("test_pref_gpu on %s (sm_%d%d), seed %llu%s\n", prop.name, prop.major, prop.minor, (unsigned long long)g_seed,
+           g_small ? ", small sizes" : "");
+    for (int det = 0; det < 2; ++det)
+        for (int kind = 0; kind < 2; ++kind) {
+            PCase b;
+            b.det = det;
+            b.kind = (lf_pref_kind)kind;
+            PCase c;
+            c = b; c.name = "plain"; c.bins = false; run_pcase(c);
+            c = b; c.name = "weights, scales, bins"; c.weights = c.scales = true; run_pcase(c);
+            c = b; c.name = "bins, gate none, device divisor"; c.gate = LF_GATE_NONE; c.dev_div = true; run_pcase(c);
+            c = b; c.name = "bad pairs and bins"; c.bad_pairs = 0.1; c.bad_bins = 0.05; c.weights = true; run_pcase(c);
+            c = b; c.name = "one pair"; c.P = 1; c.S = 2; c.hot = 0.0; run_pcase(c);
+            c = b; c.name = "no pairs"; c.P = 0; run_pcase(c);
+            c = b; c.name = "forward only"; c.grad = false; run_pcase(c);
+            c = b; c.name = "many"; c.S = g_small ? 3000 : 20000; c.P = g_small ? 20000 : 300000; c.B = 100; c.weights = true; run_pcase(c);
+        }
+    printf("test_pref_gpu: %d checks, %d failed\n", g_checks, g_fail);
+    return g_fail ? 1 : 0;
+}
