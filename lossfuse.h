@@ -538,7 +538,9 @@ LF_HD float lf_impl_wsum(float wa, float a, float wb, float b)
 LF_HD float lf_dpo_sigmoid(float h, float beta, float eps, float *d)
 {
     float z = beta * h;
-    if (d) *d = beta * (lf_sigmoid(z) - (1.0f - eps));
+    /* sigma(z) - (1 - eps) written as eps - sigma(-z): no cancellation when z >> 0 (where
+     * sigma(z) rounds to 1 and the true derivative is ~ -beta e^-z) */
+    if (d) *d = beta * (eps - lf_sigmoid(-z));
     return lf_impl_wsum(1.0f - eps, lf_softplus(-z), eps, lf_softplus(z));
 }
 
@@ -566,7 +568,9 @@ LF_HD float lf_simpo(float m, float beta, float gamma, float *d)
 LF_HD float lf_bt(float diff, float t, float scale, float *d)
 {
     float z = scale * diff;
-    if (d) *d = scale * (lf_sigmoid(z) - t);
+    /* sigma(z) - t, or the same as (1 - t) - sigma(-z) when t >= 1/2: no cancellation for a
+     * confident target and a large margin */
+    if (d) *d = scale * (t >= 0.5f ? (1.0f - t) - lf_sigmoid(-z) : lf_sigmoid(z) - t);
     return lf_impl_wsum(t, lf_softplus(-z), 1.0f - t, lf_softplus(z));
 }
 

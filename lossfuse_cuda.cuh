@@ -1781,9 +1781,11 @@ static __device__ __forceinline__ void lf_atomic_add_aggregated(float *base, int
  * every thread of the grid together (call it from all threads; no barrier inside): warp w of
  * the grid takes sequences w, w + W, ... (W = warps in the grid); lane l adds tokens l, l+32,
  * ... in double; a fixed butterfly. Empty sequences give 0. The bits do not depend on the
- * grid's shape. cu_seqlens must be valid (lossfuse.h lf_check_cu_seqlens; on the device see
+ * grid's shape. out: float, or double to keep the sums' digits (a difference of two long
+ * sums, as a DPO margin, needs them). cu_seqlens must be valid (lossfuse.h lf_check_cu_seqlens; on the device see
  * lf_seq_bad). */
-static __device__ __forceinline__ void lf_seg_sum_grid(const int32_t *cu_seqlens, int64_t nseq, const float *v, float *out)
+template <typename O>
+static __device__ __forceinline__ void lf_seg_sum_grid(const int32_t *cu_seqlens, int64_t nseq, const float *v, O *out)
 {
     const int64_t warps = ((int64_t)gridDim.x * blockDim.x) >> 5;
     const int64_t w0 = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
@@ -1793,7 +1795,7 @@ static __device__ __forceinline__ void lf_seg_sum_grid(const int32_t *cu_seqlens
         double a = 0.0;
         for (int64_t t = b + lane; t < e; t += 32) a += (double)v[t];
         a = lf_warp_sum_f64(a);
-        if (lane == 0) out[k] = (float)a;
+        if (lane == 0) out[k] = (O)a;
     }
 }
 

@@ -1,0 +1,699 @@
+/* examples/dpo_packed.cu — the DPO family straight from packed logits, built only from
+ * lossfuse's two headers: no [T, V] fp32 copy, no host split of the pack, no host sync.
+ *
+ * Build and run (from the repository root; meson does the same, see README.md):
+ *     nvcc -O3 -std=c++17 -arch=sm_90 -I. examples/dpo_packed.cu -o dpo_packed
+ *     ./dpo_packed [pairs=64] [V=32768] [sigmoid|hinge|ipo|simpo] [bf16|fp16|fp32]
+ *
+ * What it does (the loss of lossfuse.h section 9b, lf_ref_dpo_packed)
+ *   Chosen and rejected responses packed in one logits buffer [T, V] by cu_seqlens; a pair
+ *   table (chosen sequence, rejected sequence); per-token next-token labels with ignore_index
+ *   on prompt tokens (or the input ids, shifted within each sequence on the device); optional
+ *   per-sequence reference log-probabilities; beta; sigmoid (with label smoothing: cDPO),
+ *   hinge, IPO or SimPO; an optional NLL (SFT) term on the chosen responses. Outputs the mean
+ *   loss over pairs (divisor: a device scalar, or the number of valid pairs), per-sequence
+ *   log-probabilities, and per pair the loss, both rewards and the reward accuracy — what
+ *   trainers log — and the gradient written over the logits in place (or to another buffer).
+ *
+ * Launches (all on the caller's stream; CUDA-graph capturable):
+ *   1. cu_seqlens checked on the device (lf_seq_bad): a bad one is one error, loss 0, grad 0
+ *   2. token rows: lse and the label's log-probability (one read of the logits)
+ *   3. per-sequence sums of log-probabilities and of labelled tokens (lf_seg_sum_grid:
+ *      deterministic, one warp per sequence)
+ *   4. pairs: loss, metrics, d loss / d h; 5. sequences: d loss / d logp_k, summed over the
+ *      pairs in pair order (deterministic); 6. the loss, summed in a fixed order (one CTA)
+ *   7. token rows again: the gradient coef_k (onehot(y) - softmax(x_t)) written over the row
+ *   Traffic: the logits are read twice and written once (the issue's "one extra read at
+ *   most"); workspace 12 B per token plus 20 B per sequence and 12 B per pair.
+ *
+ * Bad input: a label outside [0, V) that is not ignore_index, a pair with a sequence outside
+ *   [0, n_seqs) or chosen == rejected: one error each, that token / pair contributes nothing.
+ *   NaN / +inf logits in a labelled token: NaN log-probability, NaN loss.
+ *
+ * Sections: 1. API   2. kernels   3. launcher   4. main (make data, check, time)
+ */
+#include "lossfuse_cuda.cuh"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ============================================================================================
+ * 1. API
+ * ========================================================================================== */
+
+typedef struct dpo_args {
+    const void *logits;       /* [T, V], row stride `stride` */
+    lf_dtype dtype;           /* of logits and grad */
+    int64_t n_tokens, vocab, stride;
+    const void *labels;       /* [T] int32/int64 next-token labels, or input ids (ids_shift) */
+    int labels_i64;
+    int ids_shift;            /* 1: `labels` holds input ids; the label of t is ids[t+1] within its sequence */
+    const int32_t *cu_seqlens; /* [n_seqs + 1] */
+    int64_t n_seqs;
+    const int32_t *pairs;     /* [n_pairs][2]: chosen, rejected */
+    int64_t n_pairs;
+    const float *ref_logps;   /* [n_seqs] or NULL (reference-free) */
+    lf_dpo_opts opts;
+    const float *divisor;     /* device scalar, or NULL: the number of valid pairs */
+    const float *dloss;       /* device upstream gradient [1], or NULL (1) */
+    void *grad;               /* NULL: forward only; == logits: in place */
+    int64_t grad_stride;
+    float *loss;              /* [1] */
+    float *seq_logps;         /* optional [n_seqs] */
+    float *pair_metrics;      /* optional [n_pairs][4]: loss, chosen reward, rejected reward, accuracy */
+    unsigned int *n_errors;   /* optional device counter */
+    void *workspace;          /* dpo_workspace_bytes(T, n_seqs, n_pairs); no zeroing needed */
+    size_t workspace_bytes;
+} dpo_args;
+
+static dpo_args dpo_args_default(void)
+{
+    dpo_args a;
+    memset(&a, 0, sizeof a);
+    a.dtype = LF_BF16;
+    a.opts = lf_dpo_opts_default();
+    return a;
+}
+
+typedef struct dpo_ws {
+    float *tok_lse, *tok_lp, *tok_valid;     /* [T] */
+    double *seq_lp, *seq_n;                  /* [nseq]: double, since a margin is a difference of two long sums */
+    float *seq_coef;                         /* [nseq] */
+    float *pair_loss, *pair_dh, *pair_ok;    /* [P] */
+    float *div;                              /* [1] */
+    int *bad;                                /* [1] */
+    size_t total;
+} dpo_ws;
+
+static dpo_ws dpo_ws_layout(void *base, int64_t T, int64_t nseq, int64_t P)
+{
+    dpo_ws w;
+    char *p = (char *)base;
+    size_t off = 0;
+    auto take = [&](size_t n) -> float * {
+        float *r = p ? (float *)(p + off) : nullptr;
+        off += ((4 * (n > 0 ? n : 1)) + 255) & ~(size_t)255;
+        return r;
+    };
+    w.tok_lse = take((size_t)T);
+    w.tok_lp = take((size_t)T);
+    w.tok_valid = take((size_t)T);
+    w.seq_lp = (double *)take(2 * (size_t)nseq);
+    w.seq_n = (double *)take(2 * (size_t)nseq);
+    w.seq_coef = take((size_t)nseq);
+    w.pair_loss = take((size_t)P);
+    w.pair_dh = take((size_t)P);
+    w.pair_ok = take((size_t)P);
+    w.div = take(1);
+    w.bad = (int *)take(1);
+    w.total = off;
+    return w;
+}
+
+static size_t dpo_workspace_bytes(int64_t n_tokens, int64_t n_seqs, int64_t n_pairs)
+{
+    return dpo_ws_layout(nullptr, n_tokens, n_seqs, n_pairs).total;
+}
+
+/* ============================================================================================
+ * 2. Kernels
+ * ========================================================================================== */
+
+#define DPO_THREADS 256
+
+typedef struct dpo_kparams {
+    const void *logits;
+    int64_t T, V, stride, nseq, P;
+    const void *labels;
+    int labels_i64, ids_shift;
+    const int32_t *cu, *pairs;
+    const float *ref, *divisor, *dloss;
+    lf_dpo_opts o;
+    void *grad;
+    int64_t grad_stride;
+    float *loss, *seq_logps, *pair_metrics;
+    unsigned int *n_errors;
+    dpo_ws ws;
+} dpo_kparams;
+
+__global__ void dpo_check_kernel(const dpo_kparams k)
+{
+    lf_seq_bad(k.cu, k.nseq, k.T, k.ws.bad);
+}
+
+static __device__ __forceinline__ int64_t dpo_label(const dpo_kparams &k, int64_t t)
+{
+    if (k.ids_shift) {
+        /* the next input id within t's sequence (lossfuse.h lf_packed_next_label, on int32 or int64 ids) */
+        const int64_t s = lf_seq_find(k.cu, k.nseq, t);
+        if (s < 0 || t + 1 >= k.cu[s + 1]) return k.o.ignore_index;
+        return k.labels_i64 ? ((const int64_t *)k.labels)[t + 1] : (int64_t)((const int32_t *)k.labels)[t + 1];
+    }
+    return k.labels_i64 ? ((const int64_t *)k.labels)[t] : (int64_t)((const int32_t *)k.labels)[t];
+}
+
+/* 2. one CTA per token row (grid-stride): the row's lse (16-byte loads, an online lse per
+ * thread, a block merge) and the label's log-probability */
+template <typename T>
+__global__ void __launch_bounds__(DPO_THREADS) dpo_row_kernel(const dpo_kparams k)
+{
+    __shared__ lf_lse red[DPO_THREADS / 32];
+    if (*k.ws.bad) return;
+    for (int64_t t = blockIdx.x; t < k.T; t += gridDim.x) {
+        const int64_t y = dpo_label(k, t);
+        const bool valid = y != k.o.ignore_index && y >= 0 && y < k.V;
+        if (!valid) {
+            if (threadIdx.x == 0) {
+                if (y != k.o.ignore_index && k.n_errors) atomicAdd(k.n_errors, 1u);
+                k.ws.tok_lse[t] = 0.0f;
+                k.ws.tok_lp[t] = 0.0f;
+                k.ws.tok_valid[t] = 0.0f;
+            }
+            continue;
+        }
+        const T *x = (const T *)k.logits + t * k.stride;
+        const lf_row_span sp = lf_row_span_make(x, k.V);
+        const uint4 *body = reinterpret_cast<const uint4 *>(x + sp.head);
+        lf_lse st = lf_lse_init();
+        for (int v = threadIdx.x; v < sp.nvec; v += DPO_THREADS) {
+            float f[lf_elem<T>::per_vec];
+            lf_elem<T>::unpack(__ldg(body + v), f);
+            float m = f[0];
+#pragma unroll
+            for (int e = 1; e < lf_elem<T>::per_vec; ++e) m = fmaxf(m, f[e]);
+            lf_lse piece;
+            piece.m = m;
+            piece.s = 0.0f;
+            piece.u = 0.0f;
+            const float sh = m == -LF_INF_F ? 0.0f : m;
+#pragma unroll
+            for (int e = 0; e < lf_elem<T>::per_vec; ++e) piece.s += lf_exp_diff(f[e], sh);
+            if (m == -LF_INF_F) piece.s = 0.0f;
+            st = lf_lse_merge(st, piece);
+        }
+        const int nedge = sp.head + sp.tail;
+        for (int e = threadIdx.x; e < nedge; e += DPO_THREADS) {
+            const int64_t j = e < sp.head ? e : sp.head + (int64_t)sp.nvec * lf_elem<T>::per_vec + (e - sp.head);
+            lf_lse_push(&st, lf_elem<T>::to_f32(x[j]));
+        }
+        st = lf_block_lse<DPO_THREADS>(st, red);
+        if (threadIdx.x == 0) {
+            const float lse = lf_lse_final(st);
+            const float xy = lf_elem<T>::to_f32(x[y]);
+            /* x_y - lse as (x_y - m) - log(s): exact when the label is the maximum */
+            float lp = (xy - st.m) - logf(st.s);
+            if (!(fabsf(lse) < LF_INF_F)) lp = NAN;
+            k.ws.tok_lse[t] = lse;
+            k.ws.tok_lp[t] = lp;
+            k.ws.tok_valid[t] = 1.0f;
+        }
+        __syncthreads(); /* red is reused by the next row */
+    }
+}
+
+/* 3. per-sequence sums (deterministic) */
+__global__ void dpo_seg_kernel(const dpo_kparams k)
+{
+    if (*k.ws.bad) return;
+    lf_seg_sum_grid(k.cu, k.nseq, k.ws.tok_lp, k.ws.seq_lp);
+    lf_seg_sum_grid(k.cu, k.nseq, k.ws.tok_valid, k.ws.seq_n);
+}
+
+static __device__ __forceinline__ bool dpo_pair_ok(const dpo_kparams &k, int64_t p, int32_t *c, int32_t *r)
+{
+    *c = k.pairs[2 * p];
+    *r = k.pairs[2 * p + 1];
+    return *c >= 0 && *c < k.nseq && *r >= 0 && *r < k.nseq && *c != *r;
+}
+
+/* the default divisor: the number of valid pairs (one CTA, fixed order) */
+__global__ void __launch_bounds__(1024) dpo_divisor_kernel(const dpo_kparams k)
+{
+    __shared__ double scratch[32];
+    double a = 0.0;
+    for (int64_t p = threadIdx.x; p < k.P; p += 1024) {
+        int32_t c, r;
+        a += dpo_pair_ok(k, p, &c, &r) ? 1.0 : 0.0;
+    }
+    a = lf_block_sum_f64<1024>(a, scratch);
+    if (threadIdx.x == 0) *k.ws.div = (float)a;
+}
+
+static __device__ __forceinline__ double dpo_score(const dpo_kparams &k, int32_t s, bool norm, double v)
+{
+    const double n = k.ws.seq_n[s];
+    return norm ? (n > 0.0 ? v / n : 0.0) : v;
+}
+
+/* 4. pairs: loss, metrics, d loss / d h. The margin h is formed in double from the double
+ * sums (two sums of hundreds of log-probabilities differ by little), then the float loss. */
+__global__ void dpo_pair_kernel(const dpo_kparams k)
+{
+    const int64_t p = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (p >= k.P) return;
+    const bool bad = *k.ws.bad != 0;
+    int32_t c, r;
+    const bool ok = !bad && dpo_pair_ok(k, p, &c, &r);
+    if (!ok && !bad && k.n_errors) atomicAdd(k.n_errors, 1u);
+    float l = 0.0f, dh = 0.0f, rwc = 0.0f, rwr = 0.0f;
+    if (ok) {
+        const bool norm = k.o.length_normalize || k.o.kind == LF_DPO_SIMPO;
+        const double sc = dpo_score(k, c, norm, k.ws.seq_lp[c]), sr = dpo_score(k, r, norm, k.ws.seq_lp[r]);
+        double rc = 0.0, rr = 0.0;
+        if (k.ref && k.o.kind != LF_DPO_SIMPO) {
+            rc = dpo_score(k, c, norm, (double)k.ref[c]);
+            rr = dpo_score(k, r, norm, (double)k.ref[r]);
+        }
+        const float h = (float)((sc - rc) - (sr - rr));
+        switch (k.o.kind) {
+        case LF_DPO_HINGE: l = lf_dpo_hinge(h, k.o.beta, &dh); break;
+        case LF_DPO_IPO: l = lf_dpo_ipo(h, k.o.beta, &dh); break;
+        case LF_DPO_SIMPO: l = lf_simpo(h, k.o.beta, k.o.gamma, &dh); break;
+        default: l = lf_dpo_sigmoid(h, k.o.beta, k.o.label_smoothing, &dh); break;
+        }
+        const double nc = k.ws.seq_n[c];
+        if (k.o.nll_weight > 0.0f && nc > 0.0) l += (float)((double)k.o.nll_weight * (-k.ws.seq_lp[c] / nc));
+        rwc = (float)((double)k.o.beta * (sc - rc));
+        rwr = (float)((double)k.o.beta * (sr - rr));
+    }
+    k.ws.pair_loss[p] = l;
+    k.ws.pair_dh[p] = dh;
+    k.ws.pair_ok[p] = ok ? 1.0f : 0.0f;
+    if (k.pair_metrics) {
+        float *m = k.pair_metrics + 4 * p;
+        m[0] = l;
+        m[1] = rwc;
+        m[2] = rwr;
+        m[3] = ok && rwc > rwr ? 1.0f : 0.0f;
+    }
+}
+
+static __device__ __forceinline__ float dpo_scale(const dpo_kparams &k)
+{
+    const float d = k.divisor ? *k.divisor : *k.ws.div;
+    return (d == 0.0f ? 0.0f : 1.0f / d) * (k.dloss ? *k.dloss : 1.0f);
+}
+
+/* 5. sequences: c_k = d loss / d logp_k, over all pairs in pair order (no atomics) */
+__global__ void dpo_coef_kernel(const dpo_kparams k)
+{
+    const int64_t s = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (s >= k.nseq || *k.ws.bad) return;
+    const bool norm = k.o.length_normalize || k.o.kind == LF_DPO_SIMPO;
+    const float n = (float)k.ws.seq_n[s], dn = norm ? (n > 0.0f ? 1.0f / n : 0.0f) : 1.0f;
+    float a = 0.0f;
+    for (int64_t p = 0; p < k.P; ++p) {
+        if (k.ws.pair_ok[p] == 0.0f) continue;
+        const int32_t c = k.pairs[2 * p], r = k.pairs[2 * p + 1];
+        if (c == s) {
+            a += k.ws.pair_dh[p] * dn;
+            if (k.o.nll_weight > 0.0f && n > 0.0f) a -= k.o.nll_weight / n;
+        }
+        if (r == s) a -= k.ws.pair_dh[p] * dn;
+    }
+    k.ws.seq_coef[s] = a * dpo_scale(k);
+    if (k.seq_logps) k.seq_logps[s] = (float)k.ws.seq_lp[s];
+}
+
+/* 6. the loss, summed in a fixed order (one CTA) */
+__global__ void __launch_bounds__(1024) dpo_loss_kernel(const dpo_kparams k)
+{
+    __shared__ double scratch[32];
+    double a = 0.0;
+    if (!*k.ws.bad)
+        for (int64_t p = threadIdx.x; p < k.P; p += 1024) a += (double)k.ws.pair_loss[p];
+    a = lf_block_sum_f64<1024>(a, scratch);
+    if (threadIdx.x == 0) {
+        const double d = (double)(k.divisor ? *k.divisor : *k.ws.div);
+        k.loss[0] = *k.ws.bad ? 0.0f : (float)(d == 0.0 ? a * 0.0 : a / d);
+    }
+}
+
+/* 7. the gradient of every token row: c_k (onehot(y) - softmax(x_t)); 0 without a label */
+template <typename T>
+__global__ void __launch_bounds__(DPO_THREADS) dpo_grad_kernel(const dpo_kparams k)
+{
+    const bool bad = *k.ws.bad != 0;
+    for (int64_t t = blockIdx.x; t < k.T; t += gridDim.x) {
+        const T *x = (const T *)k.logits + t * k.stride;
+        T *g = (T *)k.grad + t * k.grad_stride;
+        float coef = 0.0f, lse = 0.0f;
+        int64_t y = -1;
+        if (!bad && k.ws.tok_valid[t] != 0.0f) {
+            const int64_t s = lf_seq_find(k.cu, k.nseq, t);
+            coef = k.ws.seq_coef[s];
+            lse = k.ws.tok_lse[t];
+            y = dpo_label(k, t);
+        }
+        if (coef == 0.0f || y < 0) {
+            for (int64_t j = threadIdx.x; j < k.V; j += DPO_THREADS) g[j] = lf_elem<T>::from_f32(0.0f);
+            continue;
+        }
+        /* element by element in the body's vectors when the gradient row shares the logits'
+         * alignment (always in place), else one element at a time */
+        const lf_row_span sp = lf_row_span_make(x, k.V);
+        const bool vec_ok = ((uintptr_t)g & 15u) == (uintptr_t)sp.phase;
+        const float c2 = -coef, sh = lse * LF_LOG2E;
+        if (vec_ok) {
+            const uint4 *body = reinterpret_cast<const uint4 *>(x + sp.head);
+            uint4 *gb = reinterpret_cast<uint4 *>(g + sp.head);
+            for (int v = threadIdx.x; v < sp.nvec; v += DPO_THREADS) {
+                float f[lf_elem<T>::per_vec];
+                lf_elem<T>::unpack(body[v], f); /* in place: read before written, same thread */
+#pragma unroll
+                for (int e = 0; e < lf_elem<T>::per_vec; ++e) {
+                    const int64_t j = sp.head + (int64_t)v * lf_elem<T>::per_vec + e;
+                    f[e] = c2 * exp2f(fmaf(f[e], LF_LOG2E, -sh)) + (j == y ? coef : 0.0f);
+                }
+                gb[v] = lf_elem<T>::pack(f);
+            }
+            const int nedge = sp.head + sp.tail;
+            for (int e = threadIdx.x; e < nedge; e += DPO_THREADS) {
+                const int64_t j = e < sp.head ? e : sp.head + (int64_t)sp.nvec * lf_elem<T>::per_vec + (e - sp.head);
+                const float xj = lf_elem<T>::to_f32(x[j]);
+                g[j] = lf_elem<T>::from_f32(c2 * exp2f(fmaf(xj, LF_LOG2E, -sh)) + (j == y ? coef : 0.0f));
+            }
+        } else {
+            for (int64_t j = threadIdx.x; j < k.V; j += DPO_THREADS) {
+                const float xj = lf_elem<T>::to_f32(x[j]);
+                g[j] = lf_elem<T>::from_f32(c2 * exp2f(fmaf(xj, LF_LOG2E, -sh)) + (j == y ? coef : 0.0f));
+            }
+        }
+    }
+}
+
+/* a bad cu_seqlens (flagged by dpo_check_kernel) as one error */
+__global__ void dpo_count_bad_kernel(const int *bad, unsigned int *n_errors)
+{
+    if (*bad) atomicAdd(n_errors, 1u);
+}
+
+/* ============================================================================================
+ * 3. Launcher
+ * ========================================================================================== */
+
+#define DPO_CHECK(call)                                                                             \
+    do {                                                                                            \
+        cudaError_t e_ = (call);                                                                    \
+        if (e_ != cudaSuccess) {                                                                    \
+            if (cuda_err) *cuda_err = e_;                                                           \
+            return LF_ERR_DEVICE;                                                                   \
+        }                                                                                           \
+    } while (0)
+
+template <typename T>
+static lf_status dpo_launch_t(const dpo_kparams &k, int rows_grid, cudaStream_t stream, cudaError_t *cuda_err)
+{
+    if (k.T > 0) {
+        dpo_row_kernel<T><<<rows_grid, DPO_THREADS, 0, stream>>>(k);
+        DPO_CHECK(cudaGetLastError());
+    }
+    if (k.nseq > 0) {
+        dpo_seg_kernel<<<(unsigned)((k.nseq + 7) / 8 < 1024 ? (k.nseq + 7) / 8 : 1024), DPO_THREADS, 0, stream>>>(k);
+        DPO_CHECK(cudaGetLastError());
+    }
+    if (!k.divisor) {
+        dpo_divisor_kernel<<<1, 1024, 0, stream>>>(k);
+        DPO_CHECK(cudaGetLastError());
+    }
+    if (k.P > 0) {
+        dpo_pair_kernel<<<(unsigned)((k.P + 255) / 256), 256, 0, stream>>>(k);
+        DPO_CHECK(cudaGetLastError());
+    }
+    if (k.nseq > 0) {
+        dpo_coef_kernel<<<(unsigned)((k.nseq + 255) / 256), 256, 0, stream>>>(k);
+        DPO_CHECK(cudaGetLastError());
+    }
+    dpo_loss_kernel<<<1, 1024, 0, stream>>>(k);
+    DPO_CHECK(cudaGetLastError());
+    if (k.grad && k.T > 0) {
+        dpo_grad_kernel<T><<<rows_grid, DPO_THREADS, 0, stream>>>(k);
+        DPO_CHECK(cudaGetLastError());
+    }
+    return LF_OK;
+}
+
+static lf_status dpo_launch(const dpo_args *a, cudaStream_t stream, cudaError_t *cuda_err)
+{
+    if (cuda_err) *cuda_err = cudaSuccess;
+    if (!a) return LF_ERR_NULL;
+    lf_status st = lf_check_dpo_opts(&a->opts);
+    if (st != LF_OK) return st;
+    if (a->n_tokens < 0 || a->n_seqs < 0 || a->n_pairs < 0 || a->vocab < 1 || a->vocab > 0x7fffffff || a->stride < a->vocab)
+        return LF_ERR_SIZE;
+    if (a->dtype != LF_F32 && a->dtype != LF_BF16 && a->dtype != LF_F16) return LF_ERR_ARG;
+    if (a->grad && a->grad_stride < a->vocab) return LF_ERR_SIZE;
+    if (a->grad && a->n_tokens > 0) {
+        const size_t esz = (size_t)lf_dtype_size(a->dtype);
+        const char *x0 = (const char *)a->logits, *g0 = (const char *)a->grad;
+        const char *x1 = x0 + ((size_t)(a->n_tokens - 1) * a->stride + a->vocab) * esz;
+        const char *g1 = g0 + ((size_t)(a->n_tokens - 1) * a->grad_stride + a->vocab) * esz;
+        const bool same = a->grad == a->logits && a->grad_stride == a->stride;
+        if (!same && g0 < x1 && x0 < g1) return LF_ERR_ARG;
+    }
+    if (!a->loss || !a->workspace || !a->cu_seqlens || (a->n_tokens > 0 && (!a->logits || !a->labels)) ||
+        (a->n_pairs > 0 && !a->pairs))
+        return LF_ERR_NULL;
+    if (a->workspace_bytes < dpo_workspace_bytes(a->n_tokens, a->n_seqs, a->n_pairs)) return LF_ERR_SIZE;
+
+    dpo_kparams k;
+    memset(&k, 0, sizeof k);
+    k.logits = a->logits;
+    k.T = a->n_tokens;
+    k.V = a->vocab;
+    k.stride = a->stride;
+    k.nseq = a->n_seqs;
+    k.P = a->n_pairs;
+    k.labels = a->labels;
+    k.labels_i64 = a->labels_i64;
+    k.ids_shift = a->ids_shift;
+    k.cu = a->cu_seqlens;
+    k.pairs = a->pairs;
+    k.ref = a->ref_logps;
+    k.divisor = a->divisor;
+    k.dloss = a->dloss;
+    k.o = a->opts;
+    k.grad = a->grad;
+    k.grad_stride = a->grad_stride;
+    k.loss = a->loss;
+    k.seq_logps = a->seq_logps;
+    k.pair_metrics = a->pair_metrics;
+    k.n_errors = a->n_errors;
+    k.ws = dpo_ws_layout(a->workspace, k.T, k.nseq, k.P);
+
+    /* 1. cu_seqlens on the device: a bad one is counted once and stops everything after */
+    DPO_CHECK(cudaMemsetAsync(k.ws.bad, 0, sizeof(int), stream));
+    dpo_check_kernel<<<(unsigned)((k.nseq + 1 + 255) / 256 < 64 ? (k.nseq + 1 + 255) / 256 : 64), 256, 0, stream>>>(k);
+    DPO_CHECK(cudaGetLastError());
+    int dev = 0, sms = 0;
+    DPO_CHECK(cudaGetDevice(&dev));
+    DPO_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    const int rows_grid = (int)(k.T < (int64_t)sms * 8 ? (k.T > 0 ? k.T : 1) : (int64_t)sms * 8);
+    lf_status r;
+    switch (a->dtype) {
+    case LF_F32: r = dpo_launch_t<float>(k, rows_grid, stream, cuda_err); break;
+    case LF_BF16: r = dpo_launch_t<__nv_bfloat16>(k, rows_grid, stream, cuda_err); break;
+    default: r = dpo_launch_t<__half>(k, rows_grid, stream, cuda_err); break;
+    }
+    if (r != LF_OK) return r;
+    if (a->n_errors) { /* the bad cu_seqlens as one error (a device-side add: no host sync) */
+        dpo_count_bad_kernel<<<1, 1, 0, stream>>>(k.ws.bad, a->n_errors);
+        DPO_CHECK(cudaGetLastError());
+    }
+    return LF_OK;
+}
+
+#undef DPO_CHECK
+
+/* ============================================================================================
+ * 4. main: packed chosen / rejected responses, forward + backward in place, checked against
+ *    lf_ref_dpo_packed, timed.
+ * ========================================================================================== */
+#ifndef DPO_NO_MAIN
+
+#define CHECK_CUDA(call)                                                                            \
+    do {                                                                                            \
+        cudaError_t e_ = (call);                                                                    \
+        if (e_ != cudaSuccess) {                                                                    \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_));  \
+            exit(1);                                                                                \
+        }                                                                                           \
+    } while (0)
+
+static uint64_t rng_state = 0xd1b54a32d192ed03ull;
+static double rng_uniform(void)
+{
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return (double)((z ^ (z >> 31)) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+int main(int argc, char **argv)
+{
+    const int64_t npairs = argc > 1 ? atoll(argv[1]) : 8, V = argc > 2 ? atoll(argv[2]) : 32768;
+    lf_dpo_opts o = lf_dpo_opts_default();
+    const char *kn = argc > 3 ? argv[3] : "sigmoid";
+    o.kind = !strcmp(kn, "hinge") ? LF_DPO_HINGE : !strcmp(kn, "ipo") ? LF_DPO_IPO : !strcmp(kn, "simpo") ? LF_DPO_SIMPO : LF_DPO_SIGMOID;
+    if (o.kind == LF_DPO_IPO) o.length_normalize = 1;
+    if (o.kind == LF_DPO_SIMPO) o.beta = 2.0f;
+    lf_dtype dt = LF_BF16;
+    if (argc > 4) dt = !strcmp(argv[4], "fp32") ? LF_F32 : !strcmp(argv[4], "fp16") ? LF_F16 : LF_BF16;
+    const int esz = lf_dtype_size(dt);
+
+    /* sequences 2p (chosen) and 2p+1 (rejected): a prompt of 8-40 tokens (no labels), a
+     * response of 16-96 */
+    const int64_t nseq = 2 * npairs;
+    int32_t *cu = (int32_t *)malloc(4 * (nseq + 1)), *pairs = (int32_t *)malloc(8 * npairs);
+    cu[0] = 0;
+    for (int64_t k = 0; k < nseq; ++k) cu[k + 1] = cu[k] + 24 + (int32_t)(rng_uniform() * 112);
+    const int64_t T = cu[nseq];
+    int64_t *labels = (int64_t *)malloc(8 * T);
+    for (int64_t k = 0; k < nseq; ++k) {
+        const int64_t prompt = 8 + (int64_t)(rng_uniform() * 32);
+        for (int64_t t = cu[k]; t < cu[k + 1]; ++t)
+            labels[t] = (t - cu[k] < prompt || t + 1 == cu[k + 1]) ? o.ignore_index : (int64_t)(rng_uniform() * V);
+    }
+    for (int64_t p = 0; p < npairs; ++p) {
+        pairs[2 * p] = (int32_t)(2 * p);
+        pairs[2 * p + 1] = (int32_t)(2 * p + 1);
+    }
+    const size_t nel = (size_t)T * V;
+    float *xf = (float *)malloc(4 * nel), *ref = (float *)malloc(4 * nseq);
+    void *xh = malloc(esz * nel);
+    for (size_t i = 0; i < nel; ++i) {
+        double n = 0.0;
+        for (int q = 0; q < 4; ++q) n += rng_uniform() - 0.5;
+        float v = (float)(3.0 * n);
+        if (dt == LF_F32) ((float *)xh)[i] = v;
+        else {
+            const uint16_t h = dt == LF_BF16 ? lf_f32_to_bf16(v) : lf_f32_to_f16(v);
+            ((uint16_t *)xh)[i] = h;
+            v = dt == LF_BF16 ? lf_bf16_to_f32(h) : lf_f16_to_f32(h);
+        }
+        xf[i] = v; /* the reference sees exactly what the kernel sees */
+    }
+    /* reference log-probabilities near the policy's (about -log V per labelled token) */
+    for (int64_t k = 0; k < nseq; ++k) {
+        int64_t n = 0;
+        for (int64_t t = cu[k]; t < cu[k + 1]; ++t) n += labels[t] >= 0;
+        ref[k] = (float)(-(double)n * (log((double)V) + 0.5) * (0.98 + 0.04 * rng_uniform()));
+    }
+
+    double ref_loss = 0.0, *seq = (double *)malloc(8 * 3 * nseq), *pm = (double *)malloc(8 * 4 * npairs);
+    double *rg = (double *)malloc(8 * nel);
+    const lf_status rs = lf_ref_dpo_packed(T, V, xf, V, labels, cu, nseq, pairs, npairs, ref, &o, -1.0, &ref_loss, seq, pm, rg, NULL);
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+        printf("no CUDA device found: ran the host reference only\n");
+        printf("lf_ref_dpo_packed pairs=%lld tokens=%lld V=%lld %s: status=%s loss=%.6f, pair 0 rewards %.4f / %.4f\n",
+               (long long)npairs, (long long)T, (long long)V, kn, lf_status_str(rs), ref_loss, pm[1], pm[2]);
+        return rs == LF_OK ? 0 : 1;
+    }
+    cudaDeviceProp prop;
+    CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+    printf("device: %s  pairs=%lld tokens=%lld V=%lld %s %s\n", prop.name, (long long)npairs, (long long)T, (long long)V, kn,
+           dt == LF_F32 ? "fp32" : dt == LF_F16 ? "fp16" : "bf16");
+
+    void *xd, *ws, *pristine;
+    int64_t *yd;
+    int32_t *cud, *pd;
+    float *refd, *loss, *seqd, *pmd;
+    unsigned *err;
+    const size_t wsb = dpo_workspace_bytes(T, nseq, npairs);
+    CHECK_CUDA(cudaMalloc(&xd, esz * nel));
+    CHECK_CUDA(cudaMalloc(&pristine, esz * nel));
+    CHECK_CUDA(cudaMalloc(&yd, 8 * T));
+    CHECK_CUDA(cudaMalloc(&cud, 4 * (nseq + 1)));
+    CHECK_CUDA(cudaMalloc(&pd, 8 * npairs));
+    CHECK_CUDA(cudaMalloc(&refd, 4 * nseq));
+    CHECK_CUDA(cudaMalloc(&loss, 4));
+    CHECK_CUDA(cudaMalloc(&seqd, 4 * nseq));
+    CHECK_CUDA(cudaMalloc(&pmd, 16 * npairs));
+    CHECK_CUDA(cudaMalloc(&err, 4));
+    CHECK_CUDA(cudaMalloc(&ws, wsb));
+    CHECK_CUDA(cudaMemcpy(xd, xh, esz * nel, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(pristine, xh, esz * nel, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(yd, labels, 8 * T, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(cud, cu, 4 * (nseq + 1), cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(pd, pairs, 8 * npairs, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(refd, ref, 4 * nseq, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemset(err, 0, 4));
+
+    dpo_args a = dpo_args_default();
+    a.logits = xd;
+    a.dtype = dt;
+    a.n_tokens = T;
+    a.vocab = V;
+    a.stride = V;
+    a.labels = yd;
+    a.labels_i64 = 1;
+    a.cu_seqlens = cud;
+    a.n_seqs = nseq;
+    a.pairs = pd;
+    a.n_pairs = npairs;
+    a.ref_logps = refd;
+    a.opts = o;
+    a.grad = xd; /* in place */
+    a.grad_stride = V;
+    a.loss = loss;
+    a.seq_logps = seqd;
+    a.pair_metrics = pmd;
+    a.n_errors = err;
+    a.workspace = ws;
+    a.workspace_bytes = wsb;
+    cudaError_t ce;
+    lf_status st = dpo_launch(&a, 0, &ce);
+    if (st != LF_OK) {
+        fprintf(stderr, "dpo_launch: %s (%s)\n", lf_status_str(st), cudaGetErrorString(ce));
+        return 1;
+    }
+    CHECK_CUDA(cudaDeviceSynchronize());
+    float lh;
+    CHECK_CUDA(cudaMemcpy(&lh, loss, 4, cudaMemcpyDeviceToHost));
+    void *gh = malloc(esz * nel);
+    CHECK_CUDA(cudaMemcpy(gh, xd, esz * nel, cudaMemcpyDeviceToHost));
+    /* loss: fp32 per-token log-probabilities summed per sequence, float pair losses: 1e-4
+     * relative. Gradient: the dtype's rounding of each entry plus 1e-5 of the row's largest. */
+    const double unit = dt == LF_BF16 ? 0x1p-8 : dt == LF_F16 ? 0x1p-11 : 0x1p-17;
+    double gerr = 0.0;
+    for (int64_t t = 0; t < T; ++t) {
+        double rmax = 0.0;
+        for (int64_t j = 0; j < V; ++j) rmax = fmax(rmax, fabs(rg[(size_t)t * V + j]));
+        for (int64_t j = 0; j < V; ++j) {
+            const size_t i = (size_t)t * V + j;
+            const double g = dt == LF_F32 ? ((float *)gh)[i]
+                                          : (dt == LF_BF16 ? lf_bf16_to_f32(((uint16_t *)gh)[i]) : lf_f16_to_f32(((uint16_t *)gh)[i]));
+            gerr = fmax(gerr, fabs(g - rg[i]) / (unit * fabs(rg[i]) + 1e-5 * rmax + 1e-30));
+        }
+    }
+    const double lerr = fabs(lh - ref_loss) / (1e-4 * (1.0 + fabs(ref_loss)));
+
+    cudaEvent_t e0, e1;
+    CHECK_CUDA(cudaEventCreate(&e0));
+    CHECK_CUDA(cudaEventCreate(&e1));
+    float best = 1e30f;
+    for (int it = 0; it < 8; ++it) {
+        CHECK_CUDA(cudaMemcpy(xd, pristine, esz * nel, cudaMemcpyDeviceToDevice));
+        CHECK_CUDA(cudaEventRecord(e0));
+        st = dpo_launch(&a, 0, &ce);
+        CHECK_CUDA(cudaEventRecord(e1));
+        CHECK_CUDA(cudaEventSynchronize(e1));
+        if (st != LF_OK) return 1;
+        float ms;
+        CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+        if (it > 0 && ms < best) best = ms;
+    }
+    unsigned errs;
+    CHECK_CUDA(cudaMemcpy(&errs, err, 4, cudaMemcpyDeviceToHost));
+    printf("loss         : %.6f, reference %.6f: error %.3f of tolerance\n", lh, ref_loss, lerr);
+    printf("gradient     : max error %.3f of tolerance (in place over the logits)\n", gerr);
+    printf("time         : %.3f ms, %.1f GB/s (logits read twice, gradient written once = %d B/elem)\n", best,
+           3.0 * esz * nel / (best * 1e6), 3 * esz);
+    printf("errors       : %u\n", errs);
+    const int ok = rs == LF_OK && lerr <= 1.0 && gerr <= 1.0 && errs == 0;
+    printf("%s\n", ok ? "OK" : "MISMATCH");
+    return ok ? 0 : 1;
+}
+#endif /* DPO_NO_MAIN */

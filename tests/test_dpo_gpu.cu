@@ -1,0 +1,283 @@
+/* tests/test_dpo_gpu.cu — GPU tests of examples/dpo_packed.cu against the double host
+ * reference lf_ref_dpo_packed (lossfuse.h section 9b).
+ *
+ *   test_dpo_gpu [--small] [--seed S]      exit 0 passed, 1 failed, 77 no device
+ *
+ * Random packings with an empty sequence, a sequence of one token, an all-prompt (unlabelled)
+ * sequence and sequences reused by several pairs; every kind and option; bf16 / fp16 / fp32;
+ * int32 / int64 labels and the input-ids mode; gradient in place or to a padded buffer
+ * (poisoned: every element written, padding untouched); bad labels, bad pairs and a bad
+ * cu_seqlens counted (never an out-of-bounds access); bit-identical reruns.
+ * Tolerances: per-token log-probabilities carry ~2^-22 (|x| + |lse|) each in fp32, sums of a
+ * few hundred and float pair losses: the loss within 1e-4 (1 + |loss|), per-sequence log-
+ * probabilities within 1e-5 (1 + |logp|) + 2^-20 n; each gradient entry within the dtype's
+ * rounding of it plus 2e-5 |c_k| (p_j + [j = y]) (c_k the reference's d loss / d logp_k).
+ */
+#define DPO_NO_MAIN
+#include "examples/dpo_packed.cu"
+
+#include "tests/gpu_test.cuh"
+
+struct DCase {
+    const char *name = "";
+    int64_t npairs = 5, V = 1000, pad = 0, gpad = 0;
+    lf_dtype dt = LF_BF16;
+    lf_dpo_kind kind = LF_DPO_SIGMOID;
+    float eps = 0.0f, nll = 0.0f, beta = 0.1f;
+    bool norm = false, use_ref = true, dev_div = false, dloss = false, ids = false, lab64 = true;
+    int grad = 1; /* 0 none, 1 buffer, 2 in place */
+    int bad_pairs = 0, bad_labels = 0;
+    bool bad_cu = false, determinism = false;
+};
+
+static void run_dcase(const DCase &c)
+{
+    const char *kn[4] = {"sigmoid", "hinge", "ipo", "simpo"};
+    snprintf(g_case, sizeof g_case, "%s %s V=%lld %s", c.name, kn[c.kind], (long long)c.V, dt_name(c.dt));
+    const int fails = g_fail;
+    uint64_t rs = g_seed ^ mix64((uint64_t)c.V * 131u + (uint64_t)c.kind * 7u + (uint64_t)c.dt + (uint64_t)c.npairs * 1009u);
+    const int64_t V = c.V, stride = V + c.pad, esz = lf_dtype_size(c.dt);
+    /* sequences: 2 per pair plus an empty one (2), a one-token one (5 if present), an all-prompt one (7) */
+    const int64_t nseq = 2 * c.npairs + 2;
+    std::vector<int32_t> cu(nseq + 1, 0);
+    for (int64_t k = 0; k < nseq; ++k) {
+        int64_t len = 3 + (int64_t)(rng_u(&rs) * (g_small ? 20 : 60));
+        if (k == 2) len = 0;
+        if (k == 5) len = 1;
+        cu[k + 1] = cu[k] + (int32_t)len;
+    }
+    const int64_t T = cu[nseq];
+    std::vector<int64_t> lab(T), ids(T);
+    for (int64_t t = 0; t < T; ++t) ids[t] = (int64_t)(rng_u(&rs) * V) % V;
+    for (int64_t k = 0; k < nseq; ++k)
+        for (int64_t t = cu[k]; t < cu[k + 1]; ++t) {
+            const int64_t pos = t - cu[k];
+            lab[t] = (pos < 2 || t + 1 == cu[k + 1] || k == 7) ? -100 : (int64_t)(rng_u(&rs) * V) % V;
+        }
+    if (cu[6] > cu[5]) lab[cu[5]] = 3 % V; /* the one-token sequence has a label */
+    int64_t n_bad = 0;
+    for (int b = 0; b < c.bad_labels; ++b) {
+        const int64_t t = (int64_t)(rng_u(&rs) * T) % T;
+        if (lab[t] == -100) continue;
+        lab[t] = b % 2 ? V : -5;
+        ++n_bad;
+    }
+    std::vector<int64_t> ref_lab = lab;
+    if (c.ids)
+        for (int64_t t = 0; t < T; ++t) ref_lab[t] = lf_packed_next_label(cu.data(), nseq, ids.data(), t, -100);
+    std::vector<int64_t> ref_lab_clean = ref_lab; /* bad labels are ignored tokens for the reference */
+    /* pairs: (2p, 2p+1), then reuse: pair 0's chosen also in the last pair, the empty and the
+     * all-prompt sequences in pairs */
+    std::vector<int32_t> pairs(2 * c.npairs + 2 * c.bad_pairs);
+    for (int64_t p = 0; p < c.npairs; ++p) {
+        pairs[2 * p] = (int32_t)(2 * p);
+        pairs[2 * p + 1] = (int32_t)(2 * p + 1);
+    }
+    if (c.npairs >= 4) {
+        pairs[2] = 2;
+        pairs[3] = 7;
+        pairs[2 * (c.npairs - 1)] = 0;
+    }
+    std::vector<int32_t> valid_pairs(pairs.begin(), pairs.begin() + 2 * c.npairs);
+    for (int b = 0; b < c.bad_pairs; ++b) {
+        pairs[2 * (c.npairs + b)] = b % 2 ? (int32_t)nseq : 1;
+        pairs[2 * (c.npairs + b) + 1] = b % 2 ? 0 : 1;
+    }
+    const int64_t P = c.npairs + c.bad_pairs;
+    n_bad += c.bad_pairs;
+
+    DevBuf x((size_t)T * stride * esz + 16);
+    if (c.dt == LF_F32) gen_logits<float><<<512, 256>>>((float *)x.p, T, V, stride, mix64(rs), 30.0f);
+    else if (c.dt == LF_BF16) gen_logits<__nv_bfloat16><<<512, 256>>>((__nv_bfloat16 *)x.p, T, V, stride, mix64(rs), 30.0f);
+    else gen_logits<__half><<<512, 256>>>((__half *)x.p, T, V, stride, mix64(rs), 30.0f);
+    CK(cudaGetLastError());
+    std::vector<float> xf((size_t)T * V);
+    {
+        std::vector<char> h((size_t)T * stride * esz);
+        CK(cudaMemcpy(h.data(), x.p, h.size(), cudaMemcpyDeviceToHost));
+        for (int64_t t = 0; t < T; ++t)
+            for (int64_t j = 0; j < V; ++j) xf[(size_t)t * V + j] = elem_to_f32(h.data() + (size_t)t * stride * esz, j, c.dt);
+    }
+    std::vector<float> refl(nseq);
+    for (int64_t k = 0; k < nseq; ++k) refl[k] = (float)(-(double)(cu[k + 1] - cu[k]) * (1.0 + rng_u(&rs)));
+    lf_dpo_opts o = lf_dpo_opts_default();
+    o.kind = c.kind;
+    o.beta = c.beta;
+    o.label_smoothing = c.eps;
+    o.length_normalize = c.norm;
+    o.nll_weight = c.nll;
+    const float dl = c.dloss ? -1.75f : 1.0f, divh = 3.5f;
+    double want = 0.0;
+    std::vector<double> seq(3 * nseq), pm(4 * c.npairs), rg((size_t)T * V);
+    int64_t ref_bad = 0;
+    EXPECT(lf_ref_dpo_packed(T, V, xf.data(), V, ref_lab_clean.data(), cu.data(), nseq, valid_pairs.data(), c.npairs,
+                             c.use_ref ? refl.data() : NULL, &o, c.dev_div ? (double)divh : -1.0, &want, seq.data(), pm.data(),
+                             rg.data(), &ref_bad) == LF_OK,
+           "reference failed");
+    if (c.bad_cu) want = 0.0;
+
+    std::vector<int32_t> cu_dev = cu;
+    if (c.bad_cu) {
+        cu_dev[3] = cu_dev[2] - 1;
+        n_bad = 1; /* one error for the whole launch; nothing else is looked at */
+    }
+    const std::vector<int64_t> &lab_dev = c.ids ? ids : lab;
+    DevBuf yd(8 * T + 8), cud(4 * (nseq + 1)), pd(8 * P + 8), refd(4 * nseq), loss(4), seqd(4 * nseq), pmd(16 * P + 16), err(4),
+        divd(4), dld(4), ws(dpo_workspace_bytes(T, nseq, P));
+    if (c.lab64) CK(cudaMemcpy(yd.p, lab_dev.data(), 8 * T, cudaMemcpyHostToDevice));
+    else {
+        std::vector<int32_t> y32(lab_dev.begin(), lab_dev.end());
+        CK(cudaMemcpy(yd.p, y32.data(), 4 * T, cudaMemcpyHostToDevice));
+    }
+    CK(cudaMemcpy(cud.p, cu_dev.data(), 4 * (nseq + 1), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(pd.p, pairs.data(), 8 * P, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(refd.p, refl.data(), 4 * nseq, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(divd.p, &divh, 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dld.p, &dl, 4, cudaMemcpyHostToDevice));
+    CK(cudaMemset(err.p, 0, 4));
+    CK(cudaMemset(ws.p, 0x5a, ws.bytes));
+    fill_poison(loss.p, 1, LF_F32);
+    fill_poison(seqd.p, nseq, LF_F32);
+    fill_poison(pmd.p, 4 * P, LF_F32);
+    const int64_t gs = c.grad == 1 ? V + c.gpad : stride;
+    DevBuf g(c.grad == 1 ? (size_t)T * gs * esz + 16 : 16);
+    if (c.grad == 1) {
+        if (esz == 4) fill_bits<uint32_t><<<512, 256>>>((uint32_t *)g.p, T * gs, PAD32);
+        else fill_bits<uint16_t><<<512, 256>>>((uint16_t *)g.p, T * gs, PAD16);
+        CK(cudaGetLastError());
+        for (int64_t t = 0; t < T; ++t) fill_poison((char *)g.p + (size_t)t * gs * esz, V, c.dt);
+    }
+    dpo_args a = dpo_args_default();
+    a.logits = x.p;
+    a.dtype = c.dt;
+    a.n_tokens = T;
+    a.vocab = V;
+    a.stride = stride;
+    a.labels = yd.p;
+    a.labels_i64 = c.lab64;
+    a.ids_shift = c.ids;
+    a.cu_seqlens = (const int32_t *)cud.p;
+    a.n_seqs = nseq;
+    a.pairs = (const int32_t *)pd.p;
+    a.n_pairs = P;
+    a.ref_logps = c.use_ref ? (const float *)refd.p : NULL;
+    a.opts = o;
+    a.divisor = c.dev_div ? (const float *)divd.p : NULL;
+    a.dloss = c.dloss ? (const float *)dld.p : NULL;
+    a.grad = c.grad == 0 ? NULL : c.grad == 1 ? g.p : x.p;
+    a.grad_stride = gs;
+    a.loss = (float *)loss.p;
+    a.seq_logps = (float *)seqd.p;
+    a.pair_metrics = (float *)pmd.p;
+    a.n_errors = (unsigned *)err.p;
+    a.workspace = ws.p;
+    a.workspace_bytes = ws.bytes;
+    cudaError_t ce;
+    EXPECT(dpo_launch(&a, 0, &ce) == LF_OK, "dpo_launch: %s", cudaGetErrorString(ce));
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+    float lh;
+    unsigned eh;
+    std::vector<float> sh(nseq), ph(4 * P);
+    CK(cudaMemcpy(&lh, loss.p, 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(&eh, err.p, 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(sh.data(), seqd.p, 4 * nseq, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(ph.data(), pmd.p, 16 * P, cudaMemcpyDeviceToHost));
+    EXPECT((int64_t)eh == n_bad, "n_errors %u want %lld", eh, (long long)n_bad);
+    const double wantl = want * (c.bad_cu ? 0.0 : 1.0);
+    EXPECT(close(lh, wantl, 1e-4 * (1.0 + fabs(wantl))), "loss %.9g want %.9g", lh, wantl);
+    if (!c.bad_cu) {
+        for (int64_t k = 0; k < nseq; ++k)
+            EXPECT(close(sh[k], seq[k], 1e-5 * (1.0 + fabs(seq[k])) + 0x1p-20 * seq[nseq + k]), "seq %lld logp %.9g want %.9g",
+                   (long long)k, sh[k], seq[k]);
+        for (int64_t p = 0; p < c.npairs; ++p) {
+            EXPECT(close(ph[4 * p], pm[4 * p], 1e-4 * (1.0 + fabs(pm[4 * p]))), "pair %lld loss %.9g want %.9g", (long long)p, ph[4 * p], pm[4 * p]);
+            for (int q = 1; q < 3; ++q)
+                EXPECT(close(ph[4 * p + q], pm[4 * p + q], 1e-5 * (1.0 + fabs(pm[4 * p + q])) + 1e-4 * c.beta), "pair %lld reward %d %.9g want %.9g",
+                       (long long)p, q, ph[4 * p + q], pm[4 * p + q]);
+            if (fabs(pm[4 * p + 1] - pm[4 * p + 2]) > 1e-3) EXPECT(ph[4 * p + 3] == (float)pm[4 * p + 3], "pair %lld accuracy", (long long)p);
+        }
+        for (int64_t p = c.npairs; p < P; ++p) EXPECT(ph[4 * p] == 0.0f && ph[4 * p + 3] == 0.0f, "bad pair %lld metrics not zero", (long long)p);
+    }
+    if (c.grad) {
+        const double unit = c.dt == LF_BF16 ? 0x1p-8 : c.dt == LF_F16 ? 0x1p-11 : 0.0;
+        std::vector<char> gh((size_t)T * gs * esz);
+        CK(cudaMemcpy(gh.data(), c.grad == 1 ? g.p : x.p, gh.size(), cudaMemcpyDeviceToHost));
+        int bad = 0;
+        int64_t wt = -1, wj = -1;
+        for (int64_t t = 0; t < T; ++t) {
+            const int64_t k = lf_seq_find(cu.data(), nseq, t);
+            const double ck = c.bad_cu ? 0.0 : seq[2 * nseq + k] * dl;
+            for (int64_t j = 0; j < V; ++j) {
+                const double gj = elem_to_f32(gh.data() + (size_t)t * gs * esz, j, c.dt);
+                const double w = c.bad_cu ? 0.0 : rg[(size_t)t * V + j] * dl;
+                const double pj = fabs(w) / (fabs(ck) + 1e-300);
+                const double tol = unit * fabs(w) + 2e-5 * fabs(ck) * (pj + (ref_lab_clean[t] == j ? 1.0 : 0.0)) + (c.dt == LF_F16 ? 0x1p-25 : 0.0) + 1e-37;
+                if (!close(gj, w, tol)) {
+                    if (wt < 0) {
+                        wt = t;
+                        wj = j;
+                    }
+                    ++bad;
+                }
+            }
+            if (c.grad == 1)
+                for (int64_t j = V; j < gs; ++j) {
+                    const char *e = gh.data() + ((size_t)t * gs + j) * esz;
+                    bad += esz == 4 ? *(const uint32_t *)e != PAD32 : *(const uint16_t *)e != PAD16;
+                }
+        }
+        EXPECT(bad == 0, "%d gradient entries off; first t=%lld j=%lld", bad, (long long)wt, (long long)wj);
+        if (c.determinism && c.grad == 1) {
+            float l2;
+            EXPECT(dpo_launch(&a, 0, &ce) == LF_OK, "relaunch");
+            CK(cudaDeviceSynchronize());
+            std::vector<char> g2(gh.size());
+            CK(cudaMemcpy(g2.data(), g.p, g2.size(), cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(&l2, loss.p, 4, cudaMemcpyDeviceToHost));
+            EXPECT(memcmp(g2.data(), gh.data(), gh.size()) == 0, "gradient not bit-identical across runs");
+            EXPECT(memcmp(&l2, &lh, 4) == 0, "loss not bit-identical across runs");
+        }
+    }
+    printf("%-4s %s\n", g_fail == fails ? "ok" : "FAIL", g_case);
+}
+
+int main(int argc, char **argv)
+{
+    for (int i = 1; i < argc; ++i) {
+        if (!strcmp(argv[i], "--small")) g_small = 1;
+        else if (!strcmp(argv[i], "--seed") && i + 1 < argc) g_seed = strtoull(argv[++i], NULL, 0);
+    }
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+        printf("test_dpo_gpu: no CUDA device, skipped\n");
+        return 77;
+    }
+    if (!g_seed) g_seed = (uint64_t)time(NULL);
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    printf("test_dpo_gpu on %s (sm_%d%d), seed %llu%s\n", prop.name, prop.major, prop.minor, (unsigned long long)g_seed,
+           g_small ? ", small sizes" : "");
+    const lf_dtype dts[3] = {LF_BF16, LF_F16, LF_F32};
+    const int64_t Vs[3] = {7, 1000, 50257};
+    for (int kind = 0; kind < 4; ++kind)
+        for (int vi = 0; vi < (g_small ? 2 : 3); ++vi) {
+            DCase b;
+            b.kind = (lf_dpo_kind)kind;
+            b.V = Vs[vi];
+            b.dt = dts[(kind + vi) % 3];
+            if (kind == LF_DPO_SIMPO) b.beta = 2.0f;
+            DCase c;
+            c = b; c.name = "plain"; run_dcase(c);
+            c = b; c.name = "in place, strided +3"; c.grad = 2; c.pad = 3; run_dcase(c);
+            c = b; c.name = "grad stride +5, no ref, nll 0.5"; c.gpad = 5; c.use_ref = false; c.nll = 0.5f; run_dcase(c);
+            c = b; c.name = "length-normalised, smoothing, device divisor, dloss"; c.norm = true; c.eps = kind == 0 ? 0.1f : 0.0f; c.dev_div = true; c.dloss = true; run_dcase(c);
+            c = b; c.name = "input ids (shift on the device), int32"; c.ids = true; c.lab64 = false; run_dcase(c);
+            c = b; c.name = "bad labels and pairs"; c.bad_labels = 6; c.bad_pairs = 3; run_dcase(c);
+            c = b; c.name = "bad cu_seqlens"; c.bad_cu = true; run_dcase(c);
+            c = b; c.name = "forward only"; c.grad = 0; run_dcase(c);
+            c = b; c.name = "determinism"; c.determinism = true; c.npairs = 12; run_dcase(c);
+        }
+    printf("test_dpo_gpu: %d checks, %d failed\n", g_checks, g_fail);
+    return g_fail ? 1 : 0;
+}
