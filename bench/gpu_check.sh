@@ -6,7 +6,7 @@
 # (peers: the cross-entropy peers at every bench shape; klpeers: the distillation peers at two
 # shapes, since torch.compile takes ~30 s per shape and mode.) One device call runs at most
 # 10 minutes: split it, e.g. "build test sanitize" then "build bench peers klpeers".
-# Logs and the table/chart go to $OUT (or ./gpu_out).
+# Logs and the table/chart go to $OUT (or ./gpu_out). SANITIZE_TESTS narrows the sanitized tests.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}
@@ -31,7 +31,7 @@ if has test; then
   summary+=("tests: $(grep -E '^(Ok|Fail|Skipped|Timeout):' "$OUT/test.log" | tr -s ' ' | tr '\n' ' ')")
 fi
 if has sanitize; then
-  for t in test_ce_gpu test_kl_gpu test_seg_gpu test_pref_gpu test_dpo_gpu; do
+  for t in ${SANITIZE_TESTS:-test_ce_gpu test_kl_gpu test_seg_gpu test_pref_gpu test_dpo_gpu}; do
     for tool in memcheck racecheck; do
       log="$OUT/$tool.$t.log"
       timeout ${SANITIZE_TIMEOUT:-200} compute-sanitizer --tool $tool --error-exitcode 9 "$B/tests/$t" --small >"$log" 2>&1
