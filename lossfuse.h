@@ -1386,7 +1386,7 @@ static inline double lf_impl_dpo_pair(const lf_dpo_opts *o, double h, double *d)
     default: {
         double eps = (double)o->label_smoothing;
         z = beta * h;
-        *d = beta * (lf_impl_sigmoid_d(z) - (1.0 - eps));
+        *d = beta * (eps - lf_impl_sigmoid_d(-z)); /* not sigma(z) - (1 - eps): that cancels for z >> 0 */
         return (1.0 - eps) * lf_impl_softplus_d(-z) + (eps == 0.0 ? 0.0 : eps * lf_impl_softplus_d(z));
     }
     }
@@ -1561,7 +1561,7 @@ static inline lf_status lf_ref_pairwise_preference(int64_t S, const float *score
         } else {
             z = sc * d;
             l = (tp == 0.0 ? 0.0 : tp * lf_impl_softplus_d(-z)) + (tp == 1.0 ? 0.0 : (1.0 - tp) * lf_impl_softplus_d(z));
-            dd = sc * (lf_impl_sigmoid_d(z) - tp);
+            dd = sc * (tp >= 0.5 ? (1.0 - tp) - lf_impl_sigmoid_d(-z) : lf_impl_sigmoid_d(z) - tp); /* no cancellation */
         }
         sum += w == 0.0 ? 0.0 : w * l;
         if (grad && w != 0.0) {

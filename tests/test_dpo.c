@@ -94,6 +94,44 @@ static void test_blocks(void)
 
 /* ------------------------------------------------------------------ DPO ------------------ */
 
+/* The references' pair derivatives stay relative where the loss saturates (d ~ e^-z for
+ * z >> 0), as the float device forms do: sigma(z) - 1 in double would round to 0 at z = 40
+ * and carry an error of 1e-16 absolute long before (the GPU test compares c_k relatively). */
+static void test_saturated_derivatives(void)
+{
+    const double zs[6] = {5.0, 20.0, 36.5, 40.0, 60.0, 300.0};
+    int i;
+    for (i = 0; i < 6; ++i) {
+        lf_dpo_opts o = lf_dpo_opts_default();
+        double d = 0.0;
+        ld want;
+        o.kind = LF_DPO_SIGMOID;
+        o.beta = 0.5f;
+        (void)lf_impl_dpo_pair(&o, zs[i] / 0.5, &d);
+        want = -0.5L * n_sigmoid(-(ld)zs[i]);
+        CHECK(fabs(d - (double)want) <= 1e-13 * fabs((double)want), "dpo sigmoid d at z=%g: %.17g want %.17Lg", zs[i], d, want);
+        {
+            float df = 0.0f;
+            const ld wf = -0.5L * n_sigmoid(-(ld)(float)zs[i]);
+            (void)lf_dpo_sigmoid((float)(zs[i] / 0.5), 0.5f, 0.0f, &df);
+            if (zs[i] < 80.0) /* float: e^-z representable */
+                CHECK(fabs(df - (double)wf) <= 1e-5 * fabs((double)wf), "float dpo sigmoid d at z=%g: %.9g want %.9Lg", zs[i], df, wf);
+        }
+        {
+            /* Bradley-Terry with a hard target 1 over one pair, scale 1: d loss / d s_i = -sigma(-z) */
+            const float sc[2] = {(float)zs[i], 0.0f};
+            const int32_t pr[2] = {0, 1};
+            const float tg = 1.0f;
+            double loss[3], g[2] = {0.0, 0.0};
+            lf_pref_opts po = lf_pref_opts_default();
+            const ld wb = -n_sigmoid(-(ld)(float)zs[i]);
+            CHECK(lf_ref_pairwise_preference(2, sc, 1, pr, &tg, NULL, NULL, NULL, NULL, 0, NULL, NULL, &po, 1.0, loss, NULL, g) == LF_OK,
+                  "pairwise status");
+            CHECK(fabs(g[0] - (double)wb) <= 1e-13 * fabs((double)wb), "bt d at z=%g: %.17g want %.17Lg", zs[i], g[0], wb);
+        }
+    }
+}
+
 #define T_MAX 64
 #define V_DPO 37
 #define S_MAX 12
@@ -400,6 +438,7 @@ static void run_all(unsigned long long seed)
     g_seed = seed;
     g_rng = seed;
     test_blocks();
+    test_saturated_derivatives();
     test_dpo();
     test_pairwise();
 }

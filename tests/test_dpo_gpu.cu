@@ -11,7 +11,9 @@
  * Tolerances: per-token log-probabilities carry ~2^-22 (|x| + |lse|) each in fp32, sums of a
  * few hundred and float pair losses: the loss within 1e-4 (1 + |loss|), per-sequence log-
  * probabilities within 1e-5 (1 + |logp|) + 2^-20 n; each gradient entry within the dtype's
- * rounding of it plus 2e-5 |c_k| (p_j + [j = y]) (c_k the reference's d loss / d logp_k).
+ * rounding of it plus 2e-5 |c_k| (p_j + [j = y]) (c_k the reference's d loss / d logp_k), and
+ * the device's c_k themselves within 2e-5 |c_k|: relative even where a sigmoid loss saturates
+ * (c_k ~ e^-z), since both sides form sigma(-z) without the cancellation of sigma(z) - 1.
  */
 #define DPO_NO_MAIN
 #include "examples/dpo_packed.cu"
@@ -58,7 +60,7 @@ static void run_dcase(const DCase &c)
     int64_t n_bad = 0;
     for (int b = 0; b < c.bad_labels; ++b) {
         const int64_t t = (int64_t)(rng_u(&rs) * T) % T;
-        if (lab[t] == -100) continue;
+        if (lab[t] == -100 || lab[t] < 0 || lab[t] >= V) continue; /* unlabelled, or already made bad */
         lab[t] = b % 2 ? V : -5;
         ++n_bad;
     }
@@ -203,8 +205,19 @@ static void run_dcase(const DCase &c)
         const double unit = c.dt == LF_BF16 ? 0x1p-8 : c.dt == LF_F16 ? 0x1p-11 : 0.0;
         std::vector<char> gh((size_t)T * gs * esz);
         CK(cudaMemcpy(gh.data(), c.grad == 1 ? g.p : x.p, gh.size(), cudaMemcpyDeviceToHost));
+        /* white box: the per-sequence coefficients d loss / d logp_k against the reference's */
+        std::vector<float> coefh(nseq > 0 ? nseq : 1);
+        const dpo_ws wsd = dpo_ws_layout(ws.p, T, nseq, P);
+        if (!c.bad_cu && nseq > 0) {
+            CK(cudaMemcpy(coefh.data(), wsd.seq_coef, 4 * nseq, cudaMemcpyDeviceToHost));
+            for (int64_t k = 0; k < nseq; ++k) {
+                const double ck = seq[2 * nseq + k] * dl;
+                EXPECT(close(coefh[k], ck, 2e-5 * fabs(ck) + 1e-37), "seq %lld coefficient %.9g want %.9g", (long long)k, coefh[k], ck);
+            }
+        }
         int bad = 0;
         int64_t wt = -1, wj = -1;
+        double wg = 0.0, ww = 0.0, wtol = 0.0;
         for (int64_t t = 0; t < T; ++t) {
             const int64_t k = lf_seq_find(cu.data(), nseq, t);
             const double ck = c.bad_cu ? 0.0 : seq[2 * nseq + k] * dl;
@@ -217,6 +230,9 @@ static void run_dcase(const DCase &c)
                     if (wt < 0) {
                         wt = t;
                         wj = j;
+                        wg = gj;
+                        ww = w;
+                        wtol = tol;
                     }
                     ++bad;
                 }
@@ -227,7 +243,9 @@ static void run_dcase(const DCase &c)
                     bad += esz == 4 ? *(const uint32_t *)e != PAD32 : *(const uint16_t *)e != PAD16;
                 }
         }
-        EXPECT(bad == 0, "%d gradient entries off; first t=%lld j=%lld", bad, (long long)wt, (long long)wj);
+        EXPECT(bad == 0, "%d gradient entries off; first t=%lld (seq %lld, label %lld) j=%lld: %.9g want %.9g (tol %.3g)", bad,
+               (long long)wt, (long long)(wt >= 0 ? lf_seq_find(cu.data(), nseq, wt) : -1), (long long)(wt >= 0 ? ref_lab_clean[wt] : 0),
+               (long long)wj, wg, ww, wtol);
         if (c.determinism && c.grad == 1) {
             float l2;
             EXPECT(dpo_launch(&a, 0, &ce) == LF_OK, "relaunch");
