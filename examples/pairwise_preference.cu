@@ -14,16 +14,23 @@
  *   the host: the Python-loop version of this loss took ~2.9 s per step (the seed report).
  *
  * Launches (all on the caller's stream; CUDA-graph capturable)
- *   1. [reduction mean without a divisor] the sum of the weights of the valid pairs, one CTA
- *   2. pairs, one thread each: check (i, j), the weighted loss term, the gradient term g_p;
- *      fast mode adds +-g_p into the two items with warp-aggregated float atomics;
- *      deterministic mode writes (i, +g_p), (j, -g_p) entries, sorts them by item with a stable
- *      radix sort (CUB) and sums each item's run in pair order (lossfuse_cuda.cuh section 9)
- *   3. items: the histogram of gated masses (aggregated atomics, or the same sort-and-sum)
- *   4. items: the penalties' gradient added to each item's; the final loss reduction in a
- *      fixed order (one CTA): loss[0] = pair loss + penalty, loss[1] pair loss, loss[2] penalty
+ *   fast mode (the default): a memset and two kernels (with single_launch: ONE cooperative
+ *     launch, pref_coop_kernel, the three steps separated by grid barriers):
+ *     1. clear the workspace's accumulators (item gradient sums, bin totals)
+ *     2. pairs and items, grid-stride: each pair's check, weighted loss term and gradient term
+ *        w dl/dd, added +- into the two items' accumulators with warp-aggregated float
+ *        atomics; each item's gated mass into a per-CTA shared-memory histogram, then one
+ *        atomic per bin and CTA; per-CTA double partial sums of the loss terms and weights
+ *     3. items: every CTA sums the partials in a fixed order (the divisor, the pair loss),
+ *        then grad_i = acc_i / divisor + d penalty / d s_i; CTA 0 writes the loss and the
+ *        histogram: loss[0] = pair loss + penalty, loss[1] pair loss, loss[2] penalty
+ *   deterministic mode: no float atomics. The sum of the valid weights (one CTA); pairs write
+ *     (i, +g_p), (j, -g_p) entries, sorted by item with a stable radix sort (CUB) and each
+ *     item's run summed in pair order (lossfuse_cuda.cuh section 9); the histogram likewise;
+ *     the penalties' gradient; the loss in a fixed order (one CTA).
  * Deterministic mode gives bit-identical losses and gradients run to run; fast mode only the
- * loss (its reduction never uses atomics); its gradient may differ in the last bits.
+ * pair part of the loss (fixed-order partial sums); its histogram, hence the penalty, and its
+ * gradient are float-atomic sums and may differ in the last bits.
  *
  * Bad input: a pair with an item outside [0, S) or i == j, or an item with a bin outside
  *   [-1, n_bins), adds 1 to *n_errors and contributes nothing (weight 0) — never an
@@ -33,6 +40,7 @@
  */
 #include "lossfuse_cuda.cuh"
 
+#include <cooperative_groups.h>
 #include <cub/device/device_radix_sort.cuh>
 
 #include <stdio.h>
@@ -58,6 +66,10 @@ typedef struct pref_args {
     const float *budget, *coverage; /* [n_bins] each (NULL when its weight is 0) */
     const float *divisor;      /* device scalar, or NULL: the sum of the valid pairs' weights */
     int deterministic;         /* 1: no float atomics anywhere (bit-identical gradient) */
+    int single_launch;         /* fast mode: 0 (default) a memset and two kernels; 1 one
+                                * cooperative launch (all CTAs resident, grid barriers) where the
+                                * device supports it: one graph node instead of three, the same
+                                * time on an H100 (bench/RESULTS.md) */
     float *loss;               /* [3] device: total, pair part, penalty part */
     float *grad;               /* [S] device, or NULL (forward only) */
     float *hist;               /* [n_bins] device, or NULL */
@@ -74,11 +86,16 @@ static pref_args pref_args_default(void)
     return a;
 }
 
-/* Workspace layout (256-byte aligned parts): per pair loss term and weight; per bin penalty
- * and histogram; the divisor; for the deterministic mode 2P + S sort entries (keys, values,
- * sorted copies) and CUB's temporary storage. */
+/* Workspace layout (256-byte aligned parts). Fast mode: the item accumulators [S] and the bin
+ * totals [B] (cleared by the launch's memset), per-CTA partial sums. Deterministic mode: per
+ * pair loss term and weight; per bin penalty and histogram; the divisor; 2P + S sort entries
+ * (keys, values, sorted copies) and CUB's temporary storage. */
+#define PREF_FUSED_MAX_GRID 1024 /* CTAs of the fast mode's pair kernel */
+#define PREF_SMEM_BINS 4096      /* bins counted in shared memory first (more: global atomics) */
 typedef struct pref_ws {
     float *pair_loss, *pair_w, *bin_pen, *hist, *div;
+    float *acc;       /* fast mode: [S] item gradient sums, then hist follows it (one memset) */
+    double *partial;  /* fast mode: [2][PREF_FUSED_MAX_GRID] per-CTA loss and weight sums */
     int32_t *keys, *keys_sorted;
     float *vals, *vals_sorted;
     void *cub_tmp;
@@ -98,12 +115,19 @@ static pref_ws pref_ws_layout(void *base, int64_t S, int64_t P, int64_t B, int d
         off += pref_align(bytes);
         return r;
     };
+    if (!det) { /* acc and hist adjacent: one memset clears both */
+        w.acc = (float *)take(4 * (size_t)(S > 0 ? S : 1));
+        w.hist = (float *)take(4 * (size_t)(B > 0 ? B : 1));
+        w.partial = (double *)take(2 * 8 * (size_t)PREF_FUSED_MAX_GRID);
+        w.total = off;
+        return w;
+    }
     w.pair_loss = (float *)take(4 * (size_t)(P > 0 ? P : 1));
     w.pair_w = (float *)take(4 * (size_t)(P > 0 ? P : 1));
     w.bin_pen = (float *)take(4 * (size_t)(B > 0 ? B : 1));
     w.hist = (float *)take(4 * (size_t)(B > 0 ? B : 1));
     w.div = (float *)take(4);
-    if (det) {
+    {
         const int64_t n = 2 * P > S ? 2 * P : S;
         w.keys = (int32_t *)take(4 * (size_t)(n > 0 ? n : 1));
         w.keys_sorted = (int32_t *)take(4 * (size_t)(n > 0 ? n : 1));
@@ -148,7 +172,7 @@ static __device__ __forceinline__ bool pref_pair_ok(const pref_kparams &k, int64
     return *i >= 0 && *i < k.S && *j >= 0 && *j < k.S && *i != *j;
 }
 
-/* 1. the default divisor: the weights of the valid pairs, summed in a fixed order */
+/* deterministic mode, 1. the default divisor: the weights of the valid pairs, in a fixed order */
 __global__ void __launch_bounds__(1024) pref_divisor_kernel(const pref_kparams k)
 {
     __shared__ double scratch[32];
@@ -167,7 +191,55 @@ static __device__ __forceinline__ float pref_inv_div(const pref_kparams &k)
     return d == 0.0f ? 0.0f : 1.0f / d;
 }
 
-/* 2. pairs: loss terms, gradient terms (scattered now, or as sort entries) */
+/* pair p: false for a bad pair (counted, i = j = -1); else its weighted loss term *l, weight
+ * *w and gradient term *g = w dl/dd (not yet divided by the divisor) */
+static __device__ __forceinline__ bool pref_pair_term(const pref_kparams &k, int64_t p, int32_t *i, int32_t *j, float *l, float *w,
+                                                      float *g)
+{
+    *l = *w = *g = 0.0f;
+    if (!pref_pair_ok(k, p, i, j)) {
+        if (k.n_errors) atomicAdd(k.n_errors, 1u);
+        *i = *j = -1;
+        return false;
+    }
+    const float d = k.scores[*i] - k.scores[*j], sc = k.pair_scale ? k.pair_scale[p] : k.o.scale;
+    float dd = 0.0f;
+    *w = k.pair_weight ? k.pair_weight[p] : 1.0f;
+    const float lt = k.o.kind == LF_PREF_HINGE ? lf_hinge_margin(d, k.target[p], k.o.margin, sc, &dd) : lf_bt(d, k.target[p], sc, &dd);
+    *l = *w == 0.0f ? 0.0f : *w * lt; /* a zero weight drops the term, even an infinite one */
+    *g = *w == 0.0f ? 0.0f : *w * dd;
+    return true;
+}
+
+/* the bin of item i, or -1 (none, or a bad bin id: counted once, by the caller that says so) */
+static __device__ __forceinline__ int32_t pref_item_bin(const pref_kparams &k, int64_t i, bool count)
+{
+    const int32_t b = k.item_bin[i];
+    if (b < -1 || b >= k.B) {
+        if (count && k.n_errors) atomicAdd(k.n_errors, 1u);
+        return -1;
+    }
+    return b;
+}
+
+/* d penalty / d h_b at a bin total h */
+static __device__ __forceinline__ float pref_dpen(const pref_kparams &k, int32_t b, float h)
+{
+    float dh = 0.0f;
+    if (k.o.budget_weight > 0.0f && h > k.budget[b]) dh += 2.0f * k.o.budget_weight * (h - k.budget[b]);
+    if (k.o.coverage_weight > 0.0f && h < k.coverage[b]) dh -= 2.0f * k.o.coverage_weight * (k.coverage[b] - h);
+    return dh;
+}
+
+/* the penalty of bin b at total h */
+static __device__ __forceinline__ float pref_bin_pen(const pref_kparams &k, int32_t b, float h)
+{
+    const float over = k.o.budget_weight > 0.0f && h > k.budget[b] ? h - k.budget[b] : 0.0f;
+    const float under = k.o.coverage_weight > 0.0f && h < k.coverage[b] ? k.coverage[b] - h : 0.0f;
+    return k.o.budget_weight * over * over + k.o.coverage_weight * under * under;
+}
+
+/* deterministic mode, 2. pairs: loss terms, gradient terms as sort entries */
 __global__ void __launch_bounds__(PREF_THREADS) pref_pair_kernel(const pref_kparams k)
 {
     const int64_t p = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -175,31 +247,16 @@ __global__ void __launch_bounds__(PREF_THREADS) pref_pair_kernel(const pref_kpar
     int32_t i = -1, j = -1;
     float l = 0.0f, g = 0.0f, w = 0.0f;
     if (in) {
-        if (pref_pair_ok(k, p, &i, &j)) {
-            const float d = k.scores[i] - k.scores[j], sc = k.pair_scale ? k.pair_scale[p] : k.o.scale;
-            float dd = 0.0f;
-            w = k.pair_weight ? k.pair_weight[p] : 1.0f;
-            l = k.o.kind == LF_PREF_HINGE ? lf_hinge_margin(d, k.target[p], k.o.margin, sc, &dd) : lf_bt(d, k.target[p], sc, &dd);
-            l = w == 0.0f ? 0.0f : w * l; /* a zero weight drops the term, even an infinite one */
-            g = w == 0.0f ? 0.0f : w * dd * pref_inv_div(k);
-        } else {
-            if (k.n_errors) atomicAdd(k.n_errors, 1u);
-            i = j = -1;
-        }
+        pref_pair_term(k, p, &i, &j, &l, &w, &g);
+        g *= pref_inv_div(k);
         k.ws.pair_loss[p] = l;
         k.ws.pair_w[p] = w;
     }
-    if (!k.grad) return;
-    if (k.det) {
-        if (in) { /* a bad pair's entries go to key -1: sorted first, summed into nothing */
-            k.ws.keys[2 * p] = i;
-            k.ws.vals[2 * p] = g;
-            k.ws.keys[2 * p + 1] = j;
-            k.ws.vals[2 * p + 1] = -g;
-        }
-    } else {
-        lf_atomic_add_aggregated(k.grad, i, g); /* whole warps call (lanes past P add nothing) */
-        lf_atomic_add_aggregated(k.grad, j, -g);
+    if (k.grad && in) { /* a bad pair's entries go to key -1: sorted first, summed into nothing */
+        k.ws.keys[2 * p] = i;
+        k.ws.vals[2 * p] = g;
+        k.ws.keys[2 * p + 1] = j;
+        k.ws.vals[2 * p + 1] = -g;
     }
 }
 
@@ -219,57 +276,196 @@ static __device__ __forceinline__ float pref_gate(const pref_kparams &k, float s
     return g;
 }
 
-/* 3. items: the histogram of gated masses (fast: aggregated atomics into ws.hist, zeroed by
- * the launcher; deterministic: sort entries, summed by pref_run_sum_kernel) */
+/* deterministic mode, 3. items: the histogram of gated masses as sort entries (summed by
+ * pref_run_sum_kernel) */
 __global__ void __launch_bounds__(PREF_THREADS) pref_hist_kernel(const pref_kparams k)
 {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     int32_t b = -1;
     float v = 0.0f;
     if (i < k.S) {
-        b = k.item_bin[i];
-        if (b < -1 || b >= k.B) {
-            if (k.n_errors) atomicAdd(k.n_errors, 1u);
-            b = -1;
-        }
+        b = pref_item_bin(k, i, true);
         float dg;
         v = b >= 0 ? (k.item_mass ? k.item_mass[i] : 1.0f) * pref_gate(k, k.scores[i], &dg) : 0.0f;
-    }
-    if (k.det) {
-        if (i < k.S) {
-            k.ws.keys[i] = b;
-            k.ws.vals[i] = v;
-        }
-    } else {
-        lf_atomic_add_aggregated(k.ws.hist, b, v);
+        k.ws.keys[i] = b;
+        k.ws.vals[i] = v;
     }
 }
 
-/* 4a. items: d penalty / d s_i added to the gradient (one thread per item: no atomics); bins:
+/* two block sums in one pass (both shuffle chains interleave); the totals in thread 0 */
+static __device__ __forceinline__ void pref_block_sum2(double *x, double *y, double *scratch)
+{
+    double a = lf_warp_sum_f64(*x), c = lf_warp_sum_f64(*y);
+    const int w = (int)(threadIdx.x >> 5), W = PREF_THREADS / 32;
+    if ((threadIdx.x & 31u) == 0) {
+        scratch[w] = a;
+        scratch[W + w] = c;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        a = c = 0.0;
+        for (int q = 0; q < W; ++q) { /* fixed order */
+            a += scratch[q];
+            c += scratch[W + q];
+        }
+        *x = a;
+        *y = c;
+    }
+}
+
+/* fast mode, 2. pairs and items together, grid-stride by whole warps (the aggregated atomics
+ * are warp collectives): index n is pair n and item n, so every load of an iteration is issued
+ * before the first use. Pair terms go into ws.acc unscaled (the divisor is not known yet). */
+static __device__ __forceinline__ void pref_fused_pairs(const pref_kparams &k, float *shist, double *scratch)
+{
+    const bool smem_hist = k.B <= PREF_SMEM_BINS;
+    if (smem_hist)
+        for (int64_t b = threadIdx.x; b < k.B; b += PREF_THREADS) shist[b] = 0.0f;
+    if (k.B > 0) __syncthreads(); /* shist cleared */
+    const int64_t stride = (int64_t)gridDim.x * PREF_THREADS, n_end = k.P > k.S ? k.P : k.S;
+    double lsum = 0.0, wsum = 0.0;
+    for (int64_t n0 = (int64_t)blockIdx.x * PREF_THREADS; n0 < n_end; n0 += stride) {
+        const int64_t n = n0 + threadIdx.x;
+        /* the item's bin, mass and score first: independent of the pair's loads */
+        int32_t b = -1;
+        float mass = 1.0f, sco = 0.0f;
+        if (k.B > 0 && n < k.S) {
+            b = pref_item_bin(k, n, true);
+            if (k.item_mass) mass = k.item_mass[n];
+            sco = k.scores[n];
+        }
+        int32_t i = -1, j = -1;
+        float g = 0.0f;
+        if (n < k.P) {
+            float l, w;
+            pref_pair_term(k, n, &i, &j, &l, &w, &g);
+            lsum += (double)l;
+            wsum += (double)w;
+        }
+        if (k.grad) {
+            lf_atomic_add_aggregated(k.ws.acc, i, g); /* slot -1 adds nothing */
+            lf_atomic_add_aggregated(k.ws.acc, j, -g);
+        }
+        if (k.B > 0) {
+            float dg;
+            const float v = b >= 0 ? mass * pref_gate(k, sco, &dg) : 0.0f;
+            if (smem_hist) {
+                if (b >= 0) atomicAdd(&shist[b], v);
+            } else {
+                lf_atomic_add_aggregated(k.ws.hist, b, v);
+            }
+        }
+    }
+    if (smem_hist && k.B > 0) {
+        __syncthreads();
+        for (int64_t b = threadIdx.x; b < k.B; b += PREF_THREADS)
+            if (shist[b] != 0.0f) atomicAdd(&k.ws.hist[b], shist[b]);
+    }
+    pref_block_sum2(&lsum, &wsum, scratch);
+    if (threadIdx.x == 0) {
+        k.ws.partial[blockIdx.x] = lsum;
+        k.ws.partial[PREF_FUSED_MAX_GRID + blockIdx.x] = wsum;
+    }
+}
+
+__global__ void __launch_bounds__(PREF_THREADS) pref_fused_pairs_kernel(const pref_kparams k)
+{
+    __shared__ float shist[PREF_SMEM_BINS];
+    __shared__ double scratch[2 * (PREF_THREADS / 32)];
+    pref_fused_pairs(k, shist, scratch);
+}
+
+/* fast mode, 3. items: the partials summed in a fixed order by every CTA (the same bits in
+ * each), then each item's gradient; CTA 0 writes the loss and the histogram. */
+static __device__ __forceinline__ void pref_fused_items(const pref_kparams &k, int nparts, double *scratch, double *scratch2)
+{
+    double lsum = 0.0, wsum = 0.0;
+    for (int q = threadIdx.x; q < nparts; q += PREF_THREADS) {
+        lsum += k.ws.partial[q];
+        wsum += k.ws.partial[PREF_FUSED_MAX_GRID + q];
+    }
+    pref_block_sum2(&lsum, &wsum, scratch2);
+    if (threadIdx.x == 0) {
+        scratch2[0] = lsum;
+        scratch2[1] = wsum;
+    }
+    __syncthreads();
+    const double s_l = scratch2[0], s_w = scratch2[1];
+    const float d = k.divisor ? *k.divisor : (float)s_w, inv = d == 0.0f ? 0.0f : 1.0f / d;
+    if (k.grad)
+        for (int64_t i = (int64_t)blockIdx.x * PREF_THREADS + threadIdx.x; i < k.S; i += (int64_t)gridDim.x * PREF_THREADS) {
+            float gi = k.ws.acc[i] * inv;
+            const int32_t b = k.B > 0 ? pref_item_bin(k, i, false) : -1;
+            if (b >= 0) {
+                const float dh = pref_dpen(k, b, k.ws.hist[b]);
+                if (dh != 0.0f) {
+                    float dg;
+                    pref_gate(k, k.scores[i], &dg);
+                    gi += dh * (k.item_mass ? k.item_mass[i] : 1.0f) * dg;
+                }
+            }
+            k.grad[i] = gi;
+        }
+    if (blockIdx.x != 0) return;
+    double pen = 0.0;
+    for (int64_t b = threadIdx.x; b < k.B; b += PREF_THREADS) {
+        const float h = k.ws.hist[b];
+        pen += (double)pref_bin_pen(k, (int32_t)b, h);
+        if (k.hist_out) k.hist_out[b] = h;
+    }
+    __syncthreads(); /* scratch reuse */
+    pen = lf_block_sum_f64<PREF_THREADS>(pen, scratch);
+    if (threadIdx.x == 0) {
+        const double dd = k.divisor ? (double)*k.divisor : s_w;
+        const double pl = dd == 0.0 ? s_l * 0.0 : s_l / dd; /* 0, or NaN from a NaN: never hidden */
+        k.loss[0] = (float)(pl + pen);
+        k.loss[1] = (float)pl;
+        k.loss[2] = (float)pen;
+    }
+}
+
+__global__ void __launch_bounds__(PREF_THREADS) pref_fused_items_kernel(const pref_kparams k, int nparts)
+{
+    __shared__ double scratch[PREF_THREADS / 32], scratch2[2 * (PREF_THREADS / 32)];
+    pref_fused_items(k, nparts, scratch, scratch2);
+}
+
+/* fast mode in ONE launch (cooperative: every CTA resident, so the grid can wait for itself):
+ * clear the accumulators, grid barrier, pairs and items, grid barrier, item gradients and the
+ * loss. One graph node instead of three. */
+__global__ void __launch_bounds__(PREF_THREADS) pref_coop_kernel(const pref_kparams k, int64_t n_clear)
+{
+    __shared__ float shist[PREF_SMEM_BINS];
+    __shared__ double scratch[2 * (PREF_THREADS / 32)], scratch2[2 * (PREF_THREADS / 32)];
+    cooperative_groups::grid_group grid = cooperative_groups::this_grid();
+    for (int64_t i = (int64_t)blockIdx.x * PREF_THREADS + threadIdx.x; i < n_clear; i += (int64_t)gridDim.x * PREF_THREADS)
+        k.ws.acc[i] = 0.0f; /* acc and hist, adjacent */
+    grid.sync();
+    pref_fused_pairs(k, shist, scratch);
+    grid.sync();
+    pref_fused_items(k, (int)gridDim.x, scratch, scratch2);
+}
+
+/* deterministic mode, 4a. items: d penalty / d s_i added to the gradient (one thread per item: no atomics); bins:
  * their penalty terms */
 __global__ void __launch_bounds__(PREF_THREADS) pref_penalty_kernel(const pref_kparams k)
 {
     const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t < k.B) {
         const float h = k.ws.hist[t];
-        const float over = k.o.budget_weight > 0.0f && h > k.budget[t] ? h - k.budget[t] : 0.0f;
-        const float under = k.o.coverage_weight > 0.0f && h < k.coverage[t] ? k.coverage[t] - h : 0.0f;
-        k.ws.bin_pen[t] = k.o.budget_weight * over * over + k.o.coverage_weight * under * under;
+        k.ws.bin_pen[t] = pref_bin_pen(k, (int32_t)t, h);
         if (k.hist_out) k.hist_out[t] = h;
     }
     if (t < k.S && k.grad) {
-        const int32_t b = k.item_bin[t];
-        if (b < 0 || b >= k.B) return;
-        const float h = k.ws.hist[b];
-        float dh = 0.0f, dg;
-        if (k.o.budget_weight > 0.0f && h > k.budget[b]) dh += 2.0f * k.o.budget_weight * (h - k.budget[b]);
-        if (k.o.coverage_weight > 0.0f && h < k.coverage[b]) dh -= 2.0f * k.o.coverage_weight * (k.coverage[b] - h);
+        const int32_t b = pref_item_bin(k, t, false);
+        if (b < 0) return;
+        float dg;
         pref_gate(k, k.scores[t], &dg);
-        k.grad[t] += dh * (k.item_mass ? k.item_mass[t] : 1.0f) * dg;
+        k.grad[t] += pref_dpen(k, b, k.ws.hist[b]) * (k.item_mass ? k.item_mass[t] : 1.0f) * dg;
     }
 }
 
-/* 4b. the loss, summed in a fixed order by one CTA */
+/* deterministic mode, 4b. the loss, summed in a fixed order by one CTA */
 __global__ void __launch_bounds__(1024) pref_loss_kernel(const pref_kparams k)
 {
     __shared__ double scratch[32];
@@ -342,16 +538,50 @@ static lf_status pref_launch(const pref_args *a, cudaStream_t stream, cudaError_
     k.n_errors = a->n_errors;
     k.ws = pref_ws_layout(a->workspace, k.S, k.P, k.B, det);
 
+    if (!det) {
+        int dev = 0, sms = 0;
+        PREF_CHECK(cudaGetDevice(&dev));
+        PREF_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+        const int64_t want = (k.P > k.S ? k.P : k.S) / PREF_THREADS + 1, cap = (int64_t)sms * 4 < PREF_FUSED_MAX_GRID ? (int64_t)sms * 4 : PREF_FUSED_MAX_GRID;
+        const int grid1 = (int)(want < cap ? want : cap);
+        /* acc [S] and hist [B] are adjacent in the workspace: one memset */
+        const size_t clear = (size_t)((char *)k.ws.hist - (char *)k.ws.acc) + 4 * (size_t)(k.B > 0 ? k.B : 1);
+        int coop = 0, per_sm = 0;
+        if (a->single_launch) {
+            PREF_CHECK(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev));
+            if (coop) PREF_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, pref_coop_kernel, PREF_THREADS, 0));
+        }
+        if (coop && per_sm > 0) {
+            const int g = grid1 < per_sm * sms ? grid1 : per_sm * sms;
+            const int64_t n_clear = (int64_t)(clear / 4);
+            cudaLaunchConfig_t cfg = {};
+            cudaLaunchAttribute at[1] = {};
+            at[0].id = cudaLaunchAttributeCooperative;
+            at[0].val.cooperative = 1;
+            cfg.gridDim = dim3((unsigned)g);
+            cfg.blockDim = dim3(PREF_THREADS);
+            cfg.stream = stream;
+            cfg.attrs = at;
+            cfg.numAttrs = 1;
+            PREF_CHECK(cudaLaunchKernelEx(&cfg, pref_coop_kernel, k, n_clear));
+            return LF_OK;
+        }
+        PREF_CHECK(cudaMemsetAsync(k.ws.acc, 0, clear, stream));
+        pref_fused_pairs_kernel<<<grid1, PREF_THREADS, 0, stream>>>(k);
+        PREF_CHECK(cudaGetLastError());
+        pref_fused_items_kernel<<<pref_blocks(k.S), PREF_THREADS, 0, stream>>>(k, grid1);
+        PREF_CHECK(cudaGetLastError());
+        return LF_OK;
+    }
     if (!a->divisor) {
         pref_divisor_kernel<<<1, 1024, 0, stream>>>(k);
         PREF_CHECK(cudaGetLastError());
     }
-    if (a->grad && !det && k.S > 0) PREF_CHECK(cudaMemsetAsync(a->grad, 0, 4 * (size_t)k.S, stream));
     if (k.P > 0) {
         pref_pair_kernel<<<pref_blocks(k.P), PREF_THREADS, 0, stream>>>(k);
         PREF_CHECK(cudaGetLastError());
     }
-    if (a->grad && det && k.S > 0) {
+    if (a->grad && k.S > 0) {
         size_t tmp = k.ws.cub_bytes;
         if (k.P > 0)
             PREF_CHECK(cub::DeviceRadixSort::SortPairs(k.ws.cub_tmp, tmp, k.ws.keys, k.ws.keys_sorted, k.ws.vals, k.ws.vals_sorted,
@@ -360,19 +590,15 @@ static lf_status pref_launch(const pref_args *a, cudaStream_t stream, cudaError_
         PREF_CHECK(cudaGetLastError());
     }
     if (k.B > 0) {
-        if (!det) PREF_CHECK(cudaMemsetAsync(k.ws.hist, 0, 4 * (size_t)k.B, stream));
         if (k.S > 0) {
             pref_hist_kernel<<<pref_blocks(k.S), PREF_THREADS, 0, stream>>>(k);
             PREF_CHECK(cudaGetLastError());
-        }
-        if (det) {
             size_t tmp = k.ws.cub_bytes;
-            if (k.S > 0)
-                PREF_CHECK(cub::DeviceRadixSort::SortPairs(k.ws.cub_tmp, tmp, k.ws.keys, k.ws.keys_sorted, k.ws.vals,
-                                                           k.ws.vals_sorted, (int)k.S, 0, 32, stream));
-            pref_run_sum_kernel<<<pref_blocks(k.B), PREF_THREADS, 0, stream>>>(k.ws.keys_sorted, k.ws.vals_sorted, k.S, k.B, k.ws.hist);
-            PREF_CHECK(cudaGetLastError());
+            PREF_CHECK(cub::DeviceRadixSort::SortPairs(k.ws.cub_tmp, tmp, k.ws.keys, k.ws.keys_sorted, k.ws.vals,
+                                                       k.ws.vals_sorted, (int)k.S, 0, 32, stream));
         }
+        pref_run_sum_kernel<<<pref_blocks(k.B), PREF_THREADS, 0, stream>>>(k.ws.keys_sorted, k.ws.vals_sorted, k.S, k.B, k.ws.hist);
+        PREF_CHECK(cudaGetLastError());
         pref_penalty_kernel<<<pref_blocks(k.S > k.B ? k.S : k.B), PREF_THREADS, 0, stream>>>(k);
         PREF_CHECK(cudaGetLastError());
     }
@@ -532,11 +758,34 @@ int main(int argc, char **argv)
         CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
         if (it > 2 && ms < best) best = ms;
     }
+    /* the same launches captured in a CUDA graph and replayed back to back: what a training
+     * step that captures its loss pays (no per-launch CPU cost) */
+    cudaStream_t cs;
+    cudaGraph_t graph;
+    cudaGraphExec_t gexec;
+    CHECK_CUDA(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+    CHECK_CUDA(cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal));
+    st = pref_launch(&a, cs, &ce);
+    CHECK_CUDA(cudaStreamEndCapture(cs, &graph));
+    if (st != LF_OK) return 1;
+    CHECK_CUDA(cudaGraphInstantiate(&gexec, graph, 0));
+    const int reps = 200;
+    for (int it = 0; it < 10; ++it) CHECK_CUDA(cudaGraphLaunch(gexec, cs));
+    CHECK_CUDA(cudaEventRecord(e0, cs));
+    for (int it = 0; it < reps; ++it) CHECK_CUDA(cudaGraphLaunch(gexec, cs));
+    CHECK_CUDA(cudaEventRecord(e1, cs));
+    CHECK_CUDA(cudaEventSynchronize(e1));
+    float gms;
+    CHECK_CUDA(cudaEventElapsedTime(&gms, e0, e1));
+    CHECK_CUDA(cudaGraphExecDestroy(gexec));
+    CHECK_CUDA(cudaGraphDestroy(graph));
+    CHECK_CUDA(cudaStreamDestroy(cs));
     unsigned errs;
     CHECK_CUDA(cudaMemcpy(&errs, err, 4, cudaMemcpyDeviceToHost));
     printf("loss         : %.6f (pairs %.6f, penalty %.6f); reference %.6f: error %.3f of tolerance\n", lh[0], lh[1], lh[2], ref[0], lerr);
     printf("gradient     : max error %.3f of tolerance over %lld items\n", gerr, (long long)S);
     printf("time         : %.1f us for forward + gradient (all launches, best of 17)\n", best * 1e3);
+    printf("graph replay : %.2f us per loss (mean of %d back-to-back replays)\n", gms * 1e3 / reps, reps);
     printf("bad pairs    : %u\n", errs);
     const int ok = rs == LF_OK && lerr <= 1.0 && gerr <= 1.0 && errs == 0;
     printf("%s\n", ok ? "OK" : "MISMATCH");

@@ -3,10 +3,10 @@
  *
  *   test_pref_gpu [--small] [--seed S]      exit 0 passed, 1 failed, 77 no device
  *
- * Bradley-Terry and hinge, fast and deterministic modes, with and without per-pair weights and
+ * Bradley-Terry and hinge, fast (three launches, or one cooperative) and deterministic modes, with and without per-pair weights and
  * scales, histogram penalties with both gates, a hot item, 0 and 1 pairs, bad pairs and bad
  * bins (counted, skipped: compared with the reference on the valid ones), poisoned outputs,
- * bit-identity of the deterministic mode. Tolerances: each pair term and its derivative is a
+ * bit-identity of the deterministic mode, CUDA-graph replays of the fast mode. Tolerances: each pair term and its derivative is a
  * float evaluation (relative ~2^-22 of its size), sums in double or float atomics (fast mode:
  * (n + 1) 2^-24 of the sum of |terms| per slot). A bin's total h_b carries herr_b = (n_b + 1)
  * 2^-24 sum_b |m g| (fast; det: 2^-23 sum_b) and moves the penalty by 2 (w_B over + w_C under)
@@ -24,16 +24,16 @@ struct PCase {
     int64_t S = 100, P = 500, B = 7;
     lf_pref_kind kind = LF_PREF_BT;
     lf_pref_gate gate = LF_GATE_SIGMOID;
-    bool det = false, weights = false, scales = false, bins = true, dev_div = false, grad = true;
+    bool det = false, single = false, weights = false, scales = false, bins = true, dev_div = false, grad = true;
     double bad_pairs = 0.0, bad_bins = 0.0, hot = 0.3;
 };
 
 static void run_pcase(const PCase &c)
 {
     snprintf(g_case, sizeof g_case, "%s S=%lld P=%lld %s %s", c.name, (long long)c.S, (long long)c.P,
-             c.kind == LF_PREF_BT ? "bt" : "hinge", c.det ? "det" : "fast");
+             c.kind == LF_PREF_BT ? "bt" : "hinge", c.det ? "det" : c.single ? "fast single" : "fast");
     const int fails = g_fail;
-    uint64_t rs = g_seed ^ mix64((uint64_t)c.S * 7919u + (uint64_t)c.P * 104729u + (uint64_t)c.kind * 31u + (uint64_t)c.det);
+    uint64_t rs = g_seed ^ mix64((uint64_t)c.S * 7919u + (uint64_t)c.P * 104729u + (uint64_t)c.kind * 31u + (uint64_t)c.det + 2u * (uint64_t)c.single);
     const int64_t S = c.S, P = c.P, B = c.B;
     std::vector<float> s(S), t(P + 1), w(P + 1), sc(P + 1), mass(S), budget(B + 1), cov(B + 1);
     std::vector<int32_t> pairs(2 * P + 2), bin(S);
@@ -174,6 +174,7 @@ static void run_pcase(const PCase &c)
     a.coverage = (const float *)cvd.p;
     a.divisor = c.dev_div ? (const float *)divd.p : NULL;
     a.deterministic = c.det;
+    a.single_launch = c.single;
     a.loss = (float *)loss.p;
     a.grad = c.grad ? (float *)grad.p : NULL;
     a.hist = c.bins ? (float *)hist.p : NULL;
@@ -196,18 +197,48 @@ static void run_pcase(const PCase &c)
         EXPECT(close(lh[k], ref[k], 1e-5 * (1.0 + fabs(ref[k])) + (k != 1 ? pen_tol : 0.0)), "loss[%d] %.9g want %.9g", k, lh[k], ref[k]);
     if (c.bins)
         for (int64_t b = 0; b < B; ++b) EXPECT(close(hh[b], rh[b], herr[b] + 1e-30), "hist[%lld] %.9g want %.9g", (long long)b, hh[b], rh[b]);
-    if (c.grad) {
+    auto check_grad = [&](const std::vector<float> &gv, const char *when) {
         int bad = 0;
         int64_t wi = -1;
         for (int64_t i = 0; i < S; ++i) {
             const double tol = (0x1p-18 + (c.det ? 0.0 : cnt[i] * 0x1p-24)) * mag[i] + pen_g[i] + 1e-6 * gmax + 1e-30;
-            if (!close(gh[i], rg[i], tol)) {
+            if (!close(gv[i], rg[i], tol)) {
                 if (wi < 0) wi = i;
                 ++bad;
             }
         }
-        EXPECT(bad == 0, "%d gradient entries off; first %lld: %.9g want %.9g", bad, (long long)wi, wi >= 0 ? gh[wi] : 0.0f,
+        EXPECT(bad == 0, "%s: %d gradient entries off; first %lld: %.9g want %.9g", when, bad, (long long)wi, wi >= 0 ? gv[wi] : 0.0f,
                wi >= 0 ? rg[wi] : 0.0);
+    };
+    if (c.grad) {
+        check_grad(gh, "launch");
+        if (!c.det) { /* captured in a CUDA graph, replayed 3 times: the memset is in the graph, so each
+                       * replay starts clean; the pair loss (fixed-order partials) keeps its bits */
+            cudaStream_t cs;
+            cudaGraph_t graph;
+            cudaGraphExec_t gexec;
+            CK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+            CK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal));
+            const lf_status gst = pref_launch(&a, cs, &ce);
+            CK(cudaStreamEndCapture(cs, &graph));
+            EXPECT(gst == LF_OK, "capture");
+            CK(cudaGraphInstantiate(&gexec, graph, 0));
+            for (int r = 0; r < 3; ++r) CK(cudaGraphLaunch(gexec, cs));
+            CK(cudaStreamSynchronize(cs));
+            std::vector<float> g3(S);
+            float l3[3];
+            CK(cudaMemcpy(g3.data(), grad.p, 4 * S, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(l3, loss.p, 12, cudaMemcpyDeviceToHost));
+            check_grad(g3, "graph replay");
+            EXPECT(memcmp(&l3[1], &lh[1], 4) == 0, "fast-mode pair loss changed bits on graph replay");
+            for (int q = 0; q < 3; q += 2) /* the penalty comes from a float-atomic histogram */
+                EXPECT(close(l3[q], ref[q], 1e-5 * (1.0 + fabs(ref[q])) + pen_tol), "graph replay loss[%d] %.9g want %.9g", q, l3[q], ref[q]);
+            CK(cudaGraphExecDestroy(gexec));
+            CK(cudaGraphDestroy(graph));
+            CK(cudaStreamDestroy(cs));
+            CK(cudaMemcpy(&eh, err.p, 4, cudaMemcpyDeviceToHost));
+            EXPECT((int64_t)eh == 4 * n_bad, "n_errors after 3 replays %u want %lld", eh, (long long)(4 * n_bad));
+        }
         if (c.det) { /* run again on a garbage workspace: the same bits */
             CK(cudaMemset(ws.p, 0x3c, wsb));
             EXPECT(pref_launch(&a, 0, &ce) == LF_OK, "relaunch");
@@ -239,10 +270,11 @@ int main(int argc, char **argv)
     CK(cudaGetDeviceProperties(&prop, 0));
     printf("test_pref_gpu on %s (sm_%d%d), seed %llu%s\n", prop.name, prop.major, prop.minor, (unsigned long long)g_seed,
            g_small ? ", small sizes" : "");
-    for (int det = 0; det < 2; ++det)
+    for (int mode = 0; mode < 3; ++mode) /* fast (memset + two kernels), fast single (cooperative), deterministic */
         for (int kind = 0; kind < 2; ++kind) {
             PCase b;
-            b.det = det;
+            b.det = mode == 2;
+            b.single = mode == 1;
             b.kind = (lf_pref_kind)kind;
             PCase c;
             c = b; c.name = "plain"; c.bins = false; run_pcase(c);
