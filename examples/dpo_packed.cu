@@ -153,8 +153,51 @@ static __device__ __forceinline__ int64_t dpo_label(const dpo_kparams &k, int64_
     return k.labels_i64 ? ((const int64_t *)k.labels)[t] : (int64_t)((const int32_t *)k.labels)[t];
 }
 
-/* 2. one CTA per token row (grid-stride): the row's lse (16-byte loads, an online lse per
- * thread, a block merge) and the label's log-probability */
+/* this thread's share of a row body: an online lse over groups of DPO_UNROLL vectors loaded
+ * together (DPO_UNROLL x 16 bytes in flight per thread), one rescale per group */
+#define DPO_UNROLL 4
+template <typename T>
+static __device__ __forceinline__ void dpo_body_lse(const uint4 *body, int nvec, float *m, float *s)
+{
+    const int PV = lf_elem<T>::per_vec;
+    float u = 0.0f;
+    int v = threadIdx.x;
+    for (; v < nvec; v += DPO_UNROLL * DPO_THREADS) {
+        uint4 r[DPO_UNROLL];
+#pragma unroll
+        for (int q = 0; q < DPO_UNROLL; ++q) {
+            const int vq = v + q * DPO_THREADS;
+            r[q] = vq < nvec ? __ldg(body + vq) : make_uint4(0xff80ff80u, 0xff80ff80u, 0xff80ff80u, 0xff80ff80u);
+        }
+        float f[DPO_UNROLL][PV], xm = -LF_INF_F;
+#pragma unroll
+        for (int q = 0; q < DPO_UNROLL; ++q) {
+            if (v + q * DPO_THREADS < nvec) lf_elem<T>::unpack(r[q], f[q]);
+            else
+#pragma unroll
+                for (int e = 0; e < PV; ++e) f[q][e] = -LF_INF_F;
+#pragma unroll
+            for (int e = 0; e < PV; ++e) xm = fmaxf(xm, f[q][e]);
+        }
+        const float m_new = fmaxf(*m, xm);
+        lf_impl_lse_rescale(*m, m_new, s, &u);
+        *m = m_new;
+        const float sh = (m_new == -LF_INF_F ? 0.0f : m_new) * LF_LOG2E;
+        float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+        for (int q = 0; q < DPO_UNROLL; ++q)
+#pragma unroll
+            for (int e = 0; e < PV; ++e) {
+                const float t = lf_ex2(fmaf(f[q][e], LF_LOG2E, -sh));
+                if (e & 1) s1 += t;
+                else s0 += t;
+            }
+        *s += s0 + s1;
+    }
+}
+
+/* 2. one CTA per token row (grid-stride): the row's lse (16-byte loads, several in flight per
+ * thread, an online lse per thread, a block merge) and the label's log-probability */
 template <typename T>
 __global__ void __launch_bounds__(DPO_THREADS) dpo_row_kernel(const dpo_kparams k)
 {
@@ -174,24 +217,9 @@ __global__ void __launch_bounds__(DPO_THREADS) dpo_row_kernel(const dpo_kparams 
         }
         const T *x = (const T *)k.logits + t * k.stride;
         const lf_row_span sp = lf_row_span_make(x, k.V);
-        const uint4 *body = reinterpret_cast<const uint4 *>(x + sp.head);
+        const float xy = threadIdx.x == 0 ? lf_elem<T>::to_f32(x[y]) : 0.0f; /* issued early */
         lf_lse st = lf_lse_init();
-        for (int v = threadIdx.x; v < sp.nvec; v += DPO_THREADS) {
-            float f[lf_elem<T>::per_vec];
-            lf_elem<T>::unpack(__ldg(body + v), f);
-            float m = f[0];
-#pragma unroll
-            for (int e = 1; e < lf_elem<T>::per_vec; ++e) m = fmaxf(m, f[e]);
-            lf_lse piece;
-            piece.m = m;
-            piece.s = 0.0f;
-            piece.u = 0.0f;
-            const float sh = m == -LF_INF_F ? 0.0f : m;
-#pragma unroll
-            for (int e = 0; e < lf_elem<T>::per_vec; ++e) piece.s += lf_exp_diff(f[e], sh);
-            if (m == -LF_INF_F) piece.s = 0.0f;
-            st = lf_lse_merge(st, piece);
-        }
+        dpo_body_lse<T>(reinterpret_cast<const uint4 *>(x + sp.head), sp.nvec, &st.m, &st.s);
         const int nedge = sp.head + sp.tail;
         for (int e = threadIdx.x; e < nedge; e += DPO_THREADS) {
             const int64_t j = e < sp.head ? e : sp.head + (int64_t)sp.nvec * lf_elem<T>::per_vec + (e - sp.head);
@@ -200,7 +228,6 @@ __global__ void __launch_bounds__(DPO_THREADS) dpo_row_kernel(const dpo_kparams 
         st = lf_block_lse<DPO_THREADS>(st, red);
         if (threadIdx.x == 0) {
             const float lse = lf_lse_final(st);
-            const float xy = lf_elem<T>::to_f32(x[y]);
             /* x_y - lse as (x_y - m) - log(s): exact when the label is the maximum */
             float lp = (xy - st.m) - logf(st.s);
             if (!(fabsf(lse) < LF_INF_F)) lp = NAN;
@@ -330,12 +357,17 @@ __global__ void __launch_bounds__(1024) dpo_loss_kernel(const dpo_kparams k)
     }
 }
 
-/* 7. the gradient of every token row: c_k (onehot(y) - softmax(x_t)); 0 without a label */
+/* 7. the gradient of every token row: c_k (onehot(y) - softmax(x_t)); 0 without a label.
+ * Rows in reverse order: the last rows the row pass read are still in L2. Off the label,
+ * -c_k p_j = -sgn(c_k) exp2(x_j log2e - (lse log2e - log2|c_k|)) (lf_piece_grad_fast: one FFMA
+ * and one EX2 per element); the label element is written last by thread 0, as c_k (1 - p_y)
+ * from x_y read before the row is overwritten (in place). */
 template <typename T>
 __global__ void __launch_bounds__(DPO_THREADS) dpo_grad_kernel(const dpo_kparams k)
 {
     const bool bad = *k.ws.bad != 0;
-    for (int64_t t = blockIdx.x; t < k.T; t += gridDim.x) {
+    for (int64_t i = blockIdx.x; i < k.T; i += gridDim.x) {
+        const int64_t t = k.T - 1 - i;
         const T *x = (const T *)k.logits + t * k.stride;
         T *g = (T *)k.grad + t * k.grad_stride;
         float coef = 0.0f, lse = 0.0f;
@@ -350,36 +382,29 @@ __global__ void __launch_bounds__(DPO_THREADS) dpo_grad_kernel(const dpo_kparams
             for (int64_t j = threadIdx.x; j < k.V; j += DPO_THREADS) g[j] = lf_elem<T>::from_f32(0.0f);
             continue;
         }
-        /* element by element in the body's vectors when the gradient row shares the logits'
-         * alignment (always in place), else one element at a time */
+        const float xy = threadIdx.x == 0 ? lf_elem<T>::to_f32(x[y]) : 0.0f;
+        __syncthreads(); /* x_y read before any thread overwrites it (in place) */
         const lf_row_span sp = lf_row_span_make(x, k.V);
         const bool vec_ok = ((uintptr_t)g & 15u) == (uintptr_t)sp.phase;
-        const float c2 = -coef, sh = lse * LF_LOG2E;
+        const float sh = lse * LF_LOG2E, kk = sh - log2f(fabsf(coef));
         if (vec_ok) {
             const uint4 *body = reinterpret_cast<const uint4 *>(x + sp.head);
-            uint4 *gb = reinterpret_cast<uint4 *>(g + sp.head);
-            for (int v = threadIdx.x; v < sp.nvec; v += DPO_THREADS) {
-                float f[lf_elem<T>::per_vec];
-                lf_elem<T>::unpack(body[v], f); /* in place: read before written, same thread */
-#pragma unroll
-                for (int e = 0; e < lf_elem<T>::per_vec; ++e) {
-                    const int64_t j = sp.head + (int64_t)v * lf_elem<T>::per_vec + e;
-                    f[e] = c2 * exp2f(fmaf(f[e], LF_LOG2E, -sh)) + (j == y ? coef : 0.0f);
-                }
-                gb[v] = lf_elem<T>::pack(f);
-            }
+            if (coef > 0.0f) lf_piece_grad_fast<DPO_THREADS, T, true>(g, body, sp, 0, sp.nvec, LF_LOG2E, kk);
+            else lf_piece_grad_fast<DPO_THREADS, T, false>(g, body, sp, 0, sp.nvec, LF_LOG2E, kk);
             const int nedge = sp.head + sp.tail;
             for (int e = threadIdx.x; e < nedge; e += DPO_THREADS) {
                 const int64_t j = e < sp.head ? e : sp.head + (int64_t)sp.nvec * lf_elem<T>::per_vec + (e - sp.head);
                 const float xj = lf_elem<T>::to_f32(x[j]);
-                g[j] = lf_elem<T>::from_f32(c2 * exp2f(fmaf(xj, LF_LOG2E, -sh)) + (j == y ? coef : 0.0f));
+                g[j] = lf_elem<T>::from_f32(-coef * exp2f(fmaf(xj, LF_LOG2E, -sh)));
             }
         } else {
             for (int64_t j = threadIdx.x; j < k.V; j += DPO_THREADS) {
                 const float xj = lf_elem<T>::to_f32(x[j]);
-                g[j] = lf_elem<T>::from_f32(c2 * exp2f(fmaf(xj, LF_LOG2E, -sh)) + (j == y ? coef : 0.0f));
+                g[j] = lf_elem<T>::from_f32(-coef * exp2f(fmaf(xj, LF_LOG2E, -sh)));
             }
         }
+        __syncthreads(); /* every element written; now the label's */
+        if (threadIdx.x == 0) g[y] = lf_elem<T>::from_f32(coef * (1.0f - exp2f(fmaf(xy, LF_LOG2E, -sh))));
     }
 }
 
