@@ -1793,7 +1793,16 @@ static __device__ __forceinline__ void lf_seg_sum_grid(const int32_t *cu_seqlens
     for (int64_t k = w0; k < nseq; k += warps) {
         const int64_t b = cu_seqlens[k], e = cu_seqlens[k + 1];
         double a = 0.0;
-        for (int64_t t = b + lane; t < e; t += 32) a += (double)v[t];
+        /* eight loads in flight per lane; the lane adds its elements b + lane + 32 i in order of
+         * i, so the bits do not depend on the unrolling (a padding 0 changes no sum: a starts at
+         * +0, so it is never -0) */
+        for (int64_t t = b + lane; t < e; t += 8 * 32) {
+            float x[8];
+#pragma unroll
+            for (int u = 0; u < 8; ++u) x[u] = t + 32 * u < e ? v[t + 32 * u] : 0.0f;
+#pragma unroll
+            for (int u = 0; u < 8; ++u) a += (double)x[u];
+        }
         a = lf_warp_sum_f64(a);
         if (lane == 0) out[k] = (O)a;
     }
