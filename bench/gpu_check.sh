@@ -2,7 +2,9 @@
 # bench/gpu_check.sh — the GPU CI of lossfuse, run on the device machine in one call:
 # build, GPU test suite, compute-sanitizer (memcheck + racecheck) on the small cases, benchmarks
 # against PyTorch (eager, torch.compile) in the same run, then a short table last.
-#   bench/gpu_check.sh [build] [test] [sanitize] [bench] [peers] [klpeers]   (default: all of them)
+#   bench/gpu_check.sh [build] [test] [sanitize] [bench] [peers] [klpeers] [packed] [packedpeers]
+#   (default: all of them; packed: bench_packed, issue 4's DPO / pairwise / segment sums;
+#   packedpeers: their PyTorch peers)
 # (peers: the cross-entropy peers at every bench shape; klpeers: the distillation peers at two
 # shapes, since torch.compile takes ~30 s per shape and mode.) One device call runs at most
 # 10 minutes: split it, e.g. "build test sanitize" then "build bench peers klpeers".
@@ -11,7 +13,7 @@ set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
-stages=${*:-build test sanitize bench peers klpeers}
+stages=${*:-build test sanitize bench peers klpeers packed packedpeers}
 has() { [[ " $stages " == *" $1 "* ]]; }
 B=build-gpu
 summary=()
@@ -53,7 +55,14 @@ if has klpeers; then
     --impls eager_fp32,compile --iters 10 --shapes ${KL_PEERS_SHAPES:-4096x32768,4096x151936} 2>"$OUT/klpeers.err" | tee -a "$OUT/bench.log"
   tail -5 "$OUT/klpeers.err"
 fi
-if has bench || has peers || has klpeers; then
+if has packed; then
+  "$B/bench/bench_packed" ${BENCH_PACKED_ARGS:-} | tee -a "$OUT/bench.log"
+fi
+if has packedpeers; then
+  PYTHONUNBUFFERED=1 timeout ${PEERS_TIMEOUT:-420} python3 bench/packed_peers.py --no-copy ${PACKED_PEERS_ARGS:-} 2>"$OUT/packedpeers.err" | tee -a "$OUT/bench.log"
+  tail -5 "$OUT/packedpeers.err"
+fi
+if has bench || has peers || has klpeers || has packed || has packedpeers; then
   python3 bench/report.py "$OUT/bench.log" --md "$OUT/results_table.md" --png "$OUT/results.png" >/dev/null 2>"$OUT/report.err" || tail "$OUT/report.err"
 fi
 echo "================ summary ($(head -1 "$OUT/device.txt"))"
