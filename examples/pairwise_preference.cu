@@ -18,8 +18,8 @@
  *     launch, pref_coop_kernel, the three steps separated by grid barriers):
  *     1. clear the workspace's accumulators (item gradient sums, bin totals)
  *     2. pairs and items, grid-stride: each pair's check, weighted loss term and gradient term
- *        w dl/dd, added +- into the two items' accumulators with warp-aggregated float
- *        atomics; each item's gated mass into a per-CTA shared-memory histogram, then one
+ *        w dl/dd, added +- into the two items' accumulators with float atomics (warp-
+ *        aggregated with PREF_AGGREGATE); each item's gated mass into a per-CTA shared-memory histogram, then one
  *        atomic per bin and CTA; per-CTA double partial sums of the loss terms and weights
  *     3. items: every CTA sums the partials in a fixed order (the divisor, the pair loss),
  *        then grad_i = acc_i / divisor + d penalty / d s_i; CTA 0 writes the loss and the
@@ -91,7 +91,13 @@ static pref_args pref_args_default(void)
  * pair loss term and weight; per bin penalty and histogram; the divisor; 2P + S sort entries
  * (keys, values, sorted copies) and CUB's temporary storage. */
 #define PREF_FUSED_MAX_GRID 1024 /* CTAs of the fast mode's pair kernel */
-#define PREF_SMEM_BINS 4096      /* bins counted in shared memory first (more: global atomics) */
+#define PREF_SMEM_BINS 4096
+/* PREF_AGGREGATE 1: the fast mode groups the lanes of a warp that add into the same item
+ * (lf_atomic_add_aggregated, __match_any_sync) — worth it when a few items take most pairs;
+ * 0 (default): one plain atomic per pair end, ~1 us faster on random pairs (H100, 50K pairs) */
+#ifndef PREF_AGGREGATE
+#define PREF_AGGREGATE 0
+#endif      /* bins counted in shared memory first (more: global atomics) */
 typedef struct pref_ws {
     float *pair_loss, *pair_w, *bin_pen, *hist, *div;
     float *acc;       /* fast mode: [S] item gradient sums, then hist follows it (one memset) */
@@ -197,15 +203,18 @@ static __device__ __forceinline__ bool pref_pair_term(const pref_kparams &k, int
                                                       float *g)
 {
     *l = *w = *g = 0.0f;
+    /* the per-pair values are loaded with the pair's items, not after them: one fewer memory
+     * latency on the chain pair -> scores (the loss is a few microseconds of such chains) */
+    const float tp = k.target[p], sc = k.pair_scale ? k.pair_scale[p] : k.o.scale, wp = k.pair_weight ? k.pair_weight[p] : 1.0f;
     if (!pref_pair_ok(k, p, i, j)) {
         if (k.n_errors) atomicAdd(k.n_errors, 1u);
         *i = *j = -1;
         return false;
     }
-    const float d = k.scores[*i] - k.scores[*j], sc = k.pair_scale ? k.pair_scale[p] : k.o.scale;
+    const float d = k.scores[*i] - k.scores[*j];
     float dd = 0.0f;
-    *w = k.pair_weight ? k.pair_weight[p] : 1.0f;
-    const float lt = k.o.kind == LF_PREF_HINGE ? lf_hinge_margin(d, k.target[p], k.o.margin, sc, &dd) : lf_bt(d, k.target[p], sc, &dd);
+    *w = wp;
+    const float lt = k.o.kind == LF_PREF_HINGE ? lf_hinge_margin(d, tp, k.o.margin, sc, &dd) : lf_bt(d, tp, sc, &dd);
     *l = *w == 0.0f ? 0.0f : *w * lt; /* a zero weight drops the term, even an infinite one */
     *g = *w == 0.0f ? 0.0f : *w * dd;
     return true;
@@ -343,8 +352,13 @@ static __device__ __forceinline__ void pref_fused_pairs(const pref_kparams &k, f
             wsum += (double)w;
         }
         if (k.grad) {
+#if PREF_AGGREGATE
             lf_atomic_add_aggregated(k.ws.acc, i, g); /* slot -1 adds nothing */
             lf_atomic_add_aggregated(k.ws.acc, j, -g);
+#else
+            if (i >= 0) atomicAdd(k.ws.acc + i, g);
+            if (j >= 0) atomicAdd(k.ws.acc + j, -g);
+#endif
         }
         if (k.B > 0) {
             float dg;
@@ -377,8 +391,31 @@ __global__ void __launch_bounds__(PREF_THREADS) pref_fused_pairs_kernel(const pr
 
 /* fast mode, 3. items: the partials summed in a fixed order by every CTA (the same bits in
  * each), then each item's gradient; CTA 0 writes the loss and the histogram. */
+/* item i's accumulated pair terms (not yet divided) and its penalty gradient: every per-item
+ * load first, only the bin total waits for the bin id */
+static __device__ __forceinline__ void pref_item_terms(const pref_kparams &k, int64_t i, float *acc, float *pen)
+{
+    *acc = k.ws.acc[i];
+    *pen = 0.0f;
+    const int32_t b = k.B > 0 ? pref_item_bin(k, i, false) : -1;
+    const float si = k.B > 0 ? k.scores[i] : 0.0f, mi = k.B > 0 && k.item_mass ? k.item_mass[i] : 1.0f;
+    if (b >= 0) {
+        const float dh = pref_dpen(k, b, k.ws.hist[b]);
+        if (dh != 0.0f) {
+            float dg;
+            pref_gate(k, si, &dg);
+            *pen = dh * mi * dg;
+        }
+    }
+}
+
 static __device__ __forceinline__ void pref_fused_items(const pref_kparams &k, int nparts, double *scratch, double *scratch2)
 {
+    /* this thread's first item is loaded before the partials are reduced (they do not depend
+     * on each other): the two memory latencies overlap */
+    const int64_t i0 = (int64_t)blockIdx.x * PREF_THREADS + threadIdx.x, istride = (int64_t)gridDim.x * PREF_THREADS;
+    float a0 = 0.0f, p0 = 0.0f;
+    if (k.grad && i0 < k.S) pref_item_terms(k, i0, &a0, &p0);
     double lsum = 0.0, wsum = 0.0;
     for (int q = threadIdx.x; q < nparts; q += PREF_THREADS) {
         lsum += k.ws.partial[q];
@@ -392,20 +429,14 @@ static __device__ __forceinline__ void pref_fused_items(const pref_kparams &k, i
     __syncthreads();
     const double s_l = scratch2[0], s_w = scratch2[1];
     const float d = k.divisor ? *k.divisor : (float)s_w, inv = d == 0.0f ? 0.0f : 1.0f / d;
-    if (k.grad)
-        for (int64_t i = (int64_t)blockIdx.x * PREF_THREADS + threadIdx.x; i < k.S; i += (int64_t)gridDim.x * PREF_THREADS) {
-            float gi = k.ws.acc[i] * inv;
-            const int32_t b = k.B > 0 ? pref_item_bin(k, i, false) : -1;
-            if (b >= 0) {
-                const float dh = pref_dpen(k, b, k.ws.hist[b]);
-                if (dh != 0.0f) {
-                    float dg;
-                    pref_gate(k, k.scores[i], &dg);
-                    gi += dh * (k.item_mass ? k.item_mass[i] : 1.0f) * dg;
-                }
-            }
-            k.grad[i] = gi;
+    if (k.grad && i0 < k.S) {
+        k.grad[i0] = a0 * inv + p0;
+        for (int64_t i = i0 + istride; i < k.S; i += istride) {
+            float a, pn;
+            pref_item_terms(k, i, &a, &pn);
+            k.grad[i] = a * inv + pn;
         }
+    }
     if (blockIdx.x != 0) return;
     double pen = 0.0;
     for (int64_t b = threadIdx.x; b < k.B; b += PREF_THREADS) {
