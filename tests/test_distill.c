@@ -165,8 +165,12 @@ static void check_dual(const float *af, const float *bf, int V, const char *what
     n = naive_dual(a, b, V, la, lb);
     {
         double dm = (fabsl(n.lse_a) < INFINITY && fabsl(n.lse_b) < INFINITY) ? (double)(n.lse_a - n.lse_b) : 0.0;
+        /* the pushes add V float terms one after another: a walk of V roundings of <= 2^-24 of
+         * the running sum each, allowed 8 sqrt(V) 2^-24 (3.5e-5 was seen at V = 50257, tau 20,
+         * where every term is ~1/2 and the sum reaches ~2.5e4: seed 791611815) */
         double tl = 1e-6 * (1.0 + (isfinite((double)n.lse_a) ? fabs((double)n.lse_a) : 0.0) +
-                            (isfinite((double)n.lse_b) ? fabs((double)n.lse_b) : 0.0) + log(V + 1.0));
+                            (isfinite((double)n.lse_b) ? fabs((double)n.lse_b) : 0.0) + log(V + 1.0)) +
+                    8.0 * sqrt((double)V) * 0x1p-24;
         CHECK(same_or_close(o.lse_a, (double)n.lse_a, tl), "%s V=%d: lse_a %.9g want %.12Lg", what, V, o.lse_a, n.lse_a);
         CHECK(same_or_close(o.lse_b, (double)n.lse_b, tl), "%s V=%d: lse_b %.9g want %.12Lg", what, V, o.lse_b, n.lse_b);
         CHECK(same_or_close(o.kl_fwd, (double)n.kl_fwd, dual_tol((double)n.kl_fwd, a, b, V, dm)),
@@ -384,8 +388,13 @@ static void test_ref_rows(void)
                         sum += dx[j];
                         asum += fabs(dx[j]);
                     }
-                    CHECK(fabs(sum) <= 1e-13 * (1.0 + asum) * (1.0 + fabs(L) + 120.0 / o.temperature),
-                          "%s: gradient sums to %.3g", kind_name[kind], sum);
+                    /* plus the loss times the rounding of lse_s (sum p = 1 only to ~2^-52 (1 + |lse_s|), and
+                     * the sum of the gradient is L dz (1 - sum p)): 3.5e-10 at L = 666, lse_s = 261,
+                     * tau 0.05 (seed 1795326350) */
+                    const double tol_sum = 1e-13 * (1.0 + asum) * (1.0 + fabs(L) + 120.0 / o.temperature) +
+                                           4.0 * 0x1p-52 * (1.0 + fabs(r.lse_s)) * fabs(L) / o.temperature;
+                    CHECK(fabs(sum) <= tol_sum,
+                          "%s: gradient sums to %.3g (asum %.3g, L %.3g, tau %g, V %d)", kind_name[kind], sum, asum, L, o.temperature, V);
                 }
             }
 }

@@ -132,7 +132,7 @@ static void test_saturated_derivatives(void)
     }
 }
 
-#define T_MAX 64
+#define T_MAX 80 /* 8 sequences of at most 9 tokens, one of 1, one empty: T <= 73 */
 #define V_DPO 37
 #define S_MAX 12
 
@@ -158,6 +158,10 @@ static void make_dpo_case(struct dpo_case *c)
     c->cu[0] = 0;
     for (k = 0; k < c->nseq; ++k) c->cu[k + 1] = c->cu[k] + lens[k];
     c->T = c->cu[c->nseq];
+    if (c->T > T_MAX) { /* the arrays are sized for the lengths above */
+        fprintf(stderr, "make_dpo_case: T = %lld > T_MAX\n", (long long)c->T);
+        exit(2);
+    }
     for (t = 0; t < c->T * V_DPO; ++t) c->x[t] = (float)(2.0 * rng_normal());
     for (k = 0; k < c->nseq; ++k) {
         int64_t prompt = 1 + rng_int(3);
@@ -269,9 +273,9 @@ static void test_dpo(void)
                 CHECK(fabsl((ld)seq[k] - lp_n[k]) <= 1e-12L * (1 + fabsl(lp_n[k])), "seq %lld logp %.15g want %.15Lg", (long long)k, seq[k], lp_n[k]);
             CHECK(seq[2] == 0.0 && seq[c.nseq + 2] == 0.0 && seq[7] == 0.0, "empty / masked sequences have logp 0, n 0");
             for (p = 0; p < c.npairs; ++p) {
-                CHECK(fabsl((ld)pout[4 * p] - met[4 * p]) <= 1e-12L * (1 + fabsl(met[4 * p]) + 100 * o.beta), "pair %lld loss", (long long)p);
-                CHECK(fabsl((ld)pout[4 * p + 1] - met[4 * p + 1]) <= 1e-9L * (1 + fabsl(met[4 * p + 1])), "pair %lld chosen reward", (long long)p);
-                CHECK(fabsl((ld)pout[4 * p + 2] - met[4 * p + 2]) <= 1e-9L * (1 + fabsl(met[4 * p + 2])), "pair %lld rejected reward", (long long)p);
+                CHECK(fabsl((ld)pout[4 * p] - met[4 * p]) <= 1e-12L * (1 + fabsl(met[4 * p]) + 100 * o.beta), "kind %d v%d pair %lld loss %.15g want %.15Lg", kind, variant, (long long)p, pout[4 * p], met[4 * p]);
+                CHECK(fabsl((ld)pout[4 * p + 1] - met[4 * p + 1]) <= 1e-9L * (1 + fabsl(met[4 * p + 1])), "pair %lld chosen reward %.15g want %.15Lg", (long long)p, pout[4 * p + 1], met[4 * p + 1]);
+                CHECK(fabsl((ld)pout[4 * p + 2] - met[4 * p + 2]) <= 1e-9L * (1 + fabsl(met[4 * p + 2])), "pair %lld rejected reward %.15g want %.15Lg", (long long)p, pout[4 * p + 2], met[4 * p + 2]);
                 CHECK(pout[4 * p + 3] == (pout[4 * p + 1] > pout[4 * p + 2] ? 1.0 : 0.0), "pair %lld accuracy", (long long)p);
             }
             /* tokens without a label have a zero gradient row */
