@@ -49,7 +49,9 @@
  *      gradient: lf_dual_span, lf_dual_piece_load, lf_dual_piece_stats (pass 1), lf_block_dual
  *      (or the one-barrier lf_block_dual_acc),
  *      lf_kl_piece_stats2 (pass 2 of JSD / TVD), lf_kl_coef_make, lf_kl_piece_grad, and the
- *      edge-element forms lf_dual_edge_stats / lf_kl_edge_stats2 / lf_kl_edge_grad
+ *      edge-element forms lf_dual_edge_stats / lf_kl_edge_stats2 / lf_kl_edge_grad; a sparse
+ *      top-k teacher built in shared memory: lf_dual_part_load / _fill / _scatter and the _xe
+ *      edge forms
  *   9. Segmented sums, pair scatter-add, histograms: lf_warp_seg_scan_f32, the fast
  *      lf_atomic_add_aggregated, the deterministic lf_seg_sum_grid (per-sequence sums over
  *      cu_seqlens) and lf_sorted_run_sum_grid (after a stable sort by slot), lf_seq_bad
@@ -1265,6 +1267,64 @@ static __device__ __forceinline__ void lf_dual_piece_load(uint4 *bs, uint4 *bt, 
     }
 }
 
+/* ---- a teacher that is not a row in memory: sparse top-k (examples/kl_distill.cu) ----
+ *
+ * Offline distillation stores per token only the teacher's top-k (index, log-probability)
+ * pairs; the other V - k entries share one value (the spread rest mass, or -inf when it is
+ * dropped; lossfuse.h lf_ref_kl_sparse_teacher). Such a teacher is built in the teacher part
+ * of a piece (fp32 layout, TT = float, raw values) instead of being copied:
+ *     lf_dual_part_load<THREADS, TS>   the student's copies alone (cp.async, owner threads)
+ *     lf_dual_part_fill<THREADS>       every unit of the teacher part = the rest value (owners)
+ *     __syncthreads()                  fills done, and the piece's previous readers gone
+ *     lf_dual_part_scatter<THREADS>    the top-k entries that fall in the piece (any thread)
+ *     __syncthreads() before reading   (a barrier the next job's fill supplies in a pipeline)
+ * Edge elements have no unit: keep their teacher values in a small array instead, xt_edge[e]
+ * for edge element e (at most 15 of them for a student-only span, lf_dual_span_make(xs, xs,
+ * V)), filled by the same pair of calls with edge != NULL, and use the _xe forms of the edge
+ * functions below. The sweeps then see a dense teacher; nothing else changes. */
+
+/* This thread's cp.async copies of units [ub, ue) of ONE side (no commit). */
+template <int THREADS, typename T>
+static __device__ __forceinline__ void lf_dual_part_load(uint4 *part, const T *x, const lf_dual_span &sp, int ub, int ue,
+                                                         int PU)
+{
+    for (int u = ub + (int)threadIdx.x; u < ue; u += THREADS) lf_impl_unit_copy<T>(part, u - ub, PU, x + sp.head + 8 * (int64_t)u);
+}
+
+/* Units [ub, ue) of an fp32 part set to v, each by its owner thread; edge (if not NULL): its
+ * first nedge entries set to v by threads 0 .. nedge - 1. */
+template <int THREADS>
+static __device__ __forceinline__ void lf_dual_part_fill(uint4 *part, int ub, int ue, float v, int PU, float *edge, int nedge)
+{
+    const uint4 q = make_uint4(__float_as_uint(v), __float_as_uint(v), __float_as_uint(v), __float_as_uint(v));
+    for (int u = ub + (int)threadIdx.x; u < ue; u += THREADS) {
+        part[u - ub] = q;
+        part[PU + u - ub] = q;
+    }
+    if (edge)
+        for (int e = (int)threadIdx.x; e < nedge; e += THREADS) edge[e] = v;
+}
+
+/* The k entries (idx[i], x[i]) that fall in units [ub, ue) written into the fp32 part (and,
+ * with edge, those at edge elements into edge[e]); idx must be in [0, V) and distinct. Any
+ * thread writes any slot: a barrier must separate it from the fill and from the readers. */
+template <int THREADS>
+static __device__ __forceinline__ void lf_dual_part_scatter(uint4 *part, int ub, int ue, int PU, const lf_dual_span &sp,
+                                                            const int32_t *idx, const float *x, int k, float *edge)
+{
+    float *f = reinterpret_cast<float *>(part);
+    const int32_t body = 8 * sp.nunit;
+    for (int i = (int)threadIdx.x; i < k; i += THREADS) {
+        const int32_t j = idx[i] - sp.head;
+        if (j >= 0 && j < body) {
+            const int u = j >> 3, e = j & 7;
+            if (u >= ub && u < ue) f[4 * ((e < 4 ? 0 : PU) + u - ub) + (e & 3)] = x[i];
+        } else if (edge) {
+            edge[j < 0 ? j + sp.head : j - body + sp.head] = x[i];
+        }
+    }
+}
+
 /* ---- pass 1: statistics ---- */
 
 /* A thread's running state, in w units: maxima, sums relative to them, entropy terms
@@ -1689,41 +1749,90 @@ static __device__ __forceinline__ void lf_kl_piece_grad(TS *out, bool vec_ok, co
 }
 
 /* The edge elements (head, tail, or the whole row of an unaligned pair): thread t takes edge
- * elements t, t + THREADS, ... loaded from global memory. Pass 1: */
-template <int THREADS, typename TS, typename TT, bool LIN, int TERMS>
-static __device__ __forceinline__ void lf_dual_edge_stats(lf_dual_acc &a, const TS *xs, const TT *xt,
-                                                          const lf_dual_span &sp, const lf_kl_xf &xf)
+ * elements t, t + THREADS, ... The teacher's raw value of edge element e (element j) comes
+ * from tx(e, j): xt[j] from global memory in the plain forms, xe[e] in the _xe forms (a
+ * teacher built in shared memory, above). Pass 1: */
+template <int THREADS, typename TS, bool LIN, int TERMS, typename TX>
+static __device__ __forceinline__ void lf_impl_dual_edge_stats(lf_dual_acc &a, const TS *xs, TX tx, const lf_dual_span &sp,
+                                                               const lf_kl_xf &xf)
 {
     for (int e = (int)threadIdx.x; e < sp.nedge; e += THREADS) {
         const int32_t j = lf_dual_edge_index(sp, e);
         lf_dual_edge_push<TERMS == LF_DUAL_FULL>(a, lf_kl_w<LIN>(lf_elem<TS>::to_f32(xs[j]), xf.s, xf),
-                               lf_kl_w<LIN>(lf_elem<TT>::to_f32(xt[j]), xf.t, xf), xf.cs);
+                                                 lf_kl_w<LIN>(tx(e, j), xf.t, xf), xf.cs);
     }
 }
 
 /* ... pass 2: */
-template <int THREADS, typename TS, typename TT, bool LIN>
-static __device__ __forceinline__ void lf_kl_edge_stats2(float2 &acc, const TS *xs, const TT *xt, const lf_dual_span &sp,
-                                                         const lf_kl_xf &xf, const lf_kl_coef &c)
+template <int THREADS, typename TS, bool LIN, typename TX>
+static __device__ __forceinline__ void lf_impl_kl_edge_stats2(float2 &acc, const TS *xs, TX tx, const lf_dual_span &sp,
+                                                              const lf_kl_xf &xf, const lf_kl_coef &c)
 {
     for (int e = (int)threadIdx.x; e < sp.nedge; e += THREADS) {
         const int32_t j = lf_dual_edge_index(sp, e);
-        lf_impl_kl_stats2(c, lf_kl_w<LIN>(lf_elem<TS>::to_f32(xs[j]), xf.s, xf),
-                          lf_kl_w<LIN>(lf_elem<TT>::to_f32(xt[j]), xf.t, xf), &acc.x, &acc.y);
+        lf_impl_kl_stats2(c, lf_kl_w<LIN>(lf_elem<TS>::to_f32(xs[j]), xf.s, xf), lf_kl_w<LIN>(tx(e, j), xf.t, xf), &acc.x, &acc.y);
     }
 }
 
 /* ... and the gradient (out may be xs: each element is read before it is written, by its owner). */
-template <int THREADS, typename TS, typename TT, bool LIN>
-static __device__ __forceinline__ void lf_kl_edge_grad(TS *out, const TS *xs, const TT *xt, const lf_dual_span &sp,
-                                                       const lf_kl_xf &xf, const lf_kl_coef &c)
+template <int THREADS, typename TS, bool LIN, typename TX>
+static __device__ __forceinline__ void lf_impl_kl_edge_grad(TS *out, const TS *xs, TX tx, const lf_dual_span &sp,
+                                                            const lf_kl_xf &xf, const lf_kl_coef &c)
 {
     for (int e = (int)threadIdx.x; e < sp.nedge; e += THREADS) {
         const int32_t j = lf_dual_edge_index(sp, e);
         const float x = lf_elem<TS>::to_f32(xs[j]);
-        const float d = lf_impl_kl_grad_any(c, lf_kl_w<LIN>(x, xf.s, xf), lf_kl_w<LIN>(lf_elem<TT>::to_f32(xt[j]), xf.t, xf));
+        const float d = lf_impl_kl_grad_any(c, lf_kl_w<LIN>(x, xf.s, xf), lf_kl_w<LIN>(tx(e, j), xf.t, xf));
         out[j] = lf_elem<TS>::from_f32(LIN ? c.a * d : c.a * d * lf_kl_dzdx(x, xf));
     }
+}
+
+template <typename TT> struct lf_impl_tx_row { /* teacher element j of a row in memory */
+    const TT *xt;
+    __device__ __forceinline__ float operator()(int, int32_t j) const { return lf_elem<TT>::to_f32(xt[j]); }
+};
+struct lf_impl_tx_edge { /* teacher value of edge element e, kept aside */
+    const float *xe;
+    __device__ __forceinline__ float operator()(int e, int32_t) const { return xe[e]; }
+};
+
+template <int THREADS, typename TS, typename TT, bool LIN, int TERMS>
+static __device__ __forceinline__ void lf_dual_edge_stats(lf_dual_acc &a, const TS *xs, const TT *xt,
+                                                          const lf_dual_span &sp, const lf_kl_xf &xf)
+{
+    lf_impl_dual_edge_stats<THREADS, TS, LIN, TERMS>(a, xs, lf_impl_tx_row<TT>{xt}, sp, xf);
+}
+template <int THREADS, typename TS, typename TT, bool LIN>
+static __device__ __forceinline__ void lf_kl_edge_stats2(float2 &acc, const TS *xs, const TT *xt, const lf_dual_span &sp,
+                                                         const lf_kl_xf &xf, const lf_kl_coef &c)
+{
+    lf_impl_kl_edge_stats2<THREADS, TS, LIN>(acc, xs, lf_impl_tx_row<TT>{xt}, sp, xf, c);
+}
+template <int THREADS, typename TS, typename TT, bool LIN>
+static __device__ __forceinline__ void lf_kl_edge_grad(TS *out, const TS *xs, const TT *xt, const lf_dual_span &sp,
+                                                       const lf_kl_xf &xf, const lf_kl_coef &c)
+{
+    lf_impl_kl_edge_grad<THREADS, TS, LIN>(out, xs, lf_impl_tx_row<TT>{xt}, sp, xf, c);
+}
+
+/* The _xe forms: the teacher's edge values xe[e] (raw, as in the piece) instead of a row. */
+template <int THREADS, typename TS, bool LIN, int TERMS>
+static __device__ __forceinline__ void lf_dual_edge_stats_xe(lf_dual_acc &a, const TS *xs, const float *xe,
+                                                             const lf_dual_span &sp, const lf_kl_xf &xf)
+{
+    lf_impl_dual_edge_stats<THREADS, TS, LIN, TERMS>(a, xs, lf_impl_tx_edge{xe}, sp, xf);
+}
+template <int THREADS, typename TS, bool LIN>
+static __device__ __forceinline__ void lf_kl_edge_stats2_xe(float2 &acc, const TS *xs, const float *xe, const lf_dual_span &sp,
+                                                            const lf_kl_xf &xf, const lf_kl_coef &c)
+{
+    lf_impl_kl_edge_stats2<THREADS, TS, LIN>(acc, xs, lf_impl_tx_edge{xe}, sp, xf, c);
+}
+template <int THREADS, typename TS, bool LIN>
+static __device__ __forceinline__ void lf_kl_edge_grad_xe(TS *out, const TS *xs, const float *xe, const lf_dual_span &sp,
+                                                          const lf_kl_xf &xf, const lf_kl_coef &c)
+{
+    lf_impl_kl_edge_grad<THREADS, TS, LIN>(out, xs, lf_impl_tx_edge{xe}, sp, xf, c);
 }
 
 /* ============================================================================================

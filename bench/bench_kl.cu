@@ -1,12 +1,14 @@
 /* bench/bench_kl.cu — times examples/kl_distill.cu against the bytes-moved floor.
  *
  *   bench_kl [--shapes 4096x32768,...] [--iters 20] [--kinds kl_fwd,kl_rev,jsd,softce,tvd] [--tag _name]
- *            [--forward-only]
+ *            [--forward-only] [--topk K]
  *
  * Each mode is the fused forward+backward of one loss, bf16 student and teacher logits, the
  * gradient written in place over the student, reduction mean (the floor: read the student and
  * the teacher once, write the gradient once = 6 B/elem); --forward-only times the loss alone
- * (mode=<kind>_fo, floor 4 B/elem). Prints the lines bench/report.py reads:
+ * (mode=<kind>_fo, floor 4 B/elem). --topk K: a sparse teacher instead, K (index, log-prob)
+ * pairs per row, the rest spread (mode=<kind>_top<K>; floor: read the student, write the
+ * gradient, read the pairs = 4 B/elem + 8 K B/row). Prints the lines bench/report.py reads:
  *   DEVICE name=...   COPY impl=cuda gbps=...
  *   RESULT impl=lossfuse mode=kl_fwd N=.. V=.. dtype=bf16 ms=.. bytes=.. extra_bytes=.. status=ok pieces=..
  * Each timed launch is preceded (untimed) by restoring the student from a pristine copy and by
@@ -25,12 +27,14 @@ int main(int argc, char **argv)
     int iters = 20;
     std::string tag;
     bool fwd_only = false;
+    int64_t topk = -1;
     for (int i = 1; i < argc; ++i) {
         if (!strcmp(argv[i], "--forward-only")) fwd_only = true;
         else if (!strcmp(argv[i], "--shapes") && i + 1 < argc) shapes = argv[++i];
         else if (!strcmp(argv[i], "--kinds") && i + 1 < argc) kinds = argv[++i];
         else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--tag") && i + 1 < argc) tag = argv[++i];
+        else if (!strcmp(argv[i], "--topk") && i + 1 < argc) topk = atoll(argv[++i]);
     }
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
@@ -55,15 +59,33 @@ int main(int argc, char **argv)
         float *loss;
         const size_t wsb = kl_workspace_bytes(N);
         CK(cudaMalloc(&xs, bytes));
-        CK(cudaMalloc(&xt, bytes));
+        CK(cudaMalloc(&xt, topk >= 0 ? 16 : bytes));
         CK(cudaMalloc(&pristine, bytes));
         CK(cudaMalloc(&loss, 4));
         CK(cudaMalloc(&ws, wsb));
         CK(cudaMemset(ws, 0, wsb));
         fill_logits<<<4096, 256>>>((__nv_bfloat16 *)pristine, (int64_t)nel, 12345u + (uint64_t)V);
         CK(cudaGetLastError());
-        fill_logits<<<4096, 256>>>((__nv_bfloat16 *)xt, (int64_t)nel, 777u + (uint64_t)V);
-        CK(cudaGetLastError());
+        int32_t *kidx = NULL;
+        float *klp = NULL;
+        const int64_t K = topk < 0 ? 0 : std::min<int64_t>(topk, V);
+        if (topk >= 0) {
+            /* distinct indices spread over the row (offset per row), log-probs -2 - 0.2 q (sum 0.75) */
+            std::vector<int32_t> hi((size_t)std::max<int64_t>(1, N * K));
+            std::vector<float> hl(hi.size());
+            for (int64_t i = 0; i < N; ++i)
+                for (int64_t q = 0; q < K; ++q) {
+                    hi[i * K + q] = (int32_t)(((i * 7919) + q * (V / std::max<int64_t>(K, 1))) % V);
+                    hl[i * K + q] = -2.0f - 0.2f * (float)q;
+                }
+            CK(cudaMalloc(&kidx, hi.size() * 4));
+            CK(cudaMalloc(&klp, hl.size() * 4));
+            CK(cudaMemcpy(kidx, hi.data(), hi.size() * 4, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(klp, hl.data(), hl.size() * 4, cudaMemcpyHostToDevice));
+        } else {
+            fill_logits<<<4096, 256>>>((__nv_bfloat16 *)xt, (int64_t)nel, 777u + (uint64_t)V);
+            CK(cudaGetLastError());
+        }
 
         kl_args a = kl_args_default();
         a.student = xs;
@@ -76,6 +98,16 @@ int main(int argc, char **argv)
         a.loss = loss;
         a.workspace = ws;
         a.workspace_bytes = wsb;
+        if (topk >= 0) {
+            a.teacher = NULL;
+            a.topk_idx = kidx;
+            a.topk_lp = klp;
+            a.topk = a.topk_stride = K;
+            a.topk_rest = LF_KL_REST_SPREAD;
+        }
+        char suffix[32] = "";
+        if (topk >= 0) snprintf(suffix, sizeof suffix, "_top%lld", (long long)K);
+        const size_t moved = topk >= 0 ? (fwd_only ? 1 : 2) * bytes + (size_t)N * K * 8 : (fwd_only ? 2 : 3) * bytes;
         for (int k = 0; k < 5; ++k) {
             if (("," + kinds + ",").find("," + std::string(names[k]) + ",") == std::string::npos) continue;
             kl_args b = a;
@@ -100,9 +132,9 @@ int main(int argc, char **argv)
                 if (it >= 3) t.push_back(ms);
             }
             CK(cudaGetLastError());
-            printf("RESULT impl=lossfuse%s mode=%s%s N=%lld V=%lld dtype=bf16 ms=%.4f bytes=%zu extra_bytes=%zu status=ok "
-                   "pieces=%d ctas=%d\n", tag.c_str(), names[k], fwd_only ? "_fo" : "", (long long)N, (long long)V, median(t),
-                   (fwd_only ? 2 : 3) * bytes, wsb, plan.pieces, plan.ctas);
+            printf("RESULT impl=lossfuse%s mode=%s%s%s N=%lld V=%lld dtype=bf16 ms=%.4f bytes=%zu extra_bytes=%zu status=ok "
+                   "pieces=%d ctas=%d\n", tag.c_str(), names[k], suffix, fwd_only ? "_fo" : "", (long long)N, (long long)V,
+                   median(t), moved, wsb, plan.pieces, plan.ctas);
             fflush(stdout);
         }
         CK(cudaFree(xs));
@@ -110,6 +142,8 @@ int main(int argc, char **argv)
         CK(cudaFree(pristine));
         CK(cudaFree(loss));
         CK(cudaFree(ws));
+        if (kidx) CK(cudaFree(kidx));
+        if (klp) CK(cudaFree(klp));
     }
     return 0;
 }

@@ -67,10 +67,19 @@ typedef struct kl_args {
     const void *student;   /* [N, V] logits, row stride s_stride (elements) */
     lf_dtype s_dtype;      /* of the student and the gradient */
     int64_t n_rows, vocab, s_stride;
-    const void *teacher;   /* [N, V], row stride t_stride */
+    const void *teacher;   /* [N, V], row stride t_stride; NULL with a sparse teacher */
     lf_dtype t_dtype;
     int64_t t_stride;
     kl_teacher_kind teacher_kind;
+    /* OR a sparse teacher (offline distillation): per row the top-k (index, log-probability at
+     * temperature 1) pairs, the rest of the mass dropped or spread evenly over the other V - k
+     * entries (lossfuse.h lf_ref_kl_sparse_teacher). Temperature applies as to log-probabilities,
+     * the softcap only to the student. A row whose indices are outside [0, V) or repeated counts
+     * in *n_errors and is masked; a NaN or +inf log-probability makes the row NaN. */
+    const int32_t *topk_idx; /* [N, k], row stride topk_stride (elements) */
+    const float *topk_lp;    /* [N, k], the same stride */
+    int64_t topk, topk_stride;
+    lf_kl_rest topk_rest;    /* LF_KL_REST_DROP or LF_KL_REST_SPREAD */
     lf_kl_opts opts;       /* kind, beta, temperature, tau2, softcap (lossfuse.h section 8) */
     const void *labels;    /* optional [N] int32/int64: rows with ignore_index are masked */
     int labels_i64;
@@ -113,8 +122,9 @@ static kl_args kl_args_default(void)
     return a;
 }
 
-/* Workspace: a 64-byte header (completion counter, default divisor) and one float per row.
- * Zero it once; every launch leaves the counter at zero again. One per launch in flight. */
+/* Workspace: a 64-byte header (completion counter, default divisor) and three words per row
+ * (the row's loss; with a sparse teacher its rest value and status). Zero it once; every
+ * launch leaves the counter at zero again. One per launch in flight. */
 typedef struct kl_ws_header {
     unsigned long long rows_done;
     float divisor;
@@ -123,7 +133,7 @@ typedef struct kl_ws_header {
 
 static size_t kl_workspace_bytes(int64_t n_rows)
 {
-    return sizeof(kl_ws_header) + sizeof(float) * (size_t)(n_rows > 0 ? n_rows : 0);
+    return sizeof(kl_ws_header) + 3 * sizeof(float) * (size_t)(n_rows > 0 ? n_rows : 0);
 }
 
 /* ============================================================================================
@@ -141,6 +151,12 @@ static size_t kl_workspace_bytes(int64_t n_rows)
 #endif
 #define KL_ROW_CACHE 512
 #define KL_SMEM_BYTES (2 * KL_PIECE_BYTES + KL_ROW_CACHE * 8)
+/* A sparse teacher: rows' rest values cached too, and three rows' top-k lists (up to
+ * KL_TOPK_SMEM pairs each; longer lists are read from global memory) and edge values. */
+#ifndef KL_TOPK_SMEM
+#define KL_TOPK_SMEM 256
+#endif
+#define KL_SMEM_SPARSE_BYTES (KL_SMEM_BYTES + KL_ROW_CACHE * 4 + 3 * (KL_TOPK_SMEM * 8 + 16 * 4))
 
 typedef struct kl_kparams {
     const void *student, *teacher;
@@ -162,17 +178,64 @@ typedef struct kl_kparams {
     int64_t grad_stride;
     float *loss, *kl_fwd, *kl_rev, *ent_s, *ent_t;
     unsigned int *n_errors;
+    const int32_t *topk_idx;
+    const float *topk_lp;
+    int64_t topk, topk_stride;
+    int topk_rest;
     kl_ws_header *ws;
     float *ws_loss;
+    float *ws_rest; /* sparse teacher: per row, written by kl_topk_prep_kernel */
+    int *ws_status;
 } kl_kparams;
 
-/* 0 valid, 1 masked, 2 bad label (also masked) */
+/* 0 valid, 1 masked, 2 bad label or bad top-k pairs (also masked) */
 static __device__ __forceinline__ int kl_row_status(const kl_kparams &p, int64_t row)
 {
     if (p.mask && !p.mask[row]) return 1;
-    if (!p.labels) return 0;
-    const int64_t y = p.labels_i64 ? ((const int64_t *)p.labels)[row] : (int64_t)((const int32_t *)p.labels)[row];
-    return y == p.ignore_index ? 1 : (y < 0 || y >= p.vocab) ? 2 : 0;
+    if (p.labels) {
+        const int64_t y = p.labels_i64 ? ((const int64_t *)p.labels)[row] : (int64_t)((const int32_t *)p.labels)[row];
+        if (y == p.ignore_index) return 1;
+        if (y < 0 || y >= p.vocab) return 2;
+    }
+    return p.ws_status ? p.ws_status[row] : 0;
+}
+
+/* A sparse teacher's rows, one warp each, before the main kernel: the pairs checked (indices
+ * in [0, V) and distinct: k^2 / 64 compares per lane, fine for the k of stored top-k lists)
+ * and the raw value of the V - k untracked entries,
+ *     spread:  log((1 - sum_i exp(lp_i)) / (V - k)), the sum in double;
+ *     -inf when dropped, when nothing is left (the sum >= 1) or k = V;
+ *     NaN when a log-probability is NaN or +inf (the row's outputs NaN, as for dense input). */
+__global__ void __launch_bounds__(256) kl_topk_prep_kernel(const kl_kparams p)
+{
+    const int lane = (int)(threadIdx.x & 31u);
+    const int64_t warps = (int64_t)gridDim.x * 8, w0 = (int64_t)blockIdx.x * 8 + threadIdx.x / 32;
+    const int64_t k = p.topk;
+    for (int64_t row = w0; row < p.n_rows; row += warps) {
+        const int32_t *idx = p.topk_idx + row * p.topk_stride;
+        const float *lp = p.topk_lp + row * p.topk_stride;
+        int bad = 0, nonfinite = 0;
+        double in = 0.0;
+        for (int64_t i = lane; i < k; i += 32) {
+            const int32_t id = idx[i];
+            const float l = lp[i];
+            bad |= id < 0 || id >= p.vocab;
+            for (int64_t j = i + 1; j < k; ++j) bad |= idx[j] == id;
+            nonfinite |= !(l < LF_INF_F);
+            in += l < LF_INF_F ? exp((double)l) : 0.0;
+        }
+        bad = __any_sync(0xffffffffu, bad);
+        nonfinite = __any_sync(0xffffffffu, nonfinite);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) in += __shfl_xor_sync(0xffffffffu, in, o);
+        if (lane == 0) {
+            p.ws_status[row] = bad ? 2 : 0;
+            p.ws_rest[row] = nonfinite ? NAN
+                             : (p.topk_rest == LF_KL_REST_SPREAD && k < p.vocab && in < 1.0)
+                                 ? (float)log((1.0 - in) / (double)(p.vocab - k))
+                                 : -LF_INF_F;
+        }
+    }
 }
 
 /* The default mean divisor, sum of the weights of unmasked rows, in a fixed order (one CTA). */
@@ -191,11 +254,17 @@ typedef struct kl_job {
     const void *xs, *xt; /* the row pair (set with the row: no address arithmetic per job) */
     int k, status;
     float w;
+    float rest; /* sparse teacher: the untracked entries' raw value */
     lf_dual_span sp;
 } kl_job;
 
-/* The persistent kernel: CTA b takes rows b, b + nctas, ...; a row is J jobs (module comment). */
-template <typename TS, typename TT, bool LIN>
+/* The persistent kernel: CTA b takes rows b, b + nctas, ...; a row is J jobs (module comment).
+ * SPARSE (TT = float): the teacher is built in the teacher part of each piece from its top-k
+ * pairs (lossfuse_cuda.cuh section 8, "a teacher that is not a row in memory"); a barrier per
+ * job orders the fill, the scatter and the readers. Row r's pair list and edge values live in
+ * slot r mod 3: a thread is at most one job behind the others, and a job's issue may start
+ * the next row while the current row's last job (which reads its edge values) still runs. */
+template <typename TS, typename TT, bool LIN, bool SPARSE>
 __global__ void __launch_bounds__(KL_THREADS, KL_CTAS_PER_SM) kl_kernel(const kl_kparams p, int npieces, int nctas)
 {
     extern __shared__ uint4 kl_smem[];
@@ -207,6 +276,10 @@ __global__ void __launch_bounds__(KL_THREADS, KL_CTAS_PER_SM) kl_kernel(const kl
     const int svecs = lf_dual_part_vecs<TS>(PU), bvecs = svecs + lf_dual_part_vecs<TT>(PU);
     int *const st_cache = reinterpret_cast<int *>(kl_smem + 2 * bvecs);
     float *const w_cache = reinterpret_cast<float *>(st_cache + KL_ROW_CACHE);
+    float *const r_cache = w_cache + KL_ROW_CACHE;                             /* SPARSE only */
+    int32_t *const k_idx = reinterpret_cast<int32_t *>(r_cache + KL_ROW_CACHE); /* [3][KL_TOPK_SMEM] */
+    float *const k_lp = reinterpret_cast<float *>(k_idx + 3 * KL_TOPK_SMEM);     /* [3][KL_TOPK_SMEM] */
+    float *const k_edge = k_lp + 3 * KL_TOPK_SMEM;                               /* [3][16] */
 
     const int64_t N = p.n_rows, V = p.vocab, cid = blockIdx.x;
     const int64_t my_rows = cid < N ? (N - 1 - cid) / nctas + 1 : 0;
@@ -241,6 +314,7 @@ __global__ void __launch_bounds__(KL_THREADS, KL_CTAS_PER_SM) kl_kernel(const kl
                 const int64_t r = cid + (j.lr + i) * nctas;
                 st_cache[i] = kl_row_status(p, r);
                 w_cache[i] = p.weights ? p.weights[r] : 1.0f;
+                if (SPARSE) r_cache[i] = p.ws_rest[r];
             }
             __syncthreads();
         }
@@ -248,13 +322,43 @@ __global__ void __launch_bounds__(KL_THREADS, KL_CTAS_PER_SM) kl_kernel(const kl
         j.status = st_cache[j.lr % KL_ROW_CACHE];
         j.w = w_cache[j.lr % KL_ROW_CACHE];
         const TS *xs = (const TS *)p.student + j.row * p.s_stride;
-        const TT *xt = (const TT *)p.teacher + j.row * p.t_stride;
         j.xs = xs;
-        j.xt = xt;
-        j.sp = lf_dual_span_make(xs, xt, V);
+        if (SPARSE) {
+            j.xt = nullptr;
+            j.rest = r_cache[j.lr % KL_ROW_CACHE];
+            j.sp = lf_dual_span_make(xs, xs, V); /* the student's alignment alone */
+        } else {
+            const TT *xt = (const TT *)p.teacher + j.row * p.t_stride;
+            j.xt = xt;
+            j.sp = lf_dual_span_make(xs, xt, V);
+        }
         return j;
     };
+    const bool list_smem = p.topk <= KL_TOPK_SMEM;
     auto issue = [&](const kl_job &j, uint4 *b) {
+        if (SPARSE) { /* every job, masked or not, passes the barrier */
+            const int slot3 = (int)(j.lr % 3);
+            int32_t *ki = k_idx + slot3 * KL_TOPK_SMEM;
+            float *kx = k_lp + slot3 * KL_TOPK_SMEM, *ke = j.k == 0 ? k_edge + 16 * slot3 : nullptr;
+            const int32_t *gi = p.topk_idx + j.row * p.topk_stride;
+            const float *gx = p.topk_lp + j.row * p.topk_stride;
+            const int pc = piece_of(j.k);
+            const int ub = min(j.sp.nunit, pc * PU), ue = min(j.sp.nunit, ub + PU);
+            if (!j.status) {
+                lf_dual_part_load<KL_THREADS, TS>(b, (const TS *)j.xs, j.sp, ub, ue, PU);
+                lf_dual_part_fill<KL_THREADS>(b + svecs, ub, ue, j.rest, PU, ke, j.sp.nedge);
+                if (j.k == 0 && list_smem)
+                    for (int i = (int)threadIdx.x; i < (int)p.topk; i += KL_THREADS) {
+                        ki[i] = gi[i];
+                        kx[i] = gx[i];
+                    }
+            }
+            __syncthreads();
+            if (!j.status)
+                lf_dual_part_scatter<KL_THREADS>(b + svecs, ub, ue, PU, j.sp, list_smem ? ki : gi, list_smem ? kx : gx,
+                                                 (int)p.topk, ke);
+            return;
+        }
         if (j.status) return;
         const int pc = piece_of(j.k);
         const int ub = min(j.sp.nunit, pc * PU), ue = min(j.sp.nunit, ub + PU);
@@ -299,6 +403,8 @@ __global__ void __launch_bounds__(KL_THREADS, KL_CTAS_PER_SM) kl_kernel(const kl
         if (jj + 1 < njobs) {
             nxt = start_job(jj + 1, cur);
             issue(nxt, (jj & 1) ? buf0 : buf1); /* that buffer held job jj-1: already consumed */
+        } else if (SPARSE) {
+            __syncthreads(); /* the last job's scatter (in the previous issue) before its readers */
         }
         lf_cp_async_commit();
         lf_cp_async_wait<1>(); /* job jj's copies (this thread's) have landed */
@@ -319,6 +425,7 @@ __global__ void __launch_bounds__(KL_THREADS, KL_CTAS_PER_SM) kl_kernel(const kl
         } else {
             const TS *xs = (const TS *)cur.xs;
             const TT *xt = (const TT *)cur.xt;
+            const float *xe = k_edge + 16 * (int)(cur.lr % 3); /* SPARSE: the teacher's edge values */
             const int pc = piece_of(k);
             const int ub = min(cur.sp.nunit, pc * PU), nu = min(cur.sp.nunit, ub + PU) - ub;
             const uint4 *bs = b, *bt = b + svecs;
@@ -329,7 +436,8 @@ __global__ void __launch_bounds__(KL_THREADS, KL_CTAS_PER_SM) kl_kernel(const kl
             if (s1) {
                 if (k == 0) {
                     acc = lf_dual_acc_init();
-                    lf_dual_edge_stats<KL_THREADS, TS, TT, LIN, LF_DUAL_FULL>(acc, xs, xt, cur.sp, p.xf);
+                    if (SPARSE) lf_dual_edge_stats_xe<KL_THREADS, TS, LIN, LF_DUAL_FULL>(acc, xs, xe, cur.sp, p.xf);
+                    else lf_dual_edge_stats<KL_THREADS, TS, TT, LIN, LF_DUAL_FULL>(acc, xs, xt, cur.sp, p.xf);
                 }
                 if (p.terms == LF_DUAL_RB) lf_dual_piece_stats<KL_THREADS, TS, TT, LIN, LF_DUAL_RB>(acc, bs, bt, nu, PU, p.xf);
                 else if (p.terms == LF_DUAL_RA) lf_dual_piece_stats<KL_THREADS, TS, TT, LIN, LF_DUAL_RA>(acc, bs, bt, nu, PU, p.xf);
@@ -351,7 +459,8 @@ __global__ void __launch_bounds__(KL_THREADS, KL_CTAS_PER_SM) kl_kernel(const kl
             }
             if (s2) {
                 lf_kl_piece_stats2<KL_THREADS, TS, TT, LIN>(acc2, bs, bt, nu, PU, p.xf, coef);
-                if (pc == 0) lf_kl_edge_stats2<KL_THREADS, TS, TT, LIN>(acc2, xs, xt, cur.sp, p.xf, coef);
+                if (pc == 0 && SPARSE) lf_kl_edge_stats2_xe<KL_THREADS, TS, LIN>(acc2, xs, xe, cur.sp, p.xf, coef);
+                else if (pc == 0) lf_kl_edge_stats2<KL_THREADS, TS, TT, LIN>(acc2, xs, xt, cur.sp, p.xf, coef);
             }
             if (m2) {
                 const float2 sums = lf_block_sum2_f32<KL_THREADS>(acc2, red2[slot]);
@@ -362,7 +471,8 @@ __global__ void __launch_bounds__(KL_THREADS, KL_CTAS_PER_SM) kl_kernel(const kl
             if (g) {
                 const bool vec_ok = ((uintptr_t)(out + cur.sp.head) & 15u) == 0;
                 lf_kl_piece_grad<KL_THREADS, TS, TT, LIN>(out, vec_ok, bs, bt, cur.sp, ub, nu, PU, p.xf, coef);
-                if (pc == 0) lf_kl_edge_grad<KL_THREADS, TS, TT, LIN>(out, xs, xt, cur.sp, p.xf, coef);
+                if (pc == 0 && SPARSE) lf_kl_edge_grad_xe<KL_THREADS, TS, LIN>(out, xs, xe, cur.sp, p.xf, coef);
+                else if (pc == 0) lf_kl_edge_grad<KL_THREADS, TS, TT, LIN>(out, xs, xt, cur.sp, p.xf, coef);
             }
             if ((three && m2) || (!three && m1)) slot ^= 1;
         }
@@ -405,17 +515,18 @@ __global__ void __launch_bounds__(KL_THREADS, KL_CTAS_PER_SM) kl_kernel(const kl
         }                                                                                           \
     } while (0)
 
-template <typename TS, typename TT, bool LIN>
+template <typename TS, typename TT, bool LIN, bool SPARSE>
 static lf_status kl_launch_kernel(kl_kparams p, kl_plan *plan, cudaStream_t stream, cudaError_t *cuda_err)
 {
-    auto kernel = kl_kernel<TS, TT, LIN>;
+    auto kernel = kl_kernel<TS, TT, LIN, SPARSE>;
+    const int smem = SPARSE ? KL_SMEM_SPARSE_BYTES : KL_SMEM_BYTES;
     static int ready = 0, active = 0; /* per instantiation: the opt-in and the occupancy, once */
     if (!ready) {
         int dev = 0, sms = 0, per_sm = 0;
         KL_CHECK(cudaGetDevice(&dev));
         KL_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-        KL_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, KL_SMEM_BYTES));
-        KL_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, KL_THREADS, KL_SMEM_BYTES));
+        KL_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        KL_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, KL_THREADS, smem));
         if (per_sm == 0) return LF_ERR_DEVICE;
         active = sms * per_sm;
         ready = 1;
@@ -429,7 +540,7 @@ static lf_status kl_launch_kernel(kl_kparams p, kl_plan *plan, cudaStream_t stre
         plan->piece_units = p.piece_units;
         plan->ctas = nctas;
     }
-    kernel<<<nctas, KL_THREADS, KL_SMEM_BYTES, stream>>>(p, npieces < 1 ? 1 : npieces, nctas);
+    kernel<<<nctas, KL_THREADS, smem, stream>>>(p, npieces < 1 ? 1 : npieces, nctas);
     KL_CHECK(cudaGetLastError());
     return LF_OK;
 }
@@ -437,15 +548,21 @@ static lf_status kl_launch_kernel(kl_kparams p, kl_plan *plan, cudaStream_t stre
 template <typename TS>
 static lf_status kl_dispatch_t(const kl_kparams &p, lf_dtype tt, bool lin, kl_plan *plan, cudaStream_t s, cudaError_t *e)
 {
+    if (p.topk_idx) /* a sparse teacher, built as fp32 in shared memory */
+        return lin ? kl_launch_kernel<TS, float, true, true>(p, plan, s, e) : kl_launch_kernel<TS, float, false, true>(p, plan, s, e);
     switch (tt) {
-    case LF_F32: return lin ? kl_launch_kernel<TS, float, true>(p, plan, s, e) : kl_launch_kernel<TS, float, false>(p, plan, s, e);
+    case LF_F32:
+        return lin ? kl_launch_kernel<TS, float, true, false>(p, plan, s, e) : kl_launch_kernel<TS, float, false, false>(p, plan, s, e);
     case LF_BF16:
-        return lin ? kl_launch_kernel<TS, __nv_bfloat16, true>(p, plan, s, e) : kl_launch_kernel<TS, __nv_bfloat16, false>(p, plan, s, e);
-    default: return lin ? kl_launch_kernel<TS, __half, true>(p, plan, s, e) : kl_launch_kernel<TS, __half, false>(p, plan, s, e);
+        return lin ? kl_launch_kernel<TS, __nv_bfloat16, true, false>(p, plan, s, e)
+                   : kl_launch_kernel<TS, __nv_bfloat16, false, false>(p, plan, s, e);
+    default:
+        return lin ? kl_launch_kernel<TS, __half, true, false>(p, plan, s, e) : kl_launch_kernel<TS, __half, false, false>(p, plan, s, e);
     }
 }
 
-/* Validate, then launch (one kernel; two for reduction mean without a divisor). Returns LF_OK,
+/* Validate, then launch (one kernel; one more for reduction mean without a divisor, and one
+ * more with a sparse teacher: kl_topk_prep_kernel, k^2 / 64 compares per row). Returns LF_OK,
  * LF_ERR_* for bad arguments (nothing launched), or LF_ERR_DEVICE with *cuda_err set. */
 static lf_status kl_launch(const kl_args *a, cudaStream_t stream, cudaError_t *cuda_err)
 {
@@ -453,11 +570,19 @@ static lf_status kl_launch(const kl_args *a, cudaStream_t stream, cudaError_t *c
     if (!a) return LF_ERR_NULL;
     lf_status st = lf_check_kl_opts(&a->opts);
     if (st != LF_OK) return st;
-    if (a->n_rows < 0 || a->vocab < 1 || a->vocab > 0x7fffffff || a->s_stride < a->vocab || a->t_stride < a->vocab)
-        return LF_ERR_SIZE;
-    for (lf_dtype d : {a->s_dtype, a->t_dtype})
-        if (d != LF_F32 && d != LF_BF16 && d != LF_F16) return LF_ERR_ARG;
-    if ((int)a->teacher_kind < 0 || (int)a->teacher_kind > 2) return LF_ERR_ARG;
+    const bool sparse = a->topk_idx || a->topk_lp || a->topk;
+    if (a->n_rows < 0 || a->vocab < 1 || a->vocab > 0x7fffffff || a->s_stride < a->vocab) return LF_ERR_SIZE;
+    if (sparse) {
+        if (a->teacher) return LF_ERR_ARG; /* one teacher or the other */
+        if (a->topk < 0 || a->topk > a->vocab || a->topk_stride < a->topk) return LF_ERR_SIZE;
+        if (a->topk_rest != LF_KL_REST_DROP && a->topk_rest != LF_KL_REST_SPREAD) return LF_ERR_ARG;
+        if (a->n_rows > 0 && (!a->topk_idx || !a->topk_lp)) return LF_ERR_NULL;
+    } else {
+        if (a->t_stride < a->vocab) return LF_ERR_SIZE;
+        if (a->t_dtype != LF_F32 && a->t_dtype != LF_BF16 && a->t_dtype != LF_F16) return LF_ERR_ARG;
+        if ((int)a->teacher_kind < 0 || (int)a->teacher_kind > 2) return LF_ERR_ARG;
+    }
+    if (a->s_dtype != LF_F32 && a->s_dtype != LF_BF16 && a->s_dtype != LF_F16) return LF_ERR_ARG;
     if ((int)a->reduction < 0 || (int)a->reduction > 2) return LF_ERR_ARG;
     if (a->grad && a->grad_stride < a->vocab) return LF_ERR_SIZE;
     if (a->grad && a->n_rows > 0) {
@@ -470,16 +595,24 @@ static lf_status kl_launch(const kl_args *a, cudaStream_t stream, cudaError_t *c
         const char *g0, *g1, *s0, *s1, *t0, *t1;
         span(a->grad, a->grad_stride, a->s_dtype, &g0, &g1);
         span(a->student, a->s_stride, a->s_dtype, &s0, &s1);
-        span(a->teacher, a->t_stride, a->t_dtype, &t0, &t1);
         const bool same = a->grad == a->student && a->grad_stride == a->s_stride;
         if (!same && g0 < s1 && s0 < g1) return LF_ERR_ARG;
-        if (g0 < t1 && t0 < g1) return LF_ERR_ARG;
+        if (!sparse) {
+            span(a->teacher, a->t_stride, a->t_dtype, &t0, &t1);
+            if (g0 < t1 && t0 < g1) return LF_ERR_ARG;
+        } else if (a->topk > 0) {
+            for (const void *q : {(const void *)a->topk_idx, (const void *)a->topk_lp}) {
+                t0 = (const char *)q;
+                t1 = t0 + ((size_t)(a->n_rows - 1) * a->topk_stride + a->topk) * 4;
+                if (g0 < t1 && t0 < g1) return LF_ERR_ARG;
+            }
+        }
     }
     if (a->n_rows == 0) {
         if (a->reduction != LF_REDUCE_NONE && a->loss) KL_CHECK(cudaMemsetAsync(a->loss, 0, sizeof(float), stream));
         return LF_OK;
     }
-    if (!a->student || !a->teacher || !a->loss || !a->workspace) return LF_ERR_NULL;
+    if (!a->student || (!sparse && !a->teacher) || !a->loss || !a->workspace) return LF_ERR_NULL;
     if (a->workspace_bytes < kl_workspace_bytes(a->n_rows)) return LF_ERR_SIZE;
 
     kl_kparams p;
@@ -496,9 +629,10 @@ static lf_status kl_launch(const kl_args *a, cudaStream_t stream, cudaError_t *c
     if (p.kind == LF_KL_JSD && p.beta == 1.0f) p.kind = LF_KL_REVERSE;
     const float tau = a->opts.temperature;
     p.tau2_scale = a->opts.tau2 ? tau * tau : 1.0f;
-    const lf_kl_side ss = {LF_SIDE_LOGITS, a->opts.softcap, 0.0f}, ts = {(int)a->teacher_kind, a->opts.softcap, 0.0f};
+    const int tmode = sparse ? LF_SIDE_LOGPROBS : (int)a->teacher_kind; /* top-k pairs are log-probabilities */
+    const lf_kl_side ss = {LF_SIDE_LOGITS, a->opts.softcap, 0.0f}, ts = {tmode, a->opts.softcap, 0.0f};
     const bool lin = lf_kl_side_lin(ss) && lf_kl_side_lin(ts);
-    p.xf = lf_kl_xf_make(tau, LF_SIDE_LOGITS, a->opts.softcap, (int)a->teacher_kind, a->opts.softcap, lin);
+    p.xf = lf_kl_xf_make(tau, LF_SIDE_LOGITS, a->opts.softcap, tmode, a->opts.softcap, lin);
     /* pass 1 computes what the loss needs, everything when a per-row output asks for more */
     p.terms = (a->kl_fwd || a->kl_rev || a->ent_s || a->ent_t || p.kind == LF_KL_SOFT_CE) ? LF_DUAL_FULL
               : p.kind == LF_KL_REVERSE                                                 ? LF_DUAL_RA
@@ -523,6 +657,18 @@ static lf_status kl_launch(const kl_args *a, cudaStream_t stream, cudaError_t *c
     p.ws = (kl_ws_header *)a->workspace;
     p.ws_loss = (float *)((char *)a->workspace + sizeof(kl_ws_header));
 
+    if (sparse) {
+        p.topk_idx = a->topk_idx;
+        p.topk_lp = a->topk_lp;
+        p.topk = a->topk;
+        p.topk_stride = a->topk_stride;
+        p.topk_rest = (int)a->topk_rest;
+        p.ws_rest = p.ws_loss + a->n_rows;
+        p.ws_status = reinterpret_cast<int *>(p.ws_rest + a->n_rows);
+        const int64_t blocks = (a->n_rows + 7) / 8;
+        kl_topk_prep_kernel<<<(unsigned)(blocks < 4096 ? blocks : 4096), 256, 0, stream>>>(p);
+        KL_CHECK(cudaGetLastError());
+    }
     if (a->reduction == LF_REDUCE_MEAN && !a->divisor) {
         kl_divisor_kernel<<<1, 1024, 0, stream>>>(p);
         KL_CHECK(cudaGetLastError());

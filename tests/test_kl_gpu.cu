@@ -6,6 +6,7 @@
  *                          determinism, graph replay, bad input)
  *   test_kl_gpu --small    small sizes only, for compute-sanitizer
  *   test_kl_gpu --seed S   reproduce a run (the seed is printed at start)
+ *   test_kl_gpu --only W   only the cases whose name contains W (e.g. "sparse")
  * Exit: 0 all passed, 1 a check failed, 77 no CUDA device (meson counts it as skipped).
  *
  * Every output is poisoned before each launch and checked to be written (gradient columns
@@ -100,13 +101,25 @@ struct Case {
     float outlier = 40.0f;
     bool plant_masks = false, plant_nonfinite = false;
     bool determinism = false, check_all = false;
+    /* a sparse teacher: k >= 0 pairs per row (-1: the dense teacher), the top-k of the
+     * generated teacher row as log-softmax, in shuffled order; row stride k + kpad */
+    int64_t topk = -1, kpad = 0;
+    lf_kl_rest rest = LF_KL_REST_SPREAD;
+    bool plant_topk = false; /* rows 0-6: repeated / out-of-range indices, NaN / -inf / +inf lp, no rest mass */
 };
+
+static const char *g_only = NULL;
 
 static void run_case(const Case &c)
 {
+    if (g_only && !strstr(c.name, g_only)) return;
     const char *kn[5] = {"fwd", "rev", "jsd", "softce", "tvd"};
-    snprintf(g_case, sizeof g_case, "%s %s N=%lld V=%lld %s/%s", c.name, kn[c.kind], (long long)c.N, (long long)c.V,
-             dt_name(c.sdt), dt_name(c.tdt));
+    if (c.topk >= 0)
+        snprintf(g_case, sizeof g_case, "%s %s N=%lld V=%lld %s, top-%lld %s", c.name, kn[c.kind], (long long)c.N, (long long)c.V,
+                 dt_name(c.sdt), (long long)c.topk, c.rest == LF_KL_REST_DROP ? "drop" : "spread");
+    else
+        snprintf(g_case, sizeof g_case, "%s %s N=%lld V=%lld %s/%s", c.name, kn[c.kind], (long long)c.N, (long long)c.V,
+                 dt_name(c.sdt), dt_name(c.tdt));
     const int fails_before = g_fail;
     uint64_t rs = g_seed ^ mix64((uint64_t)c.N * 1315423911ull + (uint64_t)c.V * 2654435761ull + (uint64_t)c.kind * 97 +
                                  (uint64_t)c.sdt * 7 + (uint64_t)c.tdt);
@@ -171,7 +184,7 @@ static void run_case(const Case &c)
         planted.insert(1);
         planted.insert(2);
     }
-    if (c.tkind != KL_TEACHER_LOGITS) {
+    if (c.tkind != KL_TEACHER_LOGITS && c.topk < 0) {
         /* the teacher's logits become log-softmax (or softmax) at temperature 1, stored in its dtype */
         for (int64_t i = 0; i < N; ++i) {
             double m = -INFINITY, s = 0.0;
@@ -183,6 +196,41 @@ static void run_case(const Case &c)
                 ht[i][j] = host_round((float)(c.tkind == KL_TEACHER_PROBS ? exp(lp) : lp), c.tdt);
             }
             write_row(i);
+        }
+    }
+
+    /* a sparse teacher from the dense one: top-k of each row, log-softmax at temperature 1 */
+    const bool sparse = c.topk >= 0;
+    const int64_t K = sparse ? c.topk : 0, kst = K + c.kpad;
+    std::vector<int32_t> kidx((size_t)std::max<int64_t>(1, N * kst), 0);
+    std::vector<float> klp((size_t)std::max<int64_t>(1, N * kst), 0.0f);
+    std::vector<int> topk_bad(N, 0);
+    if (sparse) {
+        std::vector<int32_t> order(V);
+        for (int64_t i = 0; i < N; ++i) {
+            double m = -INFINITY, sum = 0.0;
+            for (float v : ht[i]) m = fmax(m, (double)v);
+            for (float v : ht[i]) sum += v == -INFINITY ? 0.0 : exp((double)v - m);
+            const double lse = m + log(sum);
+            for (int64_t j = 0; j < V; ++j) order[j] = (int32_t)j;
+            std::partial_sort(order.begin(), order.begin() + K, order.end(),
+                              [&](int32_t a, int32_t b) { return ht[i][a] > ht[i][b] || (ht[i][a] == ht[i][b] && a < b); });
+            for (int64_t q = K - 1; q > 0; --q) std::swap(order[q], order[(int64_t)(rng_u(&rs) * (q + 1)) % (q + 1)]);
+            for (int64_t q = 0; q < K; ++q) {
+                kidx[i * kst + q] = order[q];
+                klp[i * kst + q] = (float)((double)ht[i][order[q]] - lse);
+            }
+        }
+        if (c.plant_topk && N >= 7 && K >= 2) {
+            kidx[0 * kst + 1] = kidx[0 * kst + 0];               /* row 0: a repeated index */
+            kidx[1 * kst + K - 1] = (int32_t)V;                  /* row 1: index V */
+            kidx[2 * kst + 0] = -1;                              /* row 2: index -1 */
+            klp[3 * kst + K / 2] = NAN;                          /* row 3: NaN log-prob: NaN row */
+            klp[4 * kst + 0] = -INFINITY;                        /* row 4: a zero-mass pair */
+            for (int64_t q = 0; q < K; ++q) klp[5 * kst + q] = 0.0f; /* row 5: sum exp > 1, no rest */
+            klp[6 * kst + 1] = INFINITY;                         /* row 6: +inf log-prob: NaN row */
+            for (int64_t i = 0; i < 7; ++i) planted.insert(i);
+            topk_bad[0] = topk_bad[1] = topk_bad[2] = 1;
         }
     }
 
@@ -220,6 +268,11 @@ static void run_case(const Case &c)
         for (auto &v : w) v = rng_u(&rs) < 0.05 ? 0.0f : (float)(0.25 + 1.75 * rng_u(&rs));
     CK(cudaMemcpy(wd.p, w.data(), N * 4, cudaMemcpyHostToDevice));
     double wsum = 0.0;
+    for (int64_t i = 0; i < N; ++i)
+        if (valid[i] && topk_bad[i]) { /* a row with bad top-k pairs counts as an error and is masked */
+            valid[i] = 0;
+            ++n_bad;
+        }
     for (int64_t i = 0; i < N; ++i) wsum += valid[i] ? w[i] : 0.0;
     const double D = c.dev_divisor ? 77.25 : wsum;
 
@@ -256,6 +309,17 @@ static void run_case(const Case &c)
     a.t_dtype = c.tdt;
     a.t_stride = ts;
     a.teacher_kind = c.tkind;
+    DevBuf kidx_d(kidx.size() * 4), klp_d(klp.size() * 4);
+    if (sparse) {
+        CK(cudaMemcpy(kidx_d.p, kidx.data(), kidx.size() * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(klp_d.p, klp.data(), klp.size() * 4, cudaMemcpyHostToDevice));
+        a.teacher = NULL;
+        a.topk_idx = (const int32_t *)kidx_d.p;
+        a.topk_lp = (const float *)klp_d.p;
+        a.topk = K;
+        a.topk_stride = kst;
+        a.topk_rest = c.rest;
+    }
     a.opts.kind = c.kind;
     a.opts.beta = c.beta;
     a.opts.temperature = c.tau;
@@ -366,7 +430,13 @@ static void run_case(const Case &c)
     for (int64_t i : rows) {
         const float *xsr = hs[i].data();
         lf_kl_row r;
-        if (c.tkind == KL_TEACHER_LOGITS) {
+        if (sparse) {
+            if (lf_ref_kl_sparse_teacher(V, &kidx[i * kst], &klp[i * kst], K, c.rest, c.tau, lq.data()) != LF_OK) {
+                EXPECT(topk_bad[i], "row %lld: the reference rejects its top-k pairs", (long long)i);
+                std::fill(lq.begin(), lq.end(), 0.0); /* a masked row: any finite teacher */
+            }
+            r = lf_ref_kl_row_lq(xsr, lq.data(), V, &o, dx.data());
+        } else if (c.tkind == KL_TEACHER_LOGITS) {
             r = lf_ref_kl_row(xsr, ht[i].data(), V, &o, dx.data());
         } else {
             for (int64_t j = 0; j < V; ++j) {
@@ -380,7 +450,7 @@ static void run_case(const Case &c)
         for (int64_t j = 0; j < V; ++j) {
             const double zs = fabs((double)lf_logit_xform(xsr[j], 1.0f / c.tau, 0.0f));
             if (zs < INFINITY) zmax = fmax(zmax, zs);
-            const double zt = c.tkind == KL_TEACHER_LOGITS ? fabs((double)ht[i][j] / c.tau) : fabs(lq[j]);
+            const double zt = c.tkind == KL_TEACHER_LOGITS && !sparse ? fabs((double)ht[i][j] / c.tau) : fabs(lq[j]);
             if (zt < INFINITY) zmax = fmax(zmax, zt);
         }
         const double lsem = (fabs(r.lse_s) < INFINITY ? fabs(r.lse_s) : 0.0) + (fabs(r.lse_t) < INFINITY ? fabs(r.lse_t) : 0.0);
@@ -418,12 +488,13 @@ static void run_case(const Case &c)
          * p_j and the row's sum sgn * p by the band's mass; then the dtype's rounding. */
         const double rel32 = 1e-6 + 0x1p-22 * (lsem + zmax);
         double band = 0.0;
-        std::vector<double> pj(V), qj(V);
+        std::vector<double> pj(V), qj(V), lr(V);
         for (int64_t j = 0; j < V; ++j) {
             const double zs = (double)lf_logit_xform(xsr[j], 1.0f, c.cap) / c.tau;
-            const double zt = c.tkind == KL_TEACHER_LOGITS ? (double)lf_logit_xform(ht[i][j], 1.0f, c.cap) / c.tau : lq[j];
+            const double zt = c.tkind == KL_TEACHER_LOGITS && !sparse ? (double)lf_logit_xform(ht[i][j], 1.0f, c.cap) / c.tau : lq[j];
             pj[j] = zs == -INFINITY ? 0.0 : exp(zs - r.lse_s);
             qj[j] = zt == -INFINITY ? 0.0 : exp(zt - r.lse_t);
+            lr[j] = zs > -INFINITY && zt > -INFINITY ? fabs((zs - r.lse_s) - (zt - r.lse_t)) : 0.0; /* |log p_j - log q_j| */
             if (fabs(pj[j] - qj[j]) <= 8.0 * rel32 * (pj[j] + qj[j])) band += pj[j];
         }
         const double ratio = c.kind == LF_KL_REVERSE ? 2.0 * (fabs(r.kl_rev) < INFINITY ? fabs(r.kl_rev) : 0.0) + 60.0 : 60.0;
@@ -434,8 +505,10 @@ static void run_case(const Case &c)
             const double gj = elem_to_f32(grow.data(), j, c.sdt), want = dx[j] * G;
             const double dzdx = (double)lf_logit_xform_grad(xsr[j], 1.0f, c.cap) / c.tau;
             const double sc = fabs(G) * dzdx * scale2;
-            /* (and ex2.approx.ftz flushes p_j < 2^-126 to 0: the element's log-ratio factor times that) */
-            double e32 = sc * (pj[j] + qj[j]) * (rel32 * (1.0 + ratio) + 0x1p-21 * (1.0 + lsem + zmax)) + sc * 0x1p-126 * (2.0 + ratio);
+            /* (and ex2.approx.ftz flushes p_j < 2^-126 to 0: the element's own log-ratio factor times
+             * that; at tau 0.05 against a spread sparse teacher it reaches hundreds of nats) */
+            double e32 = sc * (pj[j] + qj[j]) * (rel32 * (1.0 + ratio) + 0x1p-21 * (1.0 + lsem + zmax)) +
+                         sc * 0x1p-126 * (2.0 + ratio + lr[j]);
             if (c.kind == LF_KL_TVD) {
                 e32 += sc * pj[j] * (band + 1e-6);
                 if (fabs(pj[j] - qj[j]) <= 8.0 * rel32 * (pj[j] + qj[j])) e32 += sc * pj[j];
@@ -533,6 +606,34 @@ static void test_arguments(void)
     b = a;
     b.teacher = NULL;
     EXPECT(kl_launch(&b, 0, &ce) == LF_ERR_NULL, "NULL teacher accepted");
+    /* a sparse teacher's arguments */
+    DevBuf ki(64 * 4), kp(64 * 4);
+    kl_args sp = a;
+    sp.teacher = NULL;
+    sp.topk_idx = (const int32_t *)ki.p;
+    sp.topk_lp = (const float *)kp.p;
+    sp.topk = 4;
+    sp.topk_stride = 4;
+    b = sp;
+    b.teacher = xt.p;
+    EXPECT(kl_launch(&b, 0, &ce) == LF_ERR_ARG, "dense and sparse teacher together accepted");
+    b = sp;
+    b.topk = 9;
+    b.topk_stride = 9;
+    EXPECT(kl_launch(&b, 0, &ce) == LF_ERR_SIZE, "k > V accepted");
+    b = sp;
+    b.topk_stride = 3;
+    EXPECT(kl_launch(&b, 0, &ce) == LF_ERR_SIZE, "top-k stride < k accepted");
+    b = sp;
+    b.topk_rest = (lf_kl_rest)5;
+    EXPECT(kl_launch(&b, 0, &ce) == LF_ERR_ARG, "rest mode 5 accepted");
+    b = sp;
+    b.topk_lp = NULL;
+    EXPECT(kl_launch(&b, 0, &ce) == LF_ERR_NULL, "NULL top-k log-probs accepted");
+    b = sp;
+    b.grad = ki.p; /* over the pair list */
+    b.grad_stride = 8;
+    EXPECT(kl_launch(&b, 0, &ce) == LF_ERR_ARG, "gradient over the top-k indices accepted");
     b = a;
     b.n_rows = 0;
     fill_poison(l.p, 1, LF_F32);
@@ -600,6 +701,7 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; ++i) {
         if (!strcmp(argv[i], "--small")) g_small = 1;
         else if (!strcmp(argv[i], "--seed") && i + 1 < argc) g_seed = strtoull(argv[++i], NULL, 0);
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc) g_only = argv[++i];
     }
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
@@ -695,6 +797,74 @@ int main(int argc, char **argv)
         c.N = 17;
         c.V = 4099;
         c.stats = true;
+        run_case(c);
+    }
+
+    /* Sparse (top-k) teachers: every kind x both rest modes over the vocabularies, k from 0 to
+     * V and past the shared-memory pair list (KL_TOPK_SMEM), dtypes and outputs in turn. */
+    {
+        const int64_t Vsp_full[] = {1, 7, 31, 1000, 32768, 50257, 151936}, Vsp_small[] = {1, 7, 31, 1000, 16385};
+        const int64_t *Vsp = g_small ? Vsp_small : Vsp_full;
+        const int nVsp = g_small ? 5 : 7;
+        const int64_t ks[5] = {0, 1, 7, 64, KL_TOPK_SMEM + 44};
+        int t = 0;
+        for (int vi = 0; vi < nVsp; ++vi)
+            for (lf_kl_kind kd : kinds)
+                for (lf_kl_rest rm : {LF_KL_REST_DROP, LF_KL_REST_SPREAD}) {
+                    Case c;
+                    c.name = "sparse sweep";
+                    c.V = Vsp[vi];
+                    c.N = 5;
+                    c.kind = kd;
+                    c.rest = rm;
+                    c.topk = std::min<int64_t>(ks[t % 5], c.V);
+                    if (t % 7 == 6 && c.V <= 1000) c.topk = c.V; /* every entry tracked (the check is k^2) */
+                    c.sdt = dts[t % 3];
+                    c.grad = t % 4 == 3 ? 0 : 1 + t % 2;
+                    c.red = t % 2 ? LF_REDUCE_NONE : LF_REDUCE_MEAN;
+                    c.stats = true;
+                    c.tau = t % 3 == 1 ? 2.0f : 1.0f;
+                    ++t;
+                    run_case(c);
+                }
+        for (lf_kl_kind kd : kinds)
+            for (int64_t V : {(int64_t)1000, g_small ? (int64_t)16385 : (int64_t)128256}) {
+                Case b;
+                b.V = V;
+                b.N = g_small ? 9 : 41;
+                b.kind = kd;
+                b.topk = 20;
+                b.check_all = true;
+                Case c;
+                c = b; c.name = "sparse tau 0.05"; c.tau = 0.05f; c.stats = true; run_case(c);
+                c = b; c.name = "sparse drop, tau 20 + tau^2"; c.rest = LF_KL_REST_DROP; c.tau = 20.0f; c.tau2 = 1; run_case(c);
+                c = b; c.name = "sparse softcap 30, tau 2, in place"; c.cap = 30.0f; c.tau = 2.0f; c.grad = 2; c.stats = true; run_case(c);
+                c = b; c.name = "sparse labels + bad labels, weights"; c.labels = true; c.bad_frac = 0.2; c.weights = true; run_case(c);
+                c = b; c.name = "sparse none, dloss, strides +5 / k+3"; c.red = LF_REDUCE_NONE; c.dloss = true; c.spad = 5; c.kpad = 3; run_case(c);
+                c = b; c.name = "sparse planted pairs"; c.plant_topk = true; c.stats = true; c.red = LF_REDUCE_NONE; run_case(c);
+                c = b; c.name = "sparse planted pairs, drop, mean"; c.plant_topk = true; c.rest = LF_KL_REST_DROP; run_case(c);
+                c = b; c.name = "sparse -inf masks"; c.plant_masks = true; c.stats = true; c.red = LF_REDUCE_NONE; run_case(c);
+                c = b; c.name = "sparse fp32 student, 300 pairs"; c.sdt = LF_F32; c.topk = 300; c.stats = true; run_case(c);
+                c = b; c.name = "sparse all masked"; c.labels = true; c.ignore_frac = 1.0; run_case(c);
+            }
+        Case c;
+        c.name = "sparse determinism, JSD in place";
+        c.kind = LF_KL_JSD;
+        c.N = g_small ? 40 : 2048;
+        c.V = g_small ? 16385 : 151936;
+        c.topk = 100;
+        c.grad = 2;
+        c.determinism = true;
+        run_case(c);
+        c.name = "sparse 200000 rows";
+        c.kind = LF_KL_FORWARD;
+        c.N = 200000;
+        c.V = g_small ? 7 : 31;
+        c.topk = 5;
+        c.grad = 1;
+        c.determinism = false;
+        c.labels = true;
+        c.bad_frac = 0.01;
         run_case(c);
     }
 
