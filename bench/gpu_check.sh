@@ -45,13 +45,14 @@ fi
 if has bench; then
   "$B/bench/bench_ce" --variants ${BENCH_ARGS:-} | tee "$OUT/bench.log"
   "$B/bench/bench_kl" ${BENCH_KL_ARGS:-} | grep -v "^COPY\|^DEVICE" | tee -a "$OUT/bench.log"
+  "$B/bench/bench_kl" --topk 64 ${BENCH_KL_ARGS:-} | grep -v "^COPY\|^DEVICE" | tee -a "$OUT/bench.log"
 fi
 if has peers; then
   PYTHONUNBUFFERED=1 timeout ${PEERS_TIMEOUT:-420} python3 bench/torch_peers.py --modes fwdbwd,fwd ${PEERS_ARGS:-} 2>"$OUT/peers.err" | tee -a "$OUT/bench.log"
   tail -5 "$OUT/peers.err"
 fi
 if has klpeers; then
-  PYTHONUNBUFFERED=1 timeout ${PEERS_TIMEOUT:-420} python3 bench/torch_peers.py --no-copy --modes kl_fwd,kl_rev,jsd \
+  PYTHONUNBUFFERED=1 timeout ${PEERS_TIMEOUT:-420} python3 bench/torch_peers.py --no-copy --modes ${KL_PEERS_MODES:-kl_fwd,kl_rev,jsd,kl_fwd_top64,kl_rev_top64,jsd_top64} \
     --impls eager_fp32,compile --iters 10 --shapes ${KL_PEERS_SHAPES:-4096x32768,4096x151936} 2>"$OUT/klpeers.err" | tee -a "$OUT/bench.log"
   tail -5 "$OUT/klpeers.err"
 fi

@@ -34,6 +34,12 @@ What it measures, for each shape [N, V] (bf16 logits, int64 labels, ~5% ignore_i
                F.kl_div(lp, lq, log_target=True, reduction="batchmean") (KL(q||p)), the same with
                the roles swapped (KL(p||q)), and the generalised JSD at beta = 0.5 through
                logaddexp; torch_eager_fp32 and torch_compile of it (floor: N*V*6 bytes).
+  mode=kl_fwd_top64, kl_rev_top64, jsd_top64   the same losses against a SPARSE teacher: per
+               row 64 (index, log-prob) pairs, the rest of the mass spread over the other V - 64
+               entries (lossfuse.h lf_ref_kl_sparse_teacher at tau 1), as users write it: the
+               dense teacher log-probs built with full_like(lp, log rest).scatter_(idx, lp_k),
+               then the dense formulas (floor: N*V*4 + N*64*8 bytes; bench_kl --topk 64 times
+               lossfuse on the same pairs).
 
 Timing: CUDA events around ONLY the op (fwdbwd: forward + backward; logits.grad = None before
 each iteration, outside the timed region). Before each timed iteration a 256 MiB scratch buffer
@@ -77,6 +83,9 @@ DEFAULT_SHAPES = [(n, v) for n in (4096, 16384) for v in (32768, 131072, 151936,
 ALL_IMPLS = ["eager_bf16", "eager_fp32", "compile"]
 ALL_MODES = ["fwdbwd", "fwd", "kl_fwd", "kl_rev", "jsd"]
 KL_MODES = ("kl_fwd", "kl_rev", "jsd")  # distillation, fwd+bwd w.r.t. the student; eager is fp32 only
+TOPK = 64
+TOPK_MODES = tuple(f"{m}_top{TOPK}" for m in KL_MODES)  # the same against a sparse teacher
+ALL_MODES += list(TOPK_MODES)
 IMPL_NAME = {"eager_bf16": "torch_eager_bf16", "eager_fp32": "torch_eager_fp32",
              "compile": "torch_compile"}
 IGNORE_INDEX = -100
@@ -127,6 +136,10 @@ def kl_loss(mode, student, teacher):
     """Distillation as users write it: log_softmax of .float() logits, F.kl_div, batchmean."""
     lp = torch.log_softmax(student.float(), dim=-1)
     lq = torch.log_softmax(teacher.float(), dim=-1)
+    return kl_from_logprobs(mode, lp, lq)
+
+
+def kl_from_logprobs(mode, lp, lq):
     if mode == "kl_fwd":  # KL(q || p)
         return F.kl_div(lp, lq, log_target=True, reduction="batchmean")
     if mode == "kl_rev":  # KL(p || q)
@@ -135,6 +148,27 @@ def kl_loss(mode, student, teacher):
     lm = torch.logaddexp(lq + math.log(beta), lp + math.log(1.0 - beta))
     return (beta * F.kl_div(lm, lq, log_target=True, reduction="batchmean")
             + (1.0 - beta) * F.kl_div(lm, lp, log_target=True, reduction="batchmean"))
+
+
+def topk_teacher(n, v, device):
+    """The pairs bench_kl --topk uses: distinct indices (i*7919 + q*(V//k)) % V, log-probs
+    -2 - 0.2 q (their mass 0.75), as (idx int64 [N, k], lp fp32 [N, k])."""
+    k = min(TOPK, v)
+    rows = torch.arange(n, device=device, dtype=torch.int64).unsqueeze(1)
+    q = torch.arange(k, device=device, dtype=torch.int64).unsqueeze(0)
+    idx = (rows * 7919 + q * (v // k)) % v
+    lpk = (-2.0 - 0.2 * q.float()).expand(n, k).contiguous()
+    return idx, lpk
+
+
+def kl_topk_loss(mode, student, pairs):
+    """A sparse teacher densified (the rest mass spread), then kl_loss's formulas."""
+    idx, lpk = pairs
+    lp = torch.log_softmax(student.float(), dim=-1)
+    v, k = lp.shape[-1], idx.shape[-1]
+    rest = (1.0 - lpk.exp().sum(dim=-1, keepdim=True)).clamp_min(0.0) / max(v - k, 1)
+    lq = torch.log(rest).expand_as(lp).clone().scatter_(-1, idx, lpk)
+    return kl_from_logprobs(mode.split("_top")[0], lp, lq)
 
 
 # --------------------------------------------------------------------------------------------
@@ -268,8 +302,9 @@ def make_data(dev, n, v, seed):
 
 def build_op(impl, mode, logits, labels, teacher=None):
     """Returns (op, warmup_iters). op() runs one forward(+backward) and keeps nothing alive."""
-    if mode in KL_MODES:
-        fn = kl_loss if impl == "eager_fp32" else torch.compile(kl_loss, dynamic=False)
+    if mode in KL_MODES or mode in TOPK_MODES:
+        base = kl_loss if mode in KL_MODES else kl_topk_loss
+        fn = base if impl == "eager_fp32" else torch.compile(base, dynamic=False)
 
         def op():
             loss = fn(mode, logits, teacher)
@@ -332,6 +367,8 @@ def measure(dev, impl, mode, logits, labels, iters, teacher=None):
 
 def result_line(impl, mode, n, v, ms, extra, status):
     floor = n * v * (6 if mode in KL_MODES else 4 if mode == "fwdbwd" else 2)
+    if mode in TOPK_MODES:
+        floor = n * v * 4 + n * min(TOPK, v) * 8
     ms_s = "nan" if ms is None or (isinstance(ms, float) and math.isnan(ms)) else f"{ms:.4f}"
     ex_s = "nan" if extra is None else str(int(extra))
     return (f"RESULT impl={IMPL_NAME[impl]} mode={mode} N={n} V={v} dtype=bf16 ms={ms_s} "
@@ -450,16 +487,18 @@ def main():
         if any(m in KL_MODES for m in modes):
             teacher = (logits.detach() + torch.rand_like(logits, dtype=torch.float32).sub_(0.5).mul_(1.5)
                        .to(torch.bfloat16))
+        pairs = topk_teacher(n, v, logits.device) if any(m in TOPK_MODES for m in modes) else None
         for mode in modes:
             for impl in impls:
-                if mode in KL_MODES and impl == "eager_bf16":
+                if (mode in KL_MODES or mode in TOPK_MODES) and impl == "eager_bf16":
                     continue  # the KL peers are the fp32 forms users write (issue 3)
                 status, ms, extra, compile_s, err = "ok", float("nan"), None, None, None
                 if impl == "compile":
                     torch._dynamo.reset()  # compile once per shape, fresh cache
                     hits_before = len(watcher.hits)
                 try:
-                    ms, extra, compile_s = measure(dev, impl, mode, logits, labels, args.iters, teacher)
+                    ms, extra, compile_s = measure(dev, impl, mode, logits, labels, args.iters,
+                                                   pairs if mode in TOPK_MODES else teacher)
                 except Exception as e:  # noqa: BLE001
                     status = "OOM" if is_oom(e) else "ERROR"
                     err = one_line(e)
@@ -477,7 +516,7 @@ def main():
                         out(f"INFO impl=torch_compile mode={mode} N={n} V={v} "
                             f"first_call_s={compile_s:.1f}")
                 out(result_line(impl, mode, n, v, ms, extra, status))
-        del logits, labels, teacher
+        del logits, labels, teacher, pairs
         dev.free()
     out(f"INFO done elapsed_s={time.perf_counter() - t_start:.1f}")
 

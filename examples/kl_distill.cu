@@ -10,6 +10,11 @@
  *   the teacher may also be given as log-probabilities or probabilities). Both are turned into
  *   softmax logits alike, z = softcap(x) / tau, p = softmax(z_s), q = softmax(z_t), and per row
  *       forward KL(q || p), reverse KL(p || q), JSD_beta, soft CE -sum q log p, TVD 1/2 |p - q|_1
+ *   Or a SPARSE teacher (offline distillation): per row only its top-k (index, log-probability)
+ *   pairs, the rest of the mass dropped or spread over the other V - k entries (kl_args.topk_*,
+ *   lossfuse.h lf_ref_kl_sparse_teacher). The kernel builds that teacher in shared memory, piece
+ *   by piece (fill with the rest value, scatter the pairs), and runs the same passes: every loss
+ *   and option above works with it, and only the student is read from HBM.
  *   (definitions and gradients: lossfuse.h section 8, lf_ref_kl_row). Forward + backward in ONE
  *   launch, gradient with respect to the student only, in place over the student logits or to
  *   another buffer; forward only without a gradient buffer. Options: temperature tau (and the
