@@ -42,6 +42,8 @@
  *      lf_ref_pair_scatter, lf_ref_histogram, lf_ref_dpo_packed: the DPO family from packed
  *      logits, lf_ref_pairwise_preference: Bradley-Terry / hinge over flat pairs with
  *      histogram budget and coverage penalties)
+ *  10. Context parallelism: the zigzag layout of packed sequences (lf_cp_check, lf_cp_local_cu,
+ *      lf_cp_to_global / lf_cp_to_local, lf_cp_global_token, lf_cp_label, lf_ref_cp_labels)
  *
  * Configuration macros (define before including; each is #ifndef-guarded)
  *   LF_HD        function qualifiers of the portable functions.
@@ -104,7 +106,9 @@ typedef enum lf_status {
     LF_ERR_SEQLENS = 4, /* cu_seqlens not starting at 0, decreasing, or not ending at N */
     LF_ERR_ARG = 5,     /* an option out of its domain (negative smoothing, scale <= 0, ...) */
     LF_ERR_DEVICE = 6,  /* a CUDA call failed (used by the examples' launchers) */
-    LF_ERR_PAIR = 7     /* a pair whose items are out of range or the same item */
+    LF_ERR_PAIR = 7,    /* a pair whose items are out of range or the same item */
+    LF_ERR_CP = 8       /* context parallelism: cp < 1, rank outside [0, cp), or a sequence
+                         * length not a multiple of 2 * cp */
 } lf_status;
 
 /* Element types of logits and gradients, for launchers that take untyped pointers. */
@@ -124,6 +128,7 @@ static inline const char *lf_status_str(int s)
     case LF_ERR_ARG: return "option out of its domain";
     case LF_ERR_DEVICE: return "CUDA call failed";
     case LF_ERR_PAIR: return "pair index out of range, or a pair of one item with itself";
+    case LF_ERR_CP: return "context parallelism: cp < 1, rank out of range, or a sequence length not a multiple of 2*cp";
     default: return "unknown status";
     }
 }
@@ -1596,6 +1601,122 @@ static inline lf_status lf_ref_pairwise_preference(int64_t S, const float *score
         loss_out[1] = inv == 0.0 ? sum * 0.0 : sum * inv;
         loss_out[2] = pen;
         loss_out[0] = loss_out[1] + pen;
+    }
+    return LF_OK;
+}
+
+/* ============================================================================================
+ * 10. Context parallelism: the zigzag layout of packed sequences
+ *
+ *    Under context parallelism over cp ranks, every sequence of length L (a multiple of 2 cp;
+ *    0 allowed) is cut into 2 cp chunks of C = L / (2 cp) tokens, and rank r holds chunks r and
+ *    2 cp - 1 - r, in that order: with causal attention each rank then has the same work. A
+ *    rank's local buffer packs its 2C tokens of every sequence in sequence order, so its
+ *    cu_seqlens are the global ones divided by cp (lf_cp_local_cu).
+ *    Labels are shifted on the FULL sequence, before the split: the target of the last token of
+ *    chunk r is the first token of chunk r + 1, which another rank holds. lf_cp_label reads it
+ *    from the global ids (which every rank of a CP group has: they are a few bytes a token).
+ *        lf_cp_check         cp >= 1, every length a multiple of 2 cp (LF_ERR_CP otherwise)
+ *        lf_cp_local_cu      the local cu_seqlens (global / cp)
+ *        lf_cp_to_global     (rank, offset in the rank's part of a sequence) -> offset in it
+ *        lf_cp_to_local      offset in a sequence -> (rank, local offset)
+ *        lf_cp_global_token  rank r's local packed index -> the global packed index
+ *        lf_cp_label         the next-token target of one local token, from the global ids and
+ *                            an optional target mask (0: token not predicted, e.g. a prompt)
+ *        lf_ref_cp_labels    host reference: a rank's whole local label / position arrays
+ *    The loss of a CP-sharded batch is then the plain cross-entropy of each rank's local logits
+ *    and labels, summed over ranks; the mean divides by the global count of valid labels (an
+ *    all-reduce of (sum, count); examples/cp_local_ce.cu).
+ * ========================================================================================== */
+
+/* Offset in a sequence of length len of local offset l (in [0, len / cp)) on rank r. */
+LF_HD int64_t lf_cp_to_global(int64_t l, int64_t len, int cp, int rank)
+{
+    const int64_t c = len / (2 * (int64_t)cp);
+    return l < c ? (int64_t)rank * c + l : (2 * (int64_t)cp - 1 - rank) * c + (l - c);
+}
+
+/* The rank holding offset g (in [0, len)) of a sequence of length len > 0, and its local offset. */
+LF_HD int64_t lf_cp_to_local(int64_t g, int64_t len, int cp, int *rank)
+{
+    const int64_t c = len / (2 * (int64_t)cp), chunk = g / c;
+    if (chunk < cp) {
+        *rank = (int)chunk;
+        return g - chunk * c;
+    }
+    *rank = (int)(2 * (int64_t)cp - 1 - chunk);
+    return c + (g - chunk * c);
+}
+
+/* cu_local[k] = cu_seqlens[k] / cp for k = 0 .. nseq (valid after lf_cp_check). */
+LF_HD void lf_cp_local_cu(const int32_t *cu_seqlens, int64_t nseq, int cp, int32_t *cu_local)
+{
+    int64_t k;
+    for (k = 0; k <= nseq; ++k) cu_local[k] = (int32_t)(cu_seqlens[k] / cp);
+}
+
+/* Global packed index of rank r's local token t (t in [0, cu_local[nseq])); cu_local from
+ * lf_cp_local_cu. -1 for t outside the local buffer. O(log nseq). */
+LF_HD int64_t lf_cp_global_token(const int32_t *cu_seqlens, const int32_t *cu_local, int64_t nseq, int cp, int rank,
+                                 int64_t t)
+{
+    const int64_t k = lf_seq_find(cu_local, nseq, t);
+    if (k < 0) return -1;
+    return cu_seqlens[k] + lf_cp_to_global(t - cu_local[k], (int64_t)cu_seqlens[k + 1] - cu_seqlens[k], cp, rank);
+}
+
+/* Next-token target of rank r's local token t: ids[g + 1] for its global token g when g + 1 is in
+ * the same sequence and target_mask (NULL: all on) is non-zero there; else ignore_index. */
+LF_HD int64_t lf_cp_label(const int32_t *cu_seqlens, const int32_t *cu_local, int64_t nseq, int cp, int rank,
+                          const int64_t *ids, const uint8_t *target_mask, int64_t t, int64_t ignore_index)
+{
+    const int64_t k = lf_seq_find(cu_local, nseq, t);
+    int64_t g;
+    if (k < 0) return ignore_index;
+    g = cu_seqlens[k] + lf_cp_to_global(t - cu_local[k], (int64_t)cu_seqlens[k + 1] - cu_seqlens[k], cp, rank);
+    if (g + 1 >= cu_seqlens[k + 1] || (target_mask && !target_mask[g + 1])) return ignore_index;
+    return ids[g + 1];
+}
+
+/* cp >= 1 and every sequence length a multiple of 2 cp (cu_seqlens valid for total tokens).
+ * *bad_seq (if not NULL) receives the first sequence that is not, or -1. */
+static inline lf_status lf_cp_check(const int32_t *cu_seqlens, int64_t nseq, int64_t total, int cp, int64_t *bad_seq)
+{
+    int64_t k;
+    lf_status st;
+    if (bad_seq) *bad_seq = -1;
+    if (cp < 1) return LF_ERR_CP;
+    if ((st = lf_check_cu_seqlens(cu_seqlens, nseq, total)) != LF_OK) return st;
+    for (k = 0; k < nseq; ++k)
+        if ((cu_seqlens[k + 1] - cu_seqlens[k]) % (2 * (int64_t)cp) != 0) {
+            if (bad_seq) *bad_seq = k;
+            return LF_ERR_CP;
+        }
+    return LF_OK;
+}
+
+/* Host reference: rank r's local labels (total / cp of them) and, if gpos is not NULL, the
+ * global packed index of each local token. Built chunk by chunk, independently of the
+ * functions above (which the tests check against it). */
+static inline lf_status lf_ref_cp_labels(const int64_t *ids, const uint8_t *target_mask, const int32_t *cu_seqlens,
+                                         int64_t nseq, int64_t total, int cp, int rank, int64_t ignore_index,
+                                         int64_t *labels, int64_t *gpos)
+{
+    int64_t k, n = 0, h, j;
+    lf_status st = lf_cp_check(cu_seqlens, nseq, total, cp, NULL);
+    if (st != LF_OK) return st;
+    if (rank < 0 || rank >= cp) return LF_ERR_CP;
+    if (total > 0 && (!ids || !labels)) return LF_ERR_NULL;
+    for (k = 0; k < nseq; ++k) {
+        const int64_t b = cu_seqlens[k], e = cu_seqlens[k + 1], c = (e - b) / (2 * (int64_t)cp);
+        for (h = 0; h < 2; ++h) {
+            const int64_t chunk = h == 0 ? rank : 2 * (int64_t)cp - 1 - rank;
+            for (j = 0; j < c; ++j, ++n) {
+                const int64_t g = b + chunk * c + j;
+                labels[n] = g + 1 < e && (!target_mask || target_mask[g + 1]) ? ids[g + 1] : ignore_index;
+                if (gpos) gpos[n] = g;
+            }
+        }
     }
     return LF_OK;
 }

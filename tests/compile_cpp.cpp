@@ -143,6 +143,20 @@ int main()
                    "lf_ref_kl_row: KL(p || uniform) = log V - H(p)");
         }
     }
+    /* 10. context parallelism: one sequence of 8 at cp 2, rank 1 holds global tokens 2 3 4 5 */
+    {
+        const int32_t cu8[2] = {0, 8};
+        int32_t cul[2];
+        const int64_t id8[8] = {10, 11, 12, 13, 14, 15, 16, 17};
+        int64_t lab[4];
+        int rk = -1;
+        expect(lf_cp_check(cu8, 1, 8, 2, NULL) == LF_OK && lf_cp_to_local(6, 8, 2, &rk) == 2 && rk == 0, "lf_cp_to_local");
+        lf_cp_local_cu(cu8, 1, 2, cul);
+        expect(cul[1] == 4 && lf_cp_global_token(cu8, cul, 1, 2, 1, 3) == 5 && lf_cp_label(cu8, cul, 1, 2, 1, id8, NULL, 3, -100) == 16,
+               "lf_cp_global_token / lf_cp_label");
+        expect(lf_ref_cp_labels(id8, NULL, cu8, 1, 8, 2, 0, -100, lab, NULL) == LF_OK && lab[3] == -100 && lab[1] == 12,
+               "lf_ref_cp_labels");
+    }
     printf("compile_cpp: %s (LF_USE_EXP2 %d)\n", failures ? "FAILED" : "ok", LF_USE_EXP2);
     return failures ? 1 : 0;
 }
