@@ -43,7 +43,8 @@
  *      logits, lf_ref_pairwise_preference: Bradley-Terry / hinge over flat pairs with
  *      histogram budget and coverage penalties)
  *  10. Context parallelism: the zigzag layout of packed sequences (lf_cp_check, lf_cp_local_cu,
- *      lf_cp_to_global / lf_cp_to_local, lf_cp_global_token, lf_cp_label, lf_ref_cp_labels)
+ *      lf_cp_seq_find, lf_cp_to_global / lf_cp_to_local, lf_cp_global_token, lf_cp_label,
+ *      lf_ref_cp_labels)
  *
  * Configuration macros (define before including; each is #ifndef-guarded)
  *   LF_HD        function qualifiers of the portable functions.
@@ -1617,7 +1618,8 @@ static inline lf_status lf_ref_pairwise_preference(int64_t S, const float *score
  *    chunk r is the first token of chunk r + 1, which another rank holds. lf_cp_label reads it
  *    from the global ids (which every rank of a CP group has: they are a few bytes a token).
  *        lf_cp_check         cp >= 1, every length a multiple of 2 cp (LF_ERR_CP otherwise)
- *        lf_cp_local_cu      the local cu_seqlens (global / cp)
+ *        lf_cp_local_cu      the local cu_seqlens (global / cp), for the rank's attention
+ *        lf_cp_seq_find      the sequence of a local token (searches cu_seqlens / cp directly)
  *        lf_cp_to_global     (rank, offset in the rank's part of a sequence) -> offset in it
  *        lf_cp_to_local      offset in a sequence -> (rank, local offset)
  *        lf_cp_global_token  rank r's local packed index -> the global packed index
@@ -1655,25 +1657,38 @@ LF_HD void lf_cp_local_cu(const int32_t *cu_seqlens, int64_t nseq, int cp, int32
     for (k = 0; k <= nseq; ++k) cu_local[k] = (int32_t)(cu_seqlens[k] / cp);
 }
 
-/* Global packed index of rank r's local token t (t in [0, cu_local[nseq])); cu_local from
- * lf_cp_local_cu. -1 for t outside the local buffer. O(log nseq). */
-LF_HD int64_t lf_cp_global_token(const int32_t *cu_seqlens, const int32_t *cu_local, int64_t nseq, int cp, int rank,
-                                 int64_t t)
+/* The sequence of a rank's local token t: lf_seq_find on the local cu_seqlens (cu_seqlens / cp)
+ * without forming them. -1 for t outside the local buffer. O(log nseq). */
+LF_HD int64_t lf_cp_seq_find(const int32_t *cu_seqlens, int64_t nseq, int cp, int64_t t)
 {
-    const int64_t k = lf_seq_find(cu_local, nseq, t);
+    int64_t lo = 0, hi = nseq; /* invariant: cu[lo] / cp <= t < cu[hi] / cp */
+    if (nseq <= 0 || t < cu_seqlens[0] / cp || t >= cu_seqlens[nseq] / cp) return -1;
+    while (hi - lo > 1) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if (cu_seqlens[mid] / cp <= t) lo = mid;
+        else hi = mid;
+    }
+    return lo;
+}
+
+/* Global packed index of rank r's local token t (t in [0, total / cp)), -1 outside. */
+LF_HD int64_t lf_cp_global_token(const int32_t *cu_seqlens, int64_t nseq, int cp, int rank, int64_t t)
+{
+    const int64_t k = lf_cp_seq_find(cu_seqlens, nseq, cp, t);
     if (k < 0) return -1;
-    return cu_seqlens[k] + lf_cp_to_global(t - cu_local[k], (int64_t)cu_seqlens[k + 1] - cu_seqlens[k], cp, rank);
+    return cu_seqlens[k] + lf_cp_to_global(t - cu_seqlens[k] / cp, (int64_t)cu_seqlens[k + 1] - cu_seqlens[k], cp, rank);
 }
 
 /* Next-token target of rank r's local token t: ids[g + 1] for its global token g when g + 1 is in
- * the same sequence and target_mask (NULL: all on) is non-zero there; else ignore_index. */
-LF_HD int64_t lf_cp_label(const int32_t *cu_seqlens, const int32_t *cu_local, int64_t nseq, int cp, int rank,
-                          const int64_t *ids, const uint8_t *target_mask, int64_t t, int64_t ignore_index)
+ * the same sequence and target_mask (NULL: all on) is non-zero there; else ignore_index. The
+ * ids (and the mask) are the GLOBAL ones. */
+LF_HD int64_t lf_cp_label(const int32_t *cu_seqlens, int64_t nseq, int cp, int rank, const int64_t *ids,
+                          const uint8_t *target_mask, int64_t t, int64_t ignore_index)
 {
-    const int64_t k = lf_seq_find(cu_local, nseq, t);
+    const int64_t k = lf_cp_seq_find(cu_seqlens, nseq, cp, t);
     int64_t g;
     if (k < 0) return ignore_index;
-    g = cu_seqlens[k] + lf_cp_to_global(t - cu_local[k], (int64_t)cu_seqlens[k + 1] - cu_seqlens[k], cp, rank);
+    g = cu_seqlens[k] + lf_cp_to_global(t - cu_seqlens[k] / cp, (int64_t)cu_seqlens[k + 1] - cu_seqlens[k], cp, rank);
     if (g + 1 >= cu_seqlens[k + 1] || (target_mask && !target_mask[g + 1])) return ignore_index;
     return ids[g + 1];
 }

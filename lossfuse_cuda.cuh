@@ -55,6 +55,8 @@
  *   9. Segmented sums, pair scatter-add, histograms: lf_warp_seg_scan_f32, the fast
  *      lf_atomic_add_aggregated, the deterministic lf_seg_sum_grid (per-sequence sums over
  *      cu_seqlens) and lf_sorted_run_sum_grid (after a stable sort by slot), lf_seq_bad
+ *  10. Context parallelism: lf_cp_local_labels_grid (a rank's labels and positions from the
+ *      global ids under the zigzag layout, lossfuse.h section 10)
  *
  * Configuration macros: those of lossfuse.h (LF_HD, LF_USE_EXP2, LF_ASSERT). Nothing else.
  *
@@ -1957,6 +1959,40 @@ static __device__ __forceinline__ void lf_sorted_run_sum_grid(const int32_t *key
         double a = 0.0;
         for (int64_t i = lo; i < n && keys[i] == k; ++i) a += (double)vals[i];
         out[k] = (float)a;
+    }
+}
+
+/* ============================================================================================
+ * 10. Context parallelism (the zigzag layout of lossfuse.h section 10)
+ *
+ *    Each rank of a CP group holds its zigzag share of every sequence of a packed batch; its
+ *    labels must be the next tokens of the FULL sequences (the target of a chunk's last token
+ *    is on another rank). lf_cp_local_labels_grid builds them on the device from the global
+ *    ids, which every rank has: one binary search per local token, no host work, no barrier.
+ *    The cross-entropy of the local logits with these labels, summed over the ranks, is the
+ *    unsharded loss; the mean divides by the global count of valid labels (examples/
+ *    cp_local_ce.cu all-reduces (sum, count) with NCCL).
+ * ========================================================================================== */
+
+/* Rank `rank`'s local labels (cu_seqlens[nseq] / cp of them) by every thread of the grid:
+ * labels[t] = ids[g + 1] for local token t at global token g when g + 1 is in the same
+ * sequence and target_mask[g + 1] != 0 (target_mask NULL: all on), else ignore_index; gpos (if
+ * not NULL) gets g (position ids: g - cu_seqlens[k]). I, L: integer types of ids and labels.
+ * The layout must be valid (lf_cp_check on the host, once per batch). */
+template <typename I, typename L>
+static __device__ __forceinline__ void lf_cp_local_labels_grid(const int32_t *cu_seqlens, int64_t nseq, int cp, int rank,
+                                                               const I *ids, const uint8_t *target_mask,
+                                                               int64_t ignore_index, L *labels, int64_t *gpos)
+{
+    const int64_t n = nseq > 0 ? (int64_t)(cu_seqlens[nseq] / cp) : 0;
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < n; t += stride) {
+        const int64_t k = lf_cp_seq_find(cu_seqlens, nseq, cp, t);
+        const int64_t b = cu_seqlens[k], e = cu_seqlens[k + 1];
+        const int64_t g = b + lf_cp_to_global(t - b / cp, e - b, cp, rank);
+        const bool has = g + 1 < e && (!target_mask || target_mask[g + 1]);
+        labels[t] = (L)(has ? (int64_t)ids[g + 1] : ignore_index);
+        if (gpos) gpos[t] = g;
     }
 }
 

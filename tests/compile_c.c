@@ -146,7 +146,7 @@ int main(void)
         int rk = -1;
         expect(lf_cp_check(cu8, 1, 8, 2, NULL) == LF_OK && lf_cp_to_local(6, 8, 2, &rk) == 2 && rk == 0, "lf_cp_to_local");
         lf_cp_local_cu(cu8, 1, 2, cul);
-        expect(cul[1] == 4 && lf_cp_global_token(cu8, cul, 1, 2, 1, 3) == 5 && lf_cp_label(cu8, cul, 1, 2, 1, id8, NULL, 3, -100) == 16,
+        expect(cul[1] == 4 && lf_cp_global_token(cu8, 1, 2, 1, 3) == 5 && lf_cp_label(cu8, 1, 2, 1, id8, NULL, 3, -100) == 16,
                "lf_cp_global_token / lf_cp_label");
         expect(lf_ref_cp_labels(id8, NULL, cu8, 1, 8, 2, 0, -100, lab, NULL) == LF_OK && lab[3] == -100 && lab[1] == 12,
                "lf_ref_cp_labels");

@@ -67,12 +67,19 @@ static void test_layout(int cp)
             CHECK(lf_ref_cp_labels(ids, use_mask ? tmask : NULL, cu, nseq, total, cp, r, ign, lab, gpos) == LF_OK,
                   "cp %d rank %d: reference failed", cp, r);
             for (t = 0; t < nloc; ++t) {
-                const int64_t g = gpos[t], kk = lf_seq_find(cul, nseq, t), l = t - cul[kk];
+                const int64_t g = gpos[t], kk = lf_seq_find(cul, nseq, t);
+                if (kk < 0) {
+                    CHECK(0, "cp %d rank %d: local token %lld in no sequence", cp, r, (long long)t);
+                    continue;
+                }
+                const int64_t l = t - cul[kk];
+                CHECK(lf_cp_seq_find(cu, nseq, cp, t) == kk, "cp %d: lf_cp_seq_find(%lld) %lld want %lld", cp, (long long)t,
+                      (long long)lf_cp_seq_find(cu, nseq, cp, t), (long long)kk);
                 const int64_t len = (int64_t)cu[kk + 1] - cu[kk], c = len / (2 * cp);
                 int rr = -1;
                 CHECK(g >= cu[kk] && g < cu[kk + 1], "cp %d rank %d: token %lld maps outside its sequence", cp, r, (long long)t);
-                CHECK(lf_cp_global_token(cu, cul, nseq, cp, r, t) == g, "cp %d rank %d t %lld: global %lld want %lld", cp, r,
-                      (long long)t, (long long)lf_cp_global_token(cu, cul, nseq, cp, r, t), (long long)g);
+                CHECK(lf_cp_global_token(cu, nseq, cp, r, t) == g, "cp %d rank %d t %lld: global %lld want %lld", cp, r,
+                      (long long)t, (long long)lf_cp_global_token(cu, nseq, cp, r, t), (long long)g);
                 CHECK(lf_cp_to_global(l, len, cp, r) == g - cu[kk], "cp %d: to_global", cp);
                 CHECK(lf_cp_to_local(g - cu[kk], len, cp, &rr) == l && rr == r, "cp %d rank %d: to_local of %lld gave %d", cp, r,
                       (long long)(g - cu[kk]), rr);
@@ -81,7 +88,7 @@ static void test_layout(int cp)
                       (long long)((g - cu[kk]) / c));
                 CHECK(lab[t] == full[g], "cp %d rank %d t %lld (global %lld): label %lld want %lld", cp, r, (long long)t,
                       (long long)g, (long long)lab[t], (long long)full[g]);
-                CHECK(lf_cp_label(cu, cul, nseq, cp, r, ids, use_mask ? tmask : NULL, t, ign) == lab[t],
+                CHECK(lf_cp_label(cu, nseq, cp, r, ids, use_mask ? tmask : NULL, t, ign) == lab[t],
                       "cp %d rank %d t %lld: lf_cp_label differs", cp, r, (long long)t);
                 ++seen[g];
                 if (lab[t] != ign) {
@@ -89,8 +96,8 @@ static void test_layout(int cp)
                     sum_cp += lab[t] * (g % 7 + 1);
                 }
             }
-            CHECK(lf_cp_global_token(cu, cul, nseq, cp, r, nloc) == -1, "cp %d: token past the end mapped", cp);
-            CHECK(lf_cp_label(cu, cul, nseq, cp, r, ids, NULL, nloc, ign) == ign, "cp %d: label past the end", cp);
+            CHECK(lf_cp_global_token(cu, nseq, cp, r, nloc) == -1, "cp %d: token past the end mapped", cp);
+            CHECK(lf_cp_label(cu, nseq, cp, r, ids, NULL, nloc, ign) == ign, "cp %d: label past the end", cp);
         }
         for (t = 0; t < total; ++t) CHECK(seen[t] == 1, "cp %d: global token %lld held %d times", cp, (long long)t, seen[t]);
         CHECK(n_valid_cp == n_valid_full && sum_cp == sum_full, "cp %d: valid labels %lld (sum %lld), unsharded %lld (%lld)", cp,

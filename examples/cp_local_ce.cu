@@ -1,0 +1,766 @@
+/* examples/cp_local_ce.cu — context-parallel cross-entropy on packed sequences: each rank computes
+ * the loss of its own zigzag shard of the tokens, and nothing of size [tokens, V] is gathered.
+ *
+ * Build and run (from the repository root; meson does the same, see README.md):
+ *     nvcc -O3 -std=c++17 -arch=sm_90 -I. examples/cp_local_ce.cu -o cp_local_ce
+ *     nvcc -O3 -std=c++17 -arch=sm_90 -I. -DLF_HAVE_NCCL examples/cp_local_ce.cu -lnccl -o cp_local_ce
+ *     ./cp_local_ce [cp=4] [nseq=16] [V=32768] [sim|nccl]
+ *   sim  (default): the cp ranks simulated one after another on one GPU, checked against the
+ *        unsharded cross-entropy of the same batch;
+ *   nccl (built with -DLF_HAVE_NCCL): one process drives every visible GPU, one rank each
+ *        (cp = the number of GPUs), the all-reduces through NCCL; checked the same way.
+ *
+ * Why: under context parallelism each rank holds the logits of its shard of every sequence
+ *   (lossfuse.h section 10: sequences cut into 2 cp chunks, rank r holding chunks r and
+ *   2 cp - 1 - r). Gathering them to compute the loss is what runs out of memory (128K tokens x
+ *   152K vocabulary in bf16 is ~37 GiB per rank). Computed locally it needs three things right:
+ *   labels shifted on the FULL sequences (the target of a chunk's last token is on another
+ *   rank), the mean divided by the GLOBAL count of valid labels, and metrics (token counts,
+ *   per-sequence loss and perplexity) that do not depend on cp.
+ *
+ * One rank's step, three phases around two all-reduces over the CP group (cp_ce_phase_a/b/c):
+ *   A  local labels from the global ids (lf_cp_local_labels_grid) and the local count of valid
+ *      labels per sequence (lf_seg_sum_grid, exact in double)      -> red_a[nseq]
+ *      all-reduce(red_a): the global per-sequence counts; their sum (in a fixed order) is the
+ *      mean's divisor, a device scalar: no host synchronisation
+ *   B  ce_launch (examples/cross_entropy.cu) on the local logits: reduction mean with that
+ *      divisor, gradient in place (or to grad), per-token label log-probs; then per-sequence
+ *      NLL sums and the rank's share of the loss                    -> red_b[nseq + 1]
+ *      all-reduce(red_b)
+ *   C  outputs: the global mean loss, per-sequence token counts, mean NLL and perplexity
+ *   The all-reduce is ncclAllReduce (sum, double) with a communicator; the single-GPU
+ *   simulation sums the ranks' buffers in rank order and gives every rank the sum (what
+ *   ncclAllReduce returns).
+ * Contract: the cross-entropy's (options, bad labels counted in *n_errors, NaN logits -> NaN);
+ *   the loss equals the unsharded loss up to the order of the fp32/fp64 sums; the gradient rows
+ *   are those of the unsharded loss; counts are exact. Workspace: cp_ce_workspace_bytes
+ *   (about 16 B per local token + 16 B per sequence + the cross-entropy's 8 B per token).
+ *
+ * Sections: 1. API   2. kernels   3. the phases   4. main (simulation / NCCL, check)
+ */
+#define CE_NO_MAIN
+#include "examples/cross_entropy.cu"
+
+#include <vector>
+#ifdef LF_HAVE_NCCL
+#include <nccl.h>
+#endif
+
+/* ============================================================================================
+ * 1. API
+ * ========================================================================================== */
+
+typedef struct cp_ce_args {
+    /* the batch, the same on every rank of the group (device pointers) */
+    const int64_t *ids;          /* [T] global input ids */
+    const uint8_t *target_mask;  /* [T] or NULL: 0 = token not predicted (e.g. a prompt) */
+    const int32_t *cu_seqlens;   /* [nseq + 1] global, every length a multiple of 2 cp */
+    int64_t nseq, total;         /* total = cu_seqlens[nseq] (host value, for sizes) */
+    int cp, rank;
+    /* this rank's logits: [total / cp, V], the zigzag order of lossfuse.h section 10 */
+    const void *logits;
+    lf_dtype dtype;
+    int64_t vocab, stride;
+    lf_ce_opts opts;             /* as examples/cross_entropy.cu (no class weights yet);
+                                  * opts.ignore_index marks the labels without a target */
+    void *grad;                  /* NULL: no gradient; == logits: in place */
+    int64_t grad_stride;
+    /* outputs (device), the same on every rank after phase C */
+    float *loss;                 /* [1] mean over the global valid labels */
+    float *seq_tokens;           /* [nseq] optional: valid labels per sequence (exact < 2^24) */
+    float *seq_nll;              /* [nseq] optional: mean label NLL per sequence (NaN for none) */
+    float *seq_ppl;              /* [nseq] optional: exp(seq_nll) */
+    unsigned int *n_errors;      /* optional: += local rows with a bad label */
+    void *workspace;             /* cp_ce_workspace_bytes(total / cp, nseq), zeroed once */
+    size_t workspace_bytes;
+} cp_ce_args;
+
+typedef struct cp_ws { /* carved from the workspace */
+    int64_t *labels;  /* [n] */
+    float *valid;     /* [n] 1 / 0; then -logprob for valid rows */
+    float *logprob;   /* [n] */
+    int32_t *cu_local;/* [nseq + 1] */
+    double *red_a;    /* [nseq] */
+    double *red_b;    /* [nseq + 1] */
+    float *divisor;   /* [1] */
+    void *ce_ws;      /* ce_workspace_bytes(n) */
+} cp_ws;
+
+static size_t cp_align(size_t b) { return (b + 255) & ~(size_t)255; }
+
+static size_t cp_ce_workspace_bytes(int64_t n_local, int64_t nseq)
+{
+    const size_t n = (size_t)(n_local > 0 ? n_local : 0), s = (size_t)(nseq > 0 ? nseq : 0);
+    return cp_align(8 * n) + 2 * cp_align(4 * n) + cp_align(4 * (s + 1)) + cp_align(8 * s) + cp_align(8 * (s + 1)) +
+           cp_align(4) + cp_align(ce_workspace_bytes(n_local));
+}
+
+static cp_ws cp_ws_carve(void *base, int64_t n_local, int64_t nseq)
+{
+    cp_ws w;
+    char *p = (char *)base;
+    const size_t n = (size_t)n_local, s = (size_t)nseq;
+    w.labels = (int64_t *)p; p += cp_align(8 * n);
+    w.valid = (float *)p; p += cp_align(4 * n);
+    w.logprob = (float *)p; p += cp_align(4 * n);
+    w.cu_local = (int32_t *)p; p += cp_align(4 * (s + 1));
+    w.red_a = (double *)p; p += cp_align(8 * s);
+    w.red_b = (double *)p; p += cp_align(8 * (s + 1));
+    w.divisor = (float *)p; p += cp_align(4);
+    w.ce_ws = p;
+    return w;
+}
+
+/* ============================================================================================
+ * 2. Kernels
+ * ========================================================================================== */
+
+/* Labels, valid flags and the local cu_seqlens. */
+__global__ void cp_labels_kernel(const cp_ce_args a, cp_ws w)
+{
+    lf_cp_local_labels_grid(a.cu_seqlens, a.nseq, a.cp, a.rank, a.ids, a.target_mask, a.opts.ignore_index, w.labels,
+                            (int64_t *)NULL);
+    const int64_t n = a.total / a.cp, stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < n; t += stride) {
+        const int64_t y = w.labels[t];
+        /* valid: a label the cross-entropy counts (a bad label is counted as an error there) */
+        w.valid[t] = (y != a.opts.ignore_index && y >= 0 && y < a.vocab) ? 1.0f : 0.0f;
+    }
+    for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k <= a.nseq; k += stride)
+        w.cu_local[k] = a.cu_seqlens[k] / a.cp;
+}
+
+/* out[k] = sum over sequence k's local tokens of v (deterministic, double). */
+__global__ void cp_seq_sum_kernel(const int32_t *cu_local, int64_t nseq, const float *v, double *out)
+{
+    lf_seg_sum_grid(cu_local, nseq, v, out);
+}
+
+/* After all-reduce(red_a): the divisor (sum of the global counts in sequence order). */
+__global__ void cp_divisor_kernel(const double *red_a, int64_t nseq, float *divisor)
+{
+    double s = 0.0;
+    for (int64_t k = 0; k < nseq; ++k) s += red_a[k];
+    *divisor = (float)s;
+}
+
+/* -logprob of valid rows into valid[] (reused), for the per-sequence NLL. */
+__global__ void cp_nll_kernel(int64_t n, const float *logprob, float *valid)
+{
+    for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < n; t += (int64_t)gridDim.x * blockDim.x)
+        valid[t] = valid[t] != 0.0f ? -logprob[t] : 0.0f;
+}
+
+__global__ void cp_loss_share_kernel(const float *loss, double *slot) { *slot = (double)*loss; }
+
+/* After all-reduce(red_b): the outputs. */
+__global__ void cp_outputs_kernel(const cp_ce_args a, cp_ws w)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i == 0) *a.loss = (float)w.red_b[a.nseq];
+    for (int64_t k = i; k < a.nseq; k += (int64_t)gridDim.x * blockDim.x) {
+        const double c = w.red_a[k], m = c > 0.0 ? w.red_b[k] / c : (double)NAN;
+        if (a.seq_tokens) a.seq_tokens[k] = (float)c;
+        if (a.seq_nll) a.seq_nll[k] = (float)m;
+        if (a.seq_ppl) a.seq_ppl[k] = (float)exp(m);
+    }
+}
+
+/* ============================================================================================
+ * 3. The phases of one rank (all on `stream`; an all-reduce of cp_ce_red_a / _b between)
+ * ========================================================================================== */
+
+#define CP_CHECK(call)                                                                              \
+    do {                                                                                            \
+        cudaError_t e_ = (call);                                                                    \
+        if (e_ != cudaSuccess) {                                                                    \
+            if (cuda_err) *cuda_err = e_;                                                           \
+            return LF_ERR_DEVICE;                                                                   \
+        }                                                                                           \
+    } while (0)
+
+/* The buffers the group all-reduces (sum, double) after phase A and after phase B. */
+static double *cp_ce_red_a(const cp_ce_args *a) { return cp_ws_carve(a->workspace, a->total / a->cp, a->nseq).red_a; }
+static double *cp_ce_red_b(const cp_ce_args *a) { return cp_ws_carve(a->workspace, a->total / a->cp, a->nseq).red_b; }
+
+static int cp_grid(int64_t n)
+{
+    const int64_t b = (n + 255) / 256;
+    return (int)(b < 1 ? 1 : b > 1024 ? 1024 : b);
+}
+
+/* Checks the arguments that need no device data. The layout itself (every length a multiple
+ * of 2 cp) is the caller's to check once per batch on the host: lf_cp_check. */
+static lf_status cp_ce_check(const cp_ce_args *a)
+{
+    if (!a) return LF_ERR_NULL;
+    if (a->cp < 1 || a->rank < 0 || a->rank >= a->cp || a->total % a->cp) return LF_ERR_CP;
+    if (a->nseq < 1 || a->total < 0 || a->vocab < 1 || a->stride < a->vocab) return LF_ERR_SIZE;
+    if (!a->ids || !a->cu_seqlens || !a->loss || !a->workspace || (a->total > 0 && !a->logits)) return LF_ERR_NULL;
+    if (a->workspace_bytes < cp_ce_workspace_bytes(a->total / a->cp, a->nseq)) return LF_ERR_SIZE;
+    if (a->opts.class_weights) return LF_ERR_ARG; /* the divisor would be sum w_y: not built yet */
+    return LF_OK;
+}
+
+static lf_status cp_ce_phase_a(const cp_ce_args *a, cudaStream_t s, cudaError_t *cuda_err)
+{
+    if (cuda_err) *cuda_err = cudaSuccess;
+    const lf_status st = cp_ce_check(a);
+    if (st != LF_OK) return st;
+    const int64_t n = a->total / a->cp;
+    const cp_ws w = cp_ws_carve(a->workspace, n, a->nseq);
+    cp_labels_kernel<<<cp_grid(n > a->nseq ? n : a->nseq + 1), 256, 0, s>>>(*a, w);
+    CP_CHECK(cudaGetLastError());
+    cp_seq_sum_kernel<<<cp_grid(32 * a->nseq), 256, 0, s>>>(w.cu_local, a->nseq, w.valid, w.red_a);
+    CP_CHECK(cudaGetLastError());
+    return LF_OK;
+}
+
+static lf_status cp_ce_phase_b(const cp_ce_args *a, cudaStream_t s, cudaError_t *cuda_err)
+{
+    if (cuda_err) *cuda_err = cudaSuccess;
+    lf_status st = cp_ce_check(a);
+    if (st != LF_OK) return st;
+    const int64_t n = a->total / a->cp;
+    const cp_ws w = cp_ws_carve(a->workspace, n, a->nseq);
+    cp_divisor_kernel<<<1, 1, 0, s>>>(w.red_a, a->nseq, w.divisor);
+    CP_CHECK(cudaGetLastError());
+    ce_args c = ce_args_default();
+    c.logits = a->logits;
+    c.dtype = a->dtype;
+    c.n_rows = n;
+    c.vocab = a->vocab;
+    c.stride = a->stride;
+    c.labels = w.labels;
+    c.labels_i64 = 1;
+    c.opts = a->opts;
+    c.reduction = LF_REDUCE_MEAN;
+    c.divisor = w.divisor; /* the GLOBAL count */
+    c.grad = a->grad;
+    c.grad_stride = a->grad_stride;
+    c.loss = a->loss; /* this rank's share: local sum / global count */
+    c.logprob = w.logprob;
+    c.n_errors = a->n_errors;
+    c.workspace = w.ce_ws;
+    c.workspace_bytes = ce_workspace_bytes(n);
+    if (n > 0) {
+        st = ce_launch(&c, s, cuda_err);
+        if (st != LF_OK) return st;
+        cp_nll_kernel<<<cp_grid(n), 256, 0, s>>>(n, w.logprob, w.valid);
+        CP_CHECK(cudaGetLastError());
+    } else {
+        CP_CHECK(cudaMemsetAsync(a->loss, 0, sizeof(float), s));
+    }
+    cp_seq_sum_kernel<<<cp_grid(32 * a->nseq), 256, 0, s>>>(w.cu_local, a->nseq, w.valid, w.red_b);
+    CP_CHECK(cudaGetLastError());
+    cp_loss_share_kernel<<<1, 1, 0, s>>>(a->loss, w.red_b + a->nseq);
+    CP_CHECK(cudaGetLastError());
+    return LF_OK;
+}
+
+static lf_status cp_ce_phase_c(const cp_ce_args *a, cudaStream_t s, cudaError_t *cuda_err)
+{
+    if (cuda_err) *cuda_err = cudaSuccess;
+    const lf_status st = cp_ce_check(a);
+    if (st != LF_OK) return st;
+    const cp_ws w = cp_ws_carve(a->workspace, a->total / a->cp, a->nseq);
+    cp_outputs_kernel<<<cp_grid(a->nseq), 256, 0, s>>>(*a, w);
+    CP_CHECK(cudaGetLastError());
+    return LF_OK;
+}
+
+/* The single-GPU simulation's all-reduce: bufs[r] (n doubles each, rank r's) summed in rank
+ * order into every one of them. */
+__global__ void cp_sim_allreduce_kernel(double *const *bufs, int nranks, int64_t n)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        double s = 0.0;
+        for (int r = 0; r < nranks; ++r) s += bufs[r][i];
+        for (int r = 0; r < nranks; ++r) bufs[r][i] = s;
+    }
+}
+
+/* One step of a simulated CP group: args[r] for r < cp, on one device and stream. dev_ptrs: a
+ * device array of cp pointers (scratch). */
+static lf_status cp_ce_simulate(const cp_ce_args *args, int cp, double **dev_ptrs, cudaStream_t s, cudaError_t *cuda_err)
+{
+    std::vector<double *> h(cp);
+    lf_status st;
+    for (int r = 0; r < cp; ++r)
+        if ((st = cp_ce_phase_a(&args[r], s, cuda_err)) != LF_OK) return st;
+    for (int r = 0; r < cp; ++r) h[r] = cp_ce_red_a(&args[r]);
+    CP_CHECK(cudaMemcpyAsync(dev_ptrs, h.data(), cp * sizeof(double *), cudaMemcpyHostToDevice, s));
+    cp_sim_allreduce_kernel<<<cp_grid(args[0].nseq), 256, 0, s>>>(dev_ptrs, cp, args[0].nseq);
+    CP_CHECK(cudaGetLastError());
+    for (int r = 0; r < cp; ++r)
+        if ((st = cp_ce_phase_b(&args[r], s, cuda_err)) != LF_OK) return st;
+    for (int r = 0; r < cp; ++r) h[r] = cp_ce_red_b(&args[r]);
+    CP_CHECK(cudaMemcpyAsync(dev_ptrs, h.data(), cp * sizeof(double *), cudaMemcpyHostToDevice, s));
+    cp_sim_allreduce_kernel<<<cp_grid(args[0].nseq + 1), 256, 0, s>>>(dev_ptrs, cp, args[0].nseq + 1);
+    CP_CHECK(cudaGetLastError());
+    for (int r = 0; r < cp; ++r)
+        if ((st = cp_ce_phase_c(&args[r], s, cuda_err)) != LF_OK) return st;
+    /* the host vector of pointers must outlive the async copies */
+    CP_CHECK(cudaStreamSynchronize(s));
+    return LF_OK;
+}
+
+#ifdef LF_HAVE_NCCL
+/* One step of a real CP group driven by one process: args[r] on device devs[r], comms[r],
+ * streams[r]. (With one process per GPU, call the three phases with ncclAllReduce between.) */
+static lf_status cp_ce_nccl(const cp_ce_args *args, int cp, const int *devs, ncclComm_t *comms, cudaStream_t *streams,
+                            cudaError_t *cuda_err)
+{
+    lf_status st;
+    for (int r = 0; r < cp; ++r) {
+        CP_CHECK(cudaSetDevice(devs[r]));
+        if ((st = cp_ce_phase_a(&args[r], streams[r], cuda_err)) != LF_OK) return st;
+    }
+    if (ncclGroupStart() != ncclSuccess) return LF_ERR_DEVICE;
+    for (int r = 0; r < cp; ++r)
+        if (ncclAllReduce(cp_ce_red_a(&args[r]), cp_ce_red_a(&args[r]), (size_t)args[r].nseq, ncclDouble, ncclSum, comms[r],
+                          streams[r]) != ncclSuccess)
+            return LF_ERR_DEVICE;
+    if (ncclGroupEnd() != ncclSuccess) return LF_ERR_DEVICE;
+    for (int r = 0; r < cp; ++r) {
+        CP_CHECK(cudaSetDevice(devs[r]));
+        if ((st = cp_ce_phase_b(&args[r], streams[r], cuda_err)) != LF_OK) return st;
+    }
+    if (ncclGroupStart() != ncclSuccess) return LF_ERR_DEVICE;
+    for (int r = 0; r < cp; ++r)
+        if (ncclAllReduce(cp_ce_red_b(&args[r]), cp_ce_red_b(&args[r]), (size_t)args[r].nseq + 1, ncclDouble, ncclSum,
+                          comms[r], streams[r]) != ncclSuccess)
+            return LF_ERR_DEVICE;
+    if (ncclGroupEnd() != ncclSuccess) return LF_ERR_DEVICE;
+    for (int r = 0; r < cp; ++r) {
+        CP_CHECK(cudaSetDevice(devs[r]));
+        if ((st = cp_ce_phase_c(&args[r], streams[r], cuda_err)) != LF_OK) return st;
+    }
+    return LF_OK;
+}
+#endif
+
+#undef CP_CHECK
+
+/* ============================================================================================
+ * 4. A whole check against the unsharded cross-entropy (main, and tests/test_cp_gpu.cu use it),
+ *    then main.
+ * ========================================================================================== */
+
+typedef struct cp_demo {
+    int cp;
+    int64_t nseq, V;
+    lf_dtype dt;
+    lf_ce_opts opts;
+    int in_place;        /* gradient over the local logits, else to a separate buffer */
+    int empty_every;     /* every k-th sequence empty (0: none) */
+    double prompt_frac;  /* leading fraction of each sequence with target_mask 0 */
+    double bad_frac;     /* fraction of ids set out of range (bad labels, counted) */
+    int64_t mean_len;    /* mean sequence length (rounded to multiples of 2 cp) */
+    uint64_t seed;
+    int use_nccl;        /* one GPU per rank through NCCL (LF_HAVE_NCCL; cp <= devices) */
+} cp_demo;
+
+typedef struct cp_demo_result {
+    lf_status st;
+    cudaError_t cuda;
+    int64_t total;
+    double loss, loss_ref, loss_err; /* loss_err: |loss - loss_ref| / tolerance, worst rank */
+    double grad_err;                 /* worst gradient element, in tolerances */
+    int64_t label_mismatch, count_mismatch, seq_unwritten;
+    double nll_err;                  /* worst per-sequence mean NLL, in tolerances */
+    unsigned errors, errors_ref;
+    size_t ws_bytes, gathered_bytes;
+    int ok;
+} cp_demo_result;
+
+static uint64_t cp_mix(uint64_t z)
+{
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Logits like a language model's: a bulk of width ~2, strong candidates, rare +-30 outliers. */
+template <typename T>
+__global__ void cp_gen_logits(T *x, int64_t n, uint64_t seed)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        uint64_t z = (uint64_t)i * 0x9e3779b97f4a7c15ull ^ seed;
+        z = (z ^ (z >> 31)) * 0xbf58476d1ce4e5b9ull;
+        z ^= z >> 29;
+        const float u = (float)(z >> 40) * (1.0f / 16777216.0f), v = (float)((z >> 16) & 0xffffff) * (1.0f / 16777216.0f);
+        float x0 = 4.0f * (u + v - 1.0f);
+        if ((z & 0x3ff) == 7) x0 = (z & 0x400) ? 30.0f : -30.0f;
+        x[i] = lf_elem<T>::from_f32(x0);
+    }
+}
+
+/* dst row t = src row rows[t] (the zigzag gather a CP model's layout produces by itself). */
+template <typename T>
+__global__ void cp_gather_rows(T *dst, const T *src, const int64_t *rows, int64_t n, int64_t V)
+{
+    for (int64_t t = blockIdx.x; t < n; t += gridDim.x)
+        for (int64_t j = threadIdx.x; j < V; j += blockDim.x) dst[t * V + j] = src[rows[t] * V + j];
+}
+
+static void cp_launch_gen(void *x, lf_dtype dt, int64_t n, uint64_t seed)
+{
+    if (dt == LF_F32) cp_gen_logits<float><<<2048, 256>>>((float *)x, n, seed);
+    else if (dt == LF_BF16) cp_gen_logits<__nv_bfloat16><<<2048, 256>>>((__nv_bfloat16 *)x, n, seed);
+    else cp_gen_logits<__half><<<2048, 256>>>((__half *)x, n, seed);
+}
+
+static void cp_launch_gather(void *dst, const void *src, lf_dtype dt, const int64_t *rows, int64_t n, int64_t V)
+{
+    if (n == 0) return;
+    const int g = (int)(n < 4096 ? n : 4096);
+    if (dt == LF_F32) cp_gather_rows<float><<<g, 256>>>((float *)dst, (const float *)src, rows, n, V);
+    else cp_gather_rows<uint16_t><<<g, 256>>>((uint16_t *)dst, (const uint16_t *)src, rows, n, V);
+}
+
+static double cp_elem(const std::vector<char> &h, size_t i, lf_dtype dt)
+{
+    if (dt == LF_F32) return ((const float *)h.data())[i];
+    const uint16_t b = ((const uint16_t *)h.data())[i];
+    return dt == LF_BF16 ? lf_bf16_to_f32(b) : lf_f16_to_f32(b);
+}
+
+#define CP_TRY(call)                                                                                \
+    do {                                                                                            \
+        cudaError_t e_ = (call);                                                                    \
+        if (e_ != cudaSuccess) {                                                                    \
+            res->cuda = e_;                                                                         \
+            res->st = LF_ERR_DEVICE;                                                                \
+            return *res;                                                                            \
+        }                                                                                           \
+    } while (0)
+
+/* Makes a packed batch, runs the unsharded cross-entropy and the cp-sharded one, compares. */
+static cp_demo_result cp_demo_run(const cp_demo *d)
+{
+    cp_demo_result rr;
+    cp_demo_result *res = &rr;
+    memset(res, 0, sizeof *res);
+    res->cuda = cudaSuccess;
+    const int cp = d->cp;
+    const int64_t V = d->V, nseq = d->nseq, ign = d->opts.ignore_index;
+    const int esz = lf_dtype_size(d->dt);
+    uint64_t rs = cp_mix(d->seed);
+    auto rnd = [&](uint64_t n) { rs = cp_mix(rs); return n ? rs % n : 0; };
+
+    /* the batch: lengths multiples of 2 cp, some empty; ids; a prompt mask */
+    std::vector<int32_t> cu(nseq + 1, 0);
+    const int64_t unit = 2 * (int64_t)cp, maxu = (2 * d->mean_len) / unit > 1 ? (2 * d->mean_len) / unit : 1;
+    for (int64_t k = 0; k < nseq; ++k) {
+        const bool empty = d->empty_every > 0 && k % d->empty_every == d->empty_every - 1;
+        cu[k + 1] = cu[k] + (int32_t)(empty ? 0 : unit * (int64_t)(1 + rnd((uint64_t)maxu)));
+    }
+    const int64_t T = cu[nseq], n_local = T / cp;
+    res->total = T;
+    std::vector<int64_t> ids(T > 0 ? T : 1);
+    std::vector<uint8_t> tmask(T > 0 ? T : 1, 1);
+    for (int64_t t = 0; t < T; ++t) ids[t] = (rnd(1000000) < (uint64_t)(d->bad_frac * 1e6)) ? V + 3 : (int64_t)rnd((uint64_t)V);
+    for (int64_t k = 0; k < nseq; ++k)
+        for (int64_t t = cu[k]; t < cu[k] + (int64_t)(d->prompt_frac * (cu[k + 1] - cu[k])); ++t) tmask[t] = 0;
+    if ((res->st = lf_cp_check(cu.data(), nseq, T, cp, NULL)) != LF_OK) return *res;
+
+    /* the unsharded reference (the same kernel on the full batch) */
+    std::vector<int64_t> lab_full(T > 0 ? T : 1);
+    for (int64_t t = 0; t < T; ++t) {
+        int64_t y = lf_packed_next_label(cu.data(), nseq, ids.data(), t, ign);
+        lab_full[t] = (y != ign && !tmask[t + 1]) ? ign : y;
+    }
+    const size_t nel = (size_t)T * V;
+    void *xg = NULL, *gref = NULL, *wsr = NULL;
+    int64_t *labd = NULL;
+    float *lpref = NULL, *lossref = NULL;
+    unsigned *erref = NULL;
+    const size_t wsrb = ce_workspace_bytes(T);
+    CP_TRY(cudaSetDevice(0));
+    CP_TRY(cudaMalloc(&xg, nel * esz + 16));
+    CP_TRY(cudaMalloc(&gref, nel * esz + 16));
+    CP_TRY(cudaMalloc(&labd, 8 * (T + 1)));
+    CP_TRY(cudaMalloc(&lpref, 4 * (T + 1)));
+    CP_TRY(cudaMalloc(&lossref, 4));
+    CP_TRY(cudaMalloc(&erref, 4));
+    CP_TRY(cudaMalloc(&wsr, wsrb));
+    CP_TRY(cudaMemset(wsr, 0, wsrb));
+    CP_TRY(cudaMemset(erref, 0, 4));
+    cp_launch_gen(xg, d->dt, (int64_t)nel, d->seed * 31 + 5);
+    CP_TRY(cudaGetLastError());
+    CP_TRY(cudaMemcpy(labd, lab_full.data(), 8 * T, cudaMemcpyHostToDevice));
+    {
+        ce_args c = ce_args_default();
+        c.logits = xg;
+        c.dtype = d->dt;
+        c.n_rows = T;
+        c.vocab = c.stride = V;
+        c.labels = labd;
+        c.labels_i64 = 1;
+        c.opts = d->opts;
+        c.grad = gref;
+        c.grad_stride = V;
+        c.loss = lossref;
+        c.logprob = lpref;
+        c.n_errors = erref;
+        c.workspace = wsr;
+        c.workspace_bytes = wsrb;
+        if ((res->st = ce_launch(&c, 0, &res->cuda)) != LF_OK) return *res;
+        CP_TRY(cudaDeviceSynchronize());
+    }
+    float lref;
+    std::vector<float> lph(T > 0 ? T : 1);
+    CP_TRY(cudaMemcpy(&lref, lossref, 4, cudaMemcpyDeviceToHost));
+    CP_TRY(cudaMemcpy(lph.data(), lpref, 4 * T, cudaMemcpyDeviceToHost));
+    CP_TRY(cudaMemcpy(&res->errors_ref, erref, 4, cudaMemcpyDeviceToHost));
+    res->loss_ref = lref;
+    /* per-sequence reference metrics (double, from the unsharded per-token log-probs) */
+    std::vector<double> cnt_ref(nseq, 0.0), nll_ref(nseq, 0.0);
+    for (int64_t k = 0; k < nseq; ++k)
+        for (int64_t t = cu[k]; t < cu[k + 1]; ++t)
+            if (lab_full[t] != ign && lab_full[t] >= 0 && lab_full[t] < V) {
+                cnt_ref[k] += 1.0;
+                nll_ref[k] -= lph[t];
+            }
+
+    /* the sharded run: rank r on device 0 (simulation) or device r (NCCL) */
+    const bool nccl = d->use_nccl != 0;
+    std::vector<cp_ce_args> args(cp);
+    std::vector<void *> xl(cp), gl(cp), ws(cp);
+    std::vector<float *> outs(cp);
+    std::vector<unsigned *> errs(cp);
+    std::vector<int64_t *> ids_d(cp), gpos_d(cp);
+    std::vector<int32_t *> cu_d(cp);
+    std::vector<uint8_t *> tm_d(cp);
+    std::vector<std::vector<int64_t>> lab_r(cp, std::vector<int64_t>(n_local > 0 ? n_local : 1)),
+        gpos_r(cp, std::vector<int64_t>(n_local > 0 ? n_local : 1));
+    res->ws_bytes = cp_ce_workspace_bytes(n_local, nseq);
+    res->gathered_bytes = nel * esz;
+    for (int r = 0; r < cp; ++r) {
+        const int dev = nccl ? r : 0;
+        if ((res->st = lf_ref_cp_labels(ids.data(), tmask.data(), cu.data(), nseq, T, cp, r, ign, lab_r[r].data(),
+                                        gpos_r[r].data())) != LF_OK)
+            return *res;
+        /* the local logits, gathered on device 0 from the global ones */
+        void *tmp = NULL;
+        int64_t *rows = NULL;
+        CP_TRY(cudaSetDevice(0));
+        CP_TRY(cudaMalloc(&tmp, (size_t)n_local * V * esz + 16));
+        CP_TRY(cudaMalloc(&rows, 8 * (n_local + 1)));
+        CP_TRY(cudaMemcpy(rows, gpos_r[r].data(), 8 * n_local, cudaMemcpyHostToDevice));
+        cp_launch_gather(tmp, xg, d->dt, rows, n_local, V);
+        CP_TRY(cudaGetLastError());
+        CP_TRY(cudaDeviceSynchronize());
+        CP_TRY(cudaSetDevice(dev));
+        CP_TRY(cudaMalloc(&xl[r], (size_t)n_local * V * esz + 16));
+        CP_TRY(cudaMemcpyPeer(xl[r], dev, tmp, 0, (size_t)n_local * V * esz));
+        CP_TRY(cudaSetDevice(0));
+        CP_TRY(cudaFree(tmp));
+        CP_TRY(cudaFree(rows));
+        CP_TRY(cudaSetDevice(dev));
+        if (!d->in_place) {
+            CP_TRY(cudaMalloc(&gl[r], (size_t)n_local * V * esz + 16));
+            CP_TRY(cudaMemset(gl[r], 0xff, (size_t)n_local * V * esz)); /* poison: NaN in every dtype */
+        }
+        CP_TRY(cudaMalloc(&outs[r], 4 * (1 + 3 * nseq)));
+        CP_TRY(cudaMemset(outs[r], 0xff, 4 * (1 + 3 * nseq)));
+        CP_TRY(cudaMalloc(&errs[r], 4));
+        CP_TRY(cudaMemset(errs[r], 0, 4));
+        CP_TRY(cudaMalloc(&ws[r], res->ws_bytes));
+        CP_TRY(cudaMemset(ws[r], 0, res->ws_bytes));
+        CP_TRY(cudaMalloc(&ids_d[r], 8 * (T + 1)));
+        CP_TRY(cudaMemcpy(ids_d[r], ids.data(), 8 * T, cudaMemcpyHostToDevice));
+        CP_TRY(cudaMalloc(&tm_d[r], T + 1));
+        CP_TRY(cudaMemcpy(tm_d[r], tmask.data(), T, cudaMemcpyHostToDevice));
+        CP_TRY(cudaMalloc(&cu_d[r], 4 * (nseq + 1)));
+        CP_TRY(cudaMemcpy(cu_d[r], cu.data(), 4 * (nseq + 1), cudaMemcpyHostToDevice));
+        cp_ce_args &a = args[r];
+        memset(&a, 0, sizeof a);
+        a.ids = ids_d[r];
+        a.target_mask = tm_d[r];
+        a.cu_seqlens = cu_d[r];
+        a.nseq = nseq;
+        a.total = T;
+        a.cp = cp;
+        a.rank = r;
+        a.logits = xl[r];
+        a.dtype = d->dt;
+        a.vocab = a.stride = V;
+        a.opts = d->opts;
+        a.grad = d->in_place ? xl[r] : gl[r];
+        a.grad_stride = V;
+        a.loss = outs[r];
+        a.seq_tokens = outs[r] + 1;
+        a.seq_nll = outs[r] + 1 + nseq;
+        a.seq_ppl = outs[r] + 1 + 2 * nseq;
+        a.n_errors = errs[r];
+        a.workspace = ws[r];
+        a.workspace_bytes = res->ws_bytes;
+    }
+    if (nccl) {
+#ifdef LF_HAVE_NCCL
+        std::vector<int> devs(cp);
+        std::vector<ncclComm_t> comms(cp);
+        std::vector<cudaStream_t> streams(cp);
+        for (int r = 0; r < cp; ++r) {
+            devs[r] = r;
+            CP_TRY(cudaSetDevice(r));
+            CP_TRY(cudaStreamCreate(&streams[r]));
+        }
+        if (ncclCommInitAll(comms.data(), cp, devs.data()) != ncclSuccess) {
+            res->st = LF_ERR_DEVICE;
+            return *res;
+        }
+        res->st = cp_ce_nccl(args.data(), cp, devs.data(), comms.data(), streams.data(), &res->cuda);
+        for (int r = 0; r < cp; ++r) {
+            CP_TRY(cudaSetDevice(r));
+            CP_TRY(cudaStreamSynchronize(streams[r]));
+            CP_TRY(cudaStreamDestroy(streams[r]));
+            ncclCommDestroy(comms[r]);
+        }
+        if (res->st != LF_OK) return *res;
+#else
+        res->st = LF_ERR_ARG; /* built without NCCL */
+        return *res;
+#endif
+    } else {
+        double **ptrs = NULL;
+        CP_TRY(cudaMalloc(&ptrs, sizeof(double *) * cp));
+        if ((res->st = cp_ce_simulate(args.data(), cp, ptrs, 0, &res->cuda)) != LF_OK) return *res;
+        CP_TRY(cudaFree(ptrs));
+    }
+
+    /* compare */
+    const double unit_r = d->dt == LF_BF16 ? 0x1p-8 : d->dt == LF_F16 ? 0x1p-11 : 0x1p-16;
+    double count = 0.0;
+    for (double c : cnt_ref) count += c;
+    /* a non-label element is (p_j (1 + 2 lam lse) - eps / V) / count: the other order of the
+     * row's sums moves lse by a few ulps, p_j by ~2^-18 relative, so the element by up to
+     * 2^-18 (|g_j| + eps / (V count)) absolute however much p_j - eps / V cancels */
+    const double smooth_floor = count > 0.0 ? (double)d->opts.label_smoothing / ((double)V * count) : 0.0;
+    std::vector<char> gh((size_t)V * esz), rh((size_t)V * esz);
+    std::vector<int64_t> labl(n_local > 0 ? n_local : 1);
+    std::vector<float> oh(1 + 3 * nseq);
+    for (int r = 0; r < cp; ++r) {
+        const int dev = nccl ? r : 0;
+        CP_TRY(cudaSetDevice(dev));
+        CP_TRY(cudaDeviceSynchronize());
+        unsigned e;
+        CP_TRY(cudaMemcpy(&e, errs[r], 4, cudaMemcpyDeviceToHost));
+        res->errors += e;
+        CP_TRY(cudaMemcpy(oh.data(), outs[r], 4 * (1 + 3 * nseq), cudaMemcpyDeviceToHost));
+        res->loss = oh[0];
+        /* the loss: a sum of T fp32 terms in another order, then / count */
+        const double tol = 1e-6 * fabs(res->loss_ref) + 1e-7;
+        res->loss_err = fmax(res->loss_err, res->loss_ref != res->loss_ref ? (oh[0] != oh[0] ? 0.0 : INFINITY)
+                                                                            : fabs(oh[0] - res->loss_ref) / tol);
+        for (int64_t k = 0; k < nseq; ++k) {
+            uint32_t b0, b1;
+            memcpy(&b0, &oh[1 + k], 4);
+            memcpy(&b1, &oh[1 + nseq + k], 4);
+            res->seq_unwritten += b0 == 0xffffffffu || b1 == 0xffffffffu;
+            res->count_mismatch += (double)oh[1 + k] != cnt_ref[k];
+            const double want = cnt_ref[k] > 0 ? nll_ref[k] / cnt_ref[k] : (double)NAN;
+            if (want == want) res->nll_err = fmax(res->nll_err, fabs(oh[1 + nseq + k] - want) / (1e-5 * fabs(want) + 1e-6));
+            else if (oh[1 + nseq + k] == oh[1 + nseq + k]) res->nll_err = INFINITY;
+        }
+        /* the device labels (in the workspace) against the host reference */
+        const cp_ws w = cp_ws_carve(ws[r], n_local, nseq);
+        CP_TRY(cudaMemcpy(labl.data(), w.labels, 8 * n_local, cudaMemcpyDeviceToHost));
+        for (int64_t t = 0; t < n_local; ++t) res->label_mismatch += labl[t] != lab_r[r][t];
+        /* gradient rows against the unsharded ones: the same kernel, only the order of the row's
+         * sums may differ with the launch shape: 2 units of the dtype's rounding (fp32: 2^-16)
+         * plus the cancellation bound above */
+        for (int64_t t = 0; t < n_local; ++t) {
+            CP_TRY(cudaMemcpy(gh.data(), (char *)(d->in_place ? xl[r] : gl[r]) + (size_t)t * V * esz, V * esz, cudaMemcpyDeviceToHost));
+            CP_TRY(cudaSetDevice(0));
+            CP_TRY(cudaMemcpy(rh.data(), (char *)gref + (size_t)gpos_r[r][t] * V * esz, V * esz, cudaMemcpyDeviceToHost));
+            CP_TRY(cudaSetDevice(dev));
+            for (int64_t j = 0; j < V; ++j) {
+                const double g = cp_elem(gh, j, d->dt), want = cp_elem(rh, j, d->dt);
+                const double tl = 2.0 * unit_r * fmax(fabs(g), fabs(want)) + 0x1p-16 * (fabs(want) + smooth_floor) + 1e-30;
+                const double err = (want != want) ? (g != g ? 0.0 : INFINITY) : (g != g ? INFINITY : fabs(g - want) / tl);
+                res->grad_err = fmax(res->grad_err, err);
+            }
+        }
+    }
+    res->ok = res->st == LF_OK && res->loss_err <= 1.0 && res->grad_err <= 1.0 && res->label_mismatch == 0 &&
+              res->count_mismatch == 0 && res->seq_unwritten == 0 && res->nll_err <= 1.0 && res->errors == res->errors_ref;
+    for (int r = 0; r < cp; ++r) {
+        CP_TRY(cudaSetDevice(nccl ? r : 0));
+        for (void *q : {xl[r], gl[r], (void *)outs[r], (void *)errs[r], ws[r], (void *)ids_d[r], (void *)tm_d[r], (void *)cu_d[r]})
+            if (q) CP_TRY(cudaFree(q));
+    }
+    CP_TRY(cudaSetDevice(0));
+    for (void *q : {xg, gref, wsr, (void *)labd, (void *)lpref, (void *)lossref, (void *)erref}) CP_TRY(cudaFree(q));
+    return *res;
+}
+#undef CP_TRY
+
+#ifndef CP_NO_MAIN
+int main(int argc, char **argv)
+{
+    cp_demo d;
+    memset(&d, 0, sizeof d);
+    d.cp = argc > 1 ? atoi(argv[1]) : 4;
+    d.nseq = argc > 2 ? atoll(argv[2]) : 16;
+    d.V = argc > 3 ? atoll(argv[3]) : 32768;
+    d.use_nccl = argc > 4 && !strcmp(argv[4], "nccl");
+    d.dt = LF_BF16;
+    d.opts = lf_ce_opts_default();
+    d.opts.label_smoothing = 0.1f;
+    d.opts.z_loss = 1e-4f;
+    d.in_place = 1;
+    d.empty_every = 5;
+    d.prompt_frac = 0.25;
+    d.bad_frac = 0.001;
+    d.mean_len = 256;
+    d.seed = 20261123;
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+        /* Say so plainly, and still show the layout at work on the host. */
+        const int32_t cu[3] = {0, 8, 24};
+        int64_t ids[24], lab[12], gpos[12];
+        for (int i = 0; i < 24; ++i) ids[i] = 100 + i;
+        printf("no CUDA device found: the zigzag layout of cp = 2 on the host only\n");
+        for (int r = 0; r < 2; ++r) {
+            const lf_status st = lf_ref_cp_labels(ids, NULL, cu, 2, 24, 2, r, -100, lab, gpos);
+            printf("rank %d (%s): global tokens", r, lf_status_str(st));
+            for (int t = 0; t < 12; ++t) printf(" %lld", (long long)gpos[t]);
+            printf("\n         labels");
+            for (int t = 0; t < 12; ++t) printf(" %lld", (long long)lab[t]);
+            printf("\n");
+        }
+        return 0;
+    }
+#ifndef LF_HAVE_NCCL
+    if (d.use_nccl) {
+        fprintf(stderr, "built without NCCL: rebuild with -DLF_HAVE_NCCL -lnccl\n");
+        return 1;
+    }
+#endif
+    if (d.use_nccl && d.cp > ndev) {
+        fprintf(stderr, "nccl mode: cp = %d ranks need %d GPUs, %d visible\n", d.cp, d.cp, ndev);
+        return 1;
+    }
+    cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return 1;
+    printf("device: %s  cp=%d (%s)  nseq=%lld  V=%lld bf16, smoothing 0.1, z-loss 1e-4, 25%% prompt, every 5th sequence empty\n",
+           prop.name, d.cp, d.use_nccl ? "NCCL, one GPU per rank" : "simulated on one GPU", (long long)d.nseq, (long long)d.V);
+    const cp_demo_result r = cp_demo_run(&d);
+    if (r.st != LF_OK) {
+        fprintf(stderr, "cp_demo_run: %s (%s)\n", lf_status_str(r.st), cudaGetErrorString(r.cuda));
+        return 1;
+    }
+    printf("tokens %lld; loss %.7f, unsharded %.7f (%.3f of tolerance); gradient worst %.3f of tolerance\n", (long long)r.total,
+           r.loss, r.loss_ref, r.loss_err, r.grad_err);
+    printf("labels built on the device: %lld mismatches; per-sequence counts: %lld mismatches; mean NLL worst %.3f of tolerance; "
+           "bad labels %u (unsharded %u)\n", (long long)r.label_mismatch, (long long)r.count_mismatch, r.nll_err, r.errors,
+           r.errors_ref);
+    printf("memory per rank: workspace %zu B; gathering the logits instead would take %zu B\n", r.ws_bytes, r.gathered_bytes);
+    printf("%s\n", r.ok ? "OK" : "MISMATCH");
+    return r.ok ? 0 : 1;
+}
+#endif /* CP_NO_MAIN */
