@@ -29,11 +29,11 @@ if has test; then
   meson test -C "$B" --no-rebuild --print-errorlogs >"$OUT/test.log" 2>&1
   grep -E "^ *[0-9]+/[0-9]+ " "$OUT/test.log"
   cp "$B/meson-logs/testlog.txt" "$OUT/testlog.txt" 2>/dev/null
-  grep -E "^(ok|FAIL) |FAIL \[|test_(ce|kl|seg|pref|dpo)_gpu:" "$B/meson-logs/testlog.txt" | grep -v "^ok " | tail -40
+  grep -E "^(ok|FAIL) |FAIL \[|test_(ce|kl|seg|pref|dpo|cp)_gpu:" "$B/meson-logs/testlog.txt" | grep -v "^ok " | tail -40
   summary+=("tests: $(grep -E '^(Ok|Fail|Skipped|Timeout):' "$OUT/test.log" | tr -s ' ' | tr '\n' ' ')")
 fi
 if has sanitize; then
-  for t in ${SANITIZE_TESTS:-test_ce_gpu test_kl_gpu test_seg_gpu test_pref_gpu test_dpo_gpu}; do
+  for t in ${SANITIZE_TESTS:-test_ce_gpu test_kl_gpu test_seg_gpu test_pref_gpu test_dpo_gpu test_cp_gpu}; do
     for tool in memcheck racecheck; do
       log="$OUT/$tool.$t.log"
       timeout ${SANITIZE_TIMEOUT:-200} compute-sanitizer --tool $tool --error-exitcode 9 "$B/tests/$t" --small >"$log" 2>&1
