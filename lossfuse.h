@@ -45,6 +45,8 @@
  *  10. Context parallelism: the zigzag layout of packed sequences (lf_cp_check, lf_cp_local_cu,
  *      lf_cp_seq_find, lf_cp_to_global / lf_cp_to_local, lf_cp_global_token, lf_cp_label,
  *      lf_ref_cp_labels)
+ *  11. Tensor (vocabulary) parallelism: per-shard row statistics and their merge (lf_tp_shard,
+ *      lf_tp_row_push / _merge / _gather_merge, lf_tp_row_loss, lf_tp_grad_coef)
  *
  * Configuration macros (define before including; each is #ifndef-guarded)
  *   LF_HD        function qualifiers of the portable functions.
@@ -1734,6 +1736,118 @@ static inline lf_status lf_ref_cp_labels(const int64_t *ids, const uint8_t *targ
         }
     }
     return LF_OK;
+}
+
+/* ============================================================================================
+ * 11. Tensor (vocabulary) parallelism: the cross-entropy of a row split over P ranks
+ *
+ *    Rank r holds columns [v0, v1) of every row (lf_tp_shard: contiguous, as even as V allows).
+ *    What the loss and the gradient need of the whole row is a few numbers, each rank's share
+ *    of which is a 16-byte lf_tp_row (with z = lf_logit_xform(x), w = class weights or 1):
+ *        m, s   the lse state of the shard: lse = m + log s over the whole row after the merge
+ *        zy     z of the label if this rank holds it, else 0 (one rank holds it: a sum)
+ *        wz     sum_j w_j z_j over the shard (label smoothing only)
+ *    The ranks exchange them (an all-gather of [P][N] rows, 16 B per row per rank; never the
+ *    logits) and every rank merges the P shares of a row IN RANK ORDER (lf_tp_gather_merge), so
+ *    every rank holds the same bits and the result does not depend on the order the shares
+ *    arrive in. Then, with the global W = sum_j w_j and w_y (class weights are small: every rank
+ *    has them all):
+ *        loss    lf_tp_row_loss: the formulas of section 7 with the merged lse, zy, wz
+ *        grad    each rank writes its columns: g_j = a p_j - eps w_j / V - [j == y](1 - eps) w_y
+ *                with p_j = exp(z_j - lse) and a = lf_tp_grad_coef (section 7's coefficient)
+ *    A label outside [0, V) (not the ignore index) is bad on every rank: count it on one (say
+ *    rank 0). An empty shard (v0 == v1) contributes the identity (m = -inf, s = 0).
+ * ========================================================================================== */
+
+/* Columns [*v0, *v1) of rank r of P over V columns: the first V % P ranks get one more. */
+LF_HD void lf_tp_shard(int64_t V, int P, int r, int64_t *v0, int64_t *v1)
+{
+    const int64_t q = V / P, e = V % P;
+    *v0 = r * q + (r < e ? r : e);
+    *v1 = *v0 + q + (r < e ? 1 : 0);
+}
+
+typedef struct lf_tp_row {
+    float m, s; /* lse state of the shard (no entropy term) */
+    float zy;   /* z of the label if held here, else 0 */
+    float wz;   /* sum of w_j z_j over the shard (0 unless smoothing asks for it) */
+} lf_tp_row;
+
+LF_HD lf_tp_row lf_tp_row_init(void)
+{
+    lf_tp_row r;
+    r.m = -LF_INF_F;
+    r.s = r.zy = r.wz = 0.0f;
+    return r;
+}
+
+/* Push column j's z (its weight w; is_label: j is the row's label; smoothing: eps > 0). A -inf
+ * z (a masked column) adds nothing to s, but makes wz -inf when smoothing gives it weight (the
+ * smoothed target puts mass where p = 0: +inf loss, as in section 7); NaN / +inf make s NaN as
+ * in lf_lse_push. */
+LF_HD void lf_tp_row_push(lf_tp_row *r, float z, float w, int is_label, int smoothing)
+{
+    lf_lse st;
+    st.m = r->m;
+    st.s = r->s;
+    st.u = 0.0f;
+    lf_lse_push(&st, z);
+    r->m = st.m;
+    r->s = st.s;
+    if (is_label) r->zy = z;
+    if (smoothing && w != 0.0f) r->wz += w * z;
+}
+
+/* The shares of one row merged: commutative bit for bit, but (wz) not associative: merge in a
+ * fixed order (lf_tp_gather_merge) to get the same bits on every rank. */
+LF_HD lf_tp_row lf_tp_row_merge(lf_tp_row a, lf_tp_row b)
+{
+    lf_lse x, y, z;
+    lf_tp_row r;
+    x.m = a.m;
+    x.s = a.s;
+    x.u = 0.0f;
+    y.m = b.m;
+    y.s = b.s;
+    y.u = 0.0f;
+    z = lf_lse_merge(x, y);
+    r.m = z.m;
+    r.s = z.s;
+    r.zy = a.zy + b.zy;
+    r.wz = a.wz + b.wz;
+    return r;
+}
+
+/* Row i's shares in an all-gathered buffer g[r * n_rows + i], r = 0 .. P-1, merged in rank
+ * order. */
+LF_HD lf_tp_row lf_tp_gather_merge(const lf_tp_row *g, int64_t n_rows, int P, int64_t i)
+{
+    lf_tp_row r = g[i];
+    int k;
+    for (k = 1; k < P; ++k) r = lf_tp_row_merge(r, g[(int64_t)k * n_rows + i]);
+    return r;
+}
+
+/* The row's loss from the merged share (label valid): section 7's
+ *     (1 - eps) w_y (lse - z_y) + eps (W lse - sum w z) / V + lam lse^2
+ * W: the sum of all V class weights (V without weights), wy: the label's weight. NaN when the
+ * lse is not finite (a NaN or +inf logit, or no column with mass). *lse_out (if not NULL) gets
+ * the lse. */
+LF_HD float lf_tp_row_loss(lf_tp_row r, float wy, float W, int64_t V, float eps, float lam, float *lse_out)
+{
+    const float lse = r.s == 0.0f ? -LF_INF_F : r.m + logf(r.s);
+    float loss;
+    if (lse_out) *lse_out = lse;
+    if (!(lse > -LF_INF_F && lse < LF_INF_F)) return NAN;
+    loss = (1.0f - eps) * wy * (lse - r.zy) + lam * lse * lse;
+    if (eps > 0.0f) loss += eps * (W * lse - r.wz) / (float)V;
+    return loss;
+}
+
+/* The coefficient a of p_j in the gradient (section 7): (1 - eps) w_y + eps W / V + 2 lam lse. */
+LF_HD float lf_tp_grad_coef(float lse, float wy, float W, int64_t V, float eps, float lam)
+{
+    return (1.0f - eps) * wy + eps * W / (float)V + 2.0f * lam * lse;
 }
 
 #endif /* LOSSFUSE_H */
