@@ -1277,12 +1277,14 @@ static __device__ __forceinline__ void lf_dual_piece_load(uint4 *bs, uint4 *bt, 
  * of a piece (fp32 layout, TT = float, raw values) instead of being copied:
  *     lf_dual_part_load<THREADS, TS>   the student's copies alone (cp.async, owner threads)
  *     lf_dual_part_fill<THREADS>       every unit of the teacher part = the rest value (owners)
- *     __syncthreads()                  fills done, and the piece's previous readers gone
+ *     __syncthreads()                  the piece's previous readers gone (the fill needs no
+ *                                      barrier: a unit's filler is its only reader, as for
+ *                                      the copies), and the pair list staged
  *     lf_dual_part_scatter<THREADS>    the top-k entries that fall in the piece (any thread)
  *     __syncthreads() before reading   (a barrier the next job's fill supplies in a pipeline)
  * Edge elements have no unit: keep their teacher values in a small array instead, xt_edge[e]
- * for edge element e (at most 15 of them for a student-only span, lf_dual_span_make(xs, xs,
- * V)), filled by the same pair of calls with edge != NULL, and use the _xe forms of the edge
+ * for edge element e (at most 14 of them for a student-only span, lf_dual_span_make(xs, xs,
+ * V), whose rows must be element-aligned), filled by the same pair of calls with edge != NULL, and use the _xe forms of the edge
  * functions below. The sweeps then see a dense teacher; nothing else changes. */
 
 /* This thread's cp.async copies of units [ub, ue) of ONE side (no commit). */

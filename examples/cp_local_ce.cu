@@ -34,7 +34,7 @@
  * Contract: the cross-entropy's (options, bad labels counted in *n_errors, NaN logits -> NaN);
  *   the loss equals the unsharded loss up to the order of the fp32/fp64 sums; the gradient rows
  *   are those of the unsharded loss; counts are exact. Workspace: cp_ce_workspace_bytes
- *   (about 16 B per local token + 16 B per sequence + the cross-entropy's 8 B per token).
+ *   (about 16 B per local token + 20 B per sequence + the cross-entropy's 8 B per token).
  *
  * Sections: 1. API   2. kernels   3. the phases   4. main (simulation / NCCL, check)
  */
@@ -55,7 +55,8 @@ typedef struct cp_ce_args {
     const int64_t *ids;          /* [T] global input ids */
     const uint8_t *target_mask;  /* [T] or NULL: 0 = token not predicted (e.g. a prompt) */
     const int32_t *cu_seqlens;   /* [nseq + 1] global, every length a multiple of 2 cp */
-    int64_t nseq, total;         /* total = cu_seqlens[nseq] (host value, for sizes) */
+    int64_t nseq, total;         /* total = cu_seqlens[nseq] (host value, for sizes); both checked
+                                  * once per batch on the host: lf_cp_check(cu, nseq, total, cp) */
     int cp, rank;
     /* this rank's logits: [total / cp, V], the zigzag order of lossfuse.h section 10 */
     const void *logits;
@@ -269,39 +270,43 @@ static lf_status cp_ce_phase_c(const cp_ce_args *a, cudaStream_t s, cudaError_t 
     return LF_OK;
 }
 
-/* The single-GPU simulation's all-reduce: bufs[r] (n doubles each, rank r's) summed in rank
- * order into every one of them. */
-__global__ void cp_sim_allreduce_kernel(double *const *bufs, int nranks, int64_t n)
+/* The single-GPU simulation's all-reduce: the ranks' buffers (n doubles each), passed by value,
+ * summed in rank order into every one of them. */
+#define CP_SIM_MAX 64
+typedef struct cp_sim_bufs {
+    double *p[CP_SIM_MAX];
+} cp_sim_bufs;
+
+__global__ void cp_sim_allreduce_kernel(const cp_sim_bufs b, int nranks, int64_t n)
 {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         double s = 0.0;
-        for (int r = 0; r < nranks; ++r) s += bufs[r][i];
-        for (int r = 0; r < nranks; ++r) bufs[r][i] = s;
+        for (int r = 0; r < nranks; ++r) s += b.p[r][i];
+        for (int r = 0; r < nranks; ++r) b.p[r][i] = s;
     }
 }
 
-/* One step of a simulated CP group: args[r] for r < cp, on one device and stream. dev_ptrs: a
- * device array of cp pointers (scratch). */
-static lf_status cp_ce_simulate(const cp_ce_args *args, int cp, double **dev_ptrs, cudaStream_t s, cudaError_t *cuda_err)
+/* One step of a simulated CP group of cp <= CP_SIM_MAX ranks: args[r] for r < cp, on one device
+ * and stream; no host synchronisation (graph-capturable). */
+static lf_status cp_ce_simulate(const cp_ce_args *args, int cp, cudaStream_t s, cudaError_t *cuda_err)
 {
-    std::vector<double *> h(cp);
+    cp_sim_bufs ba, bb;
     lf_status st;
+    if (cp < 1 || cp > CP_SIM_MAX) return LF_ERR_CP;
+    for (int r = 0; r < cp; ++r) {
+        ba.p[r] = cp_ce_red_a(&args[r]);
+        bb.p[r] = cp_ce_red_b(&args[r]);
+    }
     for (int r = 0; r < cp; ++r)
         if ((st = cp_ce_phase_a(&args[r], s, cuda_err)) != LF_OK) return st;
-    for (int r = 0; r < cp; ++r) h[r] = cp_ce_red_a(&args[r]);
-    CP_CHECK(cudaMemcpyAsync(dev_ptrs, h.data(), cp * sizeof(double *), cudaMemcpyHostToDevice, s));
-    cp_sim_allreduce_kernel<<<cp_grid(args[0].nseq), 256, 0, s>>>(dev_ptrs, cp, args[0].nseq);
+    cp_sim_allreduce_kernel<<<cp_grid(args[0].nseq), 256, 0, s>>>(ba, cp, args[0].nseq);
     CP_CHECK(cudaGetLastError());
     for (int r = 0; r < cp; ++r)
         if ((st = cp_ce_phase_b(&args[r], s, cuda_err)) != LF_OK) return st;
-    for (int r = 0; r < cp; ++r) h[r] = cp_ce_red_b(&args[r]);
-    CP_CHECK(cudaMemcpyAsync(dev_ptrs, h.data(), cp * sizeof(double *), cudaMemcpyHostToDevice, s));
-    cp_sim_allreduce_kernel<<<cp_grid(args[0].nseq + 1), 256, 0, s>>>(dev_ptrs, cp, args[0].nseq + 1);
+    cp_sim_allreduce_kernel<<<cp_grid(args[0].nseq + 1), 256, 0, s>>>(bb, cp, args[0].nseq + 1);
     CP_CHECK(cudaGetLastError());
     for (int r = 0; r < cp; ++r)
         if ((st = cp_ce_phase_c(&args[r], s, cuda_err)) != LF_OK) return st;
-    /* the host vector of pointers must outlive the async copies */
-    CP_CHECK(cudaStreamSynchronize(s));
     return LF_OK;
 }
 
@@ -316,22 +321,20 @@ static lf_status cp_ce_nccl(const cp_ce_args *args, int cp, const int *devs, ncc
         CP_CHECK(cudaSetDevice(devs[r]));
         if ((st = cp_ce_phase_a(&args[r], streams[r], cuda_err)) != LF_OK) return st;
     }
-    if (ncclGroupStart() != ncclSuccess) return LF_ERR_DEVICE;
-    for (int r = 0; r < cp; ++r)
-        if (ncclAllReduce(cp_ce_red_a(&args[r]), cp_ce_red_a(&args[r]), (size_t)args[r].nseq, ncclDouble, ncclSum, comms[r],
-                          streams[r]) != ncclSuccess)
-            return LF_ERR_DEVICE;
-    if (ncclGroupEnd() != ncclSuccess) return LF_ERR_DEVICE;
+    bool ok = ncclGroupStart() == ncclSuccess;
+    for (int r = 0; r < cp && ok; ++r)
+        ok = ncclAllReduce(cp_ce_red_a(&args[r]), cp_ce_red_a(&args[r]), (size_t)args[r].nseq, ncclDouble, ncclSum, comms[r],
+                           streams[r]) == ncclSuccess;
+    if (ncclGroupEnd() != ncclSuccess || !ok) return LF_ERR_DEVICE; /* the group is closed either way */
     for (int r = 0; r < cp; ++r) {
         CP_CHECK(cudaSetDevice(devs[r]));
         if ((st = cp_ce_phase_b(&args[r], streams[r], cuda_err)) != LF_OK) return st;
     }
-    if (ncclGroupStart() != ncclSuccess) return LF_ERR_DEVICE;
-    for (int r = 0; r < cp; ++r)
-        if (ncclAllReduce(cp_ce_red_b(&args[r]), cp_ce_red_b(&args[r]), (size_t)args[r].nseq + 1, ncclDouble, ncclSum,
-                          comms[r], streams[r]) != ncclSuccess)
-            return LF_ERR_DEVICE;
-    if (ncclGroupEnd() != ncclSuccess) return LF_ERR_DEVICE;
+    ok = ncclGroupStart() == ncclSuccess;
+    for (int r = 0; r < cp && ok; ++r)
+        ok = ncclAllReduce(cp_ce_red_b(&args[r]), cp_ce_red_b(&args[r]), (size_t)args[r].nseq + 1, ncclDouble, ncclSum,
+                           comms[r], streams[r]) == ncclSuccess;
+    if (ncclGroupEnd() != ncclSuccess || !ok) return LF_ERR_DEVICE;
     for (int r = 0; r < cp; ++r) {
         CP_CHECK(cudaSetDevice(devs[r]));
         if ((st = cp_ce_phase_c(&args[r], streams[r], cuda_err)) != LF_OK) return st;
@@ -626,10 +629,7 @@ static cp_demo_result cp_demo_run(const cp_demo *d)
         return *res;
 #endif
     } else {
-        double **ptrs = NULL;
-        CP_TRY(cudaMalloc(&ptrs, sizeof(double *) * cp));
-        if ((res->st = cp_ce_simulate(args.data(), cp, ptrs, 0, &res->cuda)) != LF_OK) return *res;
-        CP_TRY(cudaFree(ptrs));
+        if ((res->st = cp_ce_simulate(args.data(), cp, 0, &res->cuda)) != LF_OK) return *res;
     }
 
     /* compare */

@@ -626,17 +626,27 @@ static int ce_active_groups(K kernel, int c)
     return n;
 }
 
+#ifndef CE_MAX_DEVICES
+#define CE_MAX_DEVICES 64 /* devices a process may launch on (per-device launch setup) */
+#endif
+
 template <typename T, bool GRAD, bool FULL, bool SOFTCAP>
 static lf_status ce_launch_kernel(const ce_kparams &p, int max_cluster, ce_plan *plan, cudaStream_t stream,
                                   cudaError_t *cuda_err)
 {
     auto kernel = ce_kernel<T, GRAD, FULL, SOFTCAP>;
-    /* Per instantiation, once: the shared-memory opt-in, whether clusters exist, and how many
-     * groups of each cluster size fit (host-side queries only: safe under graph capture). */
-    static int ready = 0, cluster_max = 1, active[17];
-    if (!ready) {
-        int dev = 0, cc = 0;
-        CE_CHECK(cudaGetDevice(&dev));
+    /* Per instantiation and per device, once: the shared-memory opt-in (cudaFuncSetAttribute
+     * holds for the current device only: a process driving several GPUs sets it on each),
+     * whether clusters exist, and how many groups of each cluster size fit (host-side queries
+     * only: safe under graph capture). */
+    static int ready_d[CE_MAX_DEVICES], cluster_max_d[CE_MAX_DEVICES], active_d[CE_MAX_DEVICES][17];
+    int dev = 0;
+    CE_CHECK(cudaGetDevice(&dev));
+    if (dev < 0 || dev >= CE_MAX_DEVICES) return LF_ERR_DEVICE;
+    int &cluster_max = cluster_max_d[dev], *const active = active_d[dev];
+    if (!ready_d[dev]) {
+        int cc = 0;
+        cluster_max = 1;
         CE_CHECK(cudaDeviceGetAttribute(&cc, cudaDevAttrComputeCapabilityMajor, dev));
         CE_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, CE_SMEM_BYTES));
         if (cc >= 9) {
@@ -646,7 +656,7 @@ static lf_status ce_launch_kernel(const ce_kparams &p, int max_cluster, ce_plan 
         }
         for (int c = 0; c <= 16; ++c) active[c] = c >= 1 && c <= cluster_max ? ce_active_groups(kernel, c) : 0;
         if (active[1] == 0) return LF_ERR_DEVICE;
-        ready = 1;
+        ready_d[dev] = 1;
     }
     /* Cluster size: the smallest power of two whose slices fit one 32 KB buffer (then each row is
      * read once), capped by the caller and by what the device can schedule; past that, pieces.

@@ -84,7 +84,10 @@ typedef struct kl_args {
     const int32_t *topk_idx; /* [N, k], row stride topk_stride (elements) */
     const float *topk_lp;    /* [N, k], the same stride */
     int64_t topk, topk_stride;
-    lf_kl_rest topk_rest;    /* LF_KL_REST_DROP or LF_KL_REST_SPREAD */
+    lf_kl_rest topk_rest;    /* LF_KL_REST_DROP or LF_KL_REST_SPREAD. Spread with pairs that carry
+                              * all the mass (sum exp(lp) >= 1 after rounding) leaves no rest:
+                              * the others are then -inf as with drop (reverse KL +inf where the
+                              * student has mass there) -- store top-k lists with the rest > 0 */
     lf_kl_opts opts;       /* kind, beta, temperature, tau2, softcap (lossfuse.h section 8) */
     const void *labels;    /* optional [N] int32/int64: rows with ignore_index are masked */
     int labels_i64;
@@ -520,21 +523,30 @@ __global__ void __launch_bounds__(KL_THREADS, KL_CTAS_PER_SM) kl_kernel(const kl
         }                                                                                           \
     } while (0)
 
+#ifndef KL_MAX_DEVICES
+#define KL_MAX_DEVICES 64 /* devices a process may launch on (per-device launch setup) */
+#endif
+
 template <typename TS, typename TT, bool LIN, bool SPARSE>
 static lf_status kl_launch_kernel(kl_kparams p, kl_plan *plan, cudaStream_t stream, cudaError_t *cuda_err)
 {
     auto kernel = kl_kernel<TS, TT, LIN, SPARSE>;
     const int smem = SPARSE ? KL_SMEM_SPARSE_BYTES : KL_SMEM_BYTES;
-    static int ready = 0, active = 0; /* per instantiation: the opt-in and the occupancy, once */
-    if (!ready) {
-        int dev = 0, sms = 0, per_sm = 0;
-        KL_CHECK(cudaGetDevice(&dev));
+    /* per instantiation and per device (cudaFuncSetAttribute holds for the current device only),
+     * once: the shared-memory opt-in and the occupancy */
+    static int ready_d[KL_MAX_DEVICES], active_d[KL_MAX_DEVICES];
+    int dev = 0;
+    KL_CHECK(cudaGetDevice(&dev));
+    if (dev < 0 || dev >= KL_MAX_DEVICES) return LF_ERR_DEVICE;
+    int &active = active_d[dev];
+    if (!ready_d[dev]) {
+        int sms = 0, per_sm = 0;
         KL_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
         KL_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         KL_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, KL_THREADS, smem));
         if (per_sm == 0) return LF_ERR_DEVICE;
         active = sms * per_sm;
-        ready = 1;
+        ready_d[dev] = 1;
     }
     p.piece_units = KL_PIECE_BYTES / (8 * (int)(sizeof(TS) + sizeof(TT)));
     const int64_t units = (p.vocab + 7) / 8;
