@@ -1757,6 +1757,14 @@ static inline lf_status lf_ref_cp_labels(const int64_t *ids, const uint8_t *targ
  *                with p_j = exp(z_j - lse) and a = lf_tp_grad_coef (section 7's coefficient)
  *    A label outside [0, V) (not the ignore index) is bad on every rank: count it on one (say
  *    rank 0). An empty shard (v0 == v1) contributes the identity (m = -inf, s = 0).
+ *    Usage, one row on rank r of P (columns x[v0 .. v1) of it held here):
+ *        lf_tp_row sh = lf_tp_row_init();
+ *        for (j = v0; j < v1; ++j)
+ *            lf_tp_row_push(&sh, lf_logit_xform(x[j - v0], scale, cap), w ? w[j] : 1.0f, j == y, eps > 0);
+ *        g[r * n_rows + i] = sh;                  // then ncclAllGather of g (16 B per row and rank)
+ *        merged = lf_tp_gather_merge(g, n_rows, P, i);
+ *        loss = lf_tp_row_loss(merged, w_y, W, V, eps, lam, &lse);   // the same bits on every rank
+ *        a = lf_tp_grad_coef(lse, w_y, W, V, eps, lam);              // then write columns [v0, v1)
  * ========================================================================================== */
 
 /* Columns [*v0, *v1) of rank r of P over V columns: the first V % P ranks get one more. */

@@ -1976,7 +1976,16 @@ static __device__ __forceinline__ void lf_sorted_run_sum_grid(const int32_t *key
  *    cp_local_ce.cu all-reduces (sum, count) with NCCL).
  * ========================================================================================== */
 
-/* Rank `rank`'s local labels (cu_seqlens[nseq] / cp of them) by every thread of the grid:
+/* Usage: the labels of CP rank `rank` for its local logits, from the global batch (which every
+ * rank of the group has), in one launch before the loss kernel:
+ *     __global__ void cp_labels(const int32_t *cu, int64_t nseq, int cp, int rank,
+ *                               const int64_t *ids, const uint8_t *loss_mask, int64_t *labels) {
+ *         lf_cp_local_labels_grid(cu, nseq, cp, rank, ids, loss_mask, -100, labels, (int64_t *)NULL);
+ *     }
+ *     cp_labels<<<(total / cp + 255) / 256, 256>>>(...);   // any grid shape
+ * (examples/cp_local_ce.cu does this, then the cross-entropy with the global count as divisor.)
+ *
+ * Rank `rank`'s local labels (cu_seqlens[nseq] / cp of them) by every thread of the grid:
  * labels[t] = ids[g + 1] for local token t at global token g when g + 1 is in the same
  * sequence and target_mask[g + 1] != 0 (target_mask NULL: all on), else ignore_index; gpos (if
  * not NULL) gets g (position ids: g - cu_seqlens[k]). I, L: integer types of ids and labels.
