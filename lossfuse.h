@@ -45,8 +45,9 @@
  *  10. Context parallelism: the zigzag layout of packed sequences (lf_cp_check, lf_cp_local_cu,
  *      lf_cp_seq_find, lf_cp_to_global / lf_cp_to_local, lf_cp_global_token, lf_cp_label,
  *      lf_ref_cp_labels)
- *  11. Tensor (vocabulary) parallelism: per-shard row statistics and their merge (lf_tp_shard,
- *      lf_tp_row_push / _merge / _gather_merge, lf_tp_row_loss, lf_tp_grad_coef)
+ *  11. Tensor (vocabulary) parallelism: 12-byte per-shard row shares and their merge
+ *      (lf_tp_shard, lf_tp_owner, lf_tp_acc_push, lf_tp_share_make, lf_tp_merge, lf_tp_loss,
+ *      lf_tp_grad_coef)
  *
  * Configuration macros (define before including; each is #ifndef-guarded)
  *   LF_HD        function qualifiers of the portable functions.
@@ -1741,30 +1742,38 @@ static inline lf_status lf_ref_cp_labels(const int64_t *ids, const uint8_t *targ
 /* ============================================================================================
  * 11. Tensor (vocabulary) parallelism: the cross-entropy of a row split over P ranks
  *
- *    Rank r holds columns [v0, v1) of every row (lf_tp_shard: contiguous, as even as V allows).
- *    What the loss and the gradient need of the whole row is a few numbers, each rank's share
- *    of which is a 16-byte lf_tp_row (with z = lf_logit_xform(x), w = class weights or 1):
- *        m, s   the lse state of the shard: lse = m + log s over the whole row after the merge
- *        zy     z of the label if this rank holds it, else 0 (one rank holds it: a sum)
- *        wz     sum_j w_j z_j over the shard (label smoothing only)
- *    The ranks exchange them (an all-gather of [P][N] rows, 16 B per row per rank; never the
- *    logits) and every rank merges the P shares of a row IN RANK ORDER (lf_tp_gather_merge), so
- *    every rank holds the same bits and the result does not depend on the order the shares
- *    arrive in. Then, with the global W = sum_j w_j and w_y (class weights are small: every rank
- *    has them all):
- *        loss    lf_tp_row_loss: the formulas of section 7 with the merged lse, zy, wz
- *        grad    each rank writes its columns: g_j = a p_j - eps w_j / V - [j == y](1 - eps) w_y
- *                with p_j = exp(z_j - lse) and a = lf_tp_grad_coef (section 7's coefficient)
- *    A label outside [0, V) (not the ignore index) is bad on every rank: count it on one (say
- *    rank 0). An empty shard (v0 == v1) contributes the identity (m = -inf, s = 0).
- *    Usage, one row on rank r of P (columns x[v0 .. v1) of it held here):
- *        lf_tp_row sh = lf_tp_row_init();
+ *    Rank r holds columns [v0, v1) of every row (lf_tp_shard: contiguous, as even as V allows;
+ *    lf_tp_owner: the rank holding a column). The loss and the gradient need three numbers of
+ *    the whole row; each rank contributes its 12-byte share lf_tp_share of them, and the ranks
+ *    exchange the shares (an all-gather of [P][N] shares, never the logits). Notation as in
+ *    section 7, with the target weights q_j = (1 - eps) w_y [j == y] + eps w_j / V (so that
+ *    loss = sum_j q_j (lse - z_j) + lam lse^2), the shard's mass A_r = sum_{j in r} q_j and
+ *    W_r = sum_{j in r} w_j:
+ *        m, s   the lse state of the shard (lse = M + log S after the merge)
+ *        t      sum_{j in r} q_j (m - z_j): the target's logit sum RELATIVE TO THE SHARD'S MAX,
+ *               = (1 - eps) w_y (m - z_y) [y held here] + eps (W_r m - sum w_j z_j) / V
+ *    After the all-gather every rank merges the P shares of a row IN RANK ORDER (lf_tp_merge:
+ *    the same bits on every rank, whatever order they arrived in), moving each t to the global
+ *    max M with its A_r: T = sum_r t_r + A_r (M - m_r) = sum_j q_j (M - z_j). Then
+ *        loss = A log S + T + lam lse^2,      A = sum_r A_r = (1 - eps) w_y + eps W / V
+ *    (lf_tp_loss), and each rank writes the gradient of its columns with section 7's formula,
+ *        g_j = a p_j - eps w_j / V - [j == y] (1 - eps) w_y,   p_j = exp(z_j - lse),
+ *        a = A + 2 lam lse (lf_tp_grad_coef).
+ *    Why relative to the max: without smoothing the loss is then log S + (M - z_y), exact when
+ *    the label is the row's max even for |z| ~ 1e4 (as the single-GPU kernel's), where
+ *    A lse - sum q z would lose ulp(lse) to cancellation.
+ *    Edge cases as section 7: a -inf z_y, or smoothing weight on a -inf column, gives +inf;
+ *    NaN / +inf z make s NaN; a row without mass (lse = -inf) or a NaN lse has NaN loss. An
+ *    empty shard (v0 == v1) sends the identity (m = -inf, s = 0, t = 0). A label outside
+ *    [0, V) (not the ignore index) is bad on every rank alike: count it on one (rank 0).
+ *    Usage, row i on rank r of P (columns [v0, v1) held here as x[0 .. v1 - v0)):
+ *        lf_tp_acc acc = lf_tp_acc_init();
  *        for (j = v0; j < v1; ++j)
- *            lf_tp_row_push(&sh, lf_logit_xform(x[j - v0], scale, cap), w ? w[j] : 1.0f, j == y, eps > 0);
- *        g[r * n_rows + i] = sh;                  // then ncclAllGather of g (16 B per row and rank)
- *        merged = lf_tp_gather_merge(g, n_rows, P, i);
- *        loss = lf_tp_row_loss(merged, w_y, W, V, eps, lam, &lse);   // the same bits on every rank
- *        a = lf_tp_grad_coef(lse, w_y, W, V, eps, lam);              // then write columns [v0, v1)
+ *            lf_tp_acc_push(&acc, lf_logit_xform(x[j - v0], scale, cap), w ? w[j] : 1.0f, j == y, eps > 0);
+ *        g[r * n_rows + i] = lf_tp_share_make(acc, w_y, W_r, V, eps);   // then ncclAllGather
+ *        mg = lf_tp_merge(g, n_rows, P, i, y, w_y, Wr, V, eps);        // Wr: [P] or NULL (no weights)
+ *        loss = lf_tp_loss(mg, lam, &lse);                             // the same bits on every rank
+ *        a = lf_tp_grad_coef(mg, lse, lam);                            // then write columns [v0, v1)
  * ========================================================================================== */
 
 /* Columns [*v0, *v1) of rank r of P over V columns: the first V % P ranks get one more. */
@@ -1775,87 +1784,142 @@ LF_HD void lf_tp_shard(int64_t V, int P, int r, int64_t *v0, int64_t *v1)
     *v1 = *v0 + q + (r < e ? 1 : 0);
 }
 
-typedef struct lf_tp_row {
-    float m, s; /* lse state of the shard (no entropy term) */
-    float zy;   /* z of the label if held here, else 0 */
-    float wz;   /* sum of w_j z_j over the shard (0 unless smoothing asks for it) */
-} lf_tp_row;
-
-LF_HD lf_tp_row lf_tp_row_init(void)
+/* The rank whose shard holds column y (0 <= y < V). */
+LF_HD int lf_tp_owner(int64_t V, int P, int64_t y)
 {
-    lf_tp_row r;
-    r.m = -LF_INF_F;
-    r.s = r.zy = r.wz = 0.0f;
-    return r;
+    const int64_t q = V / P, e = V % P;
+    if (y < e * (q + 1)) return (int)(y / (q + 1));
+    return (int)(e + (y - e * (q + 1)) / q);
+}
+
+/* What a rank sends per row: 12 bytes. */
+typedef struct lf_tp_share {
+    float m, s; /* lse state of the shard */
+    float t;    /* sum over the shard of q_j (m - z_j) */
+} lf_tp_share;
+
+/* A rank's running statistics of a row's shard (not exchanged). */
+typedef struct lf_tp_acc {
+    float m, s;  /* lse state */
+    float zy;    /* z of the label, if held here */
+    float wz;    /* sum of w_j z_j over columns with w_j != 0 (label smoothing only) */
+    int has_y;   /* the label is in this shard */
+} lf_tp_acc;
+
+LF_HD lf_tp_acc lf_tp_acc_init(void)
+{
+    lf_tp_acc a;
+    a.m = -LF_INF_F;
+    a.s = a.zy = a.wz = 0.0f;
+    a.has_y = 0;
+    return a;
 }
 
 /* Push column j's z (its weight w; is_label: j is the row's label; smoothing: eps > 0). A -inf
- * z (a masked column) adds nothing to s, but makes wz -inf when smoothing gives it weight (the
- * smoothed target puts mass where p = 0: +inf loss, as in section 7); NaN / +inf make s NaN as
- * in lf_lse_push. */
-LF_HD void lf_tp_row_push(lf_tp_row *r, float z, float w, int is_label, int smoothing)
+ * z (a masked column) adds nothing to s, but makes wz -inf when smoothing gives it weight;
+ * NaN / +inf make s NaN as in lf_lse_push. */
+LF_HD void lf_tp_acc_push(lf_tp_acc *a, float z, float w, int is_label, int smoothing)
 {
     lf_lse st;
-    st.m = r->m;
-    st.s = r->s;
+    st.m = a->m;
+    st.s = a->s;
     st.u = 0.0f;
     lf_lse_push(&st, z);
-    r->m = st.m;
-    r->s = st.s;
-    if (is_label) r->zy = z;
-    if (smoothing && w != 0.0f) r->wz += w * z;
+    a->m = st.m;
+    a->s = st.s;
+    if (is_label) {
+        a->zy = z;
+        a->has_y = 1;
+    }
+    if (smoothing && w != 0.0f) a->wz += w * z;
 }
 
-/* The shares of one row merged: commutative bit for bit, but (wz) not associative: merge in a
- * fixed order (lf_tp_gather_merge) to get the same bits on every rank. */
-LF_HD lf_tp_row lf_tp_row_merge(lf_tp_row a, lf_tp_row b)
+/* The share from a shard's statistics: m, s its lse state, wz = sum of w_j z_j over its columns
+ * with w_j != 0 (used only when eps > 0), Wr = sum of its w_j (its column count without
+ * weights), has_y / zy: the label's z if held here, wy the label's weight. */
+LF_HD lf_tp_share lf_tp_share_from(float m, float s, int has_y, float zy, float wy, float wz, float Wr, int64_t V,
+                                   float eps)
 {
-    lf_lse x, y, z;
-    lf_tp_row r;
-    x.m = a.m;
-    x.s = a.s;
-    x.u = 0.0f;
-    y.m = b.m;
-    y.s = b.s;
-    y.u = 0.0f;
-    z = lf_lse_merge(x, y);
-    r.m = z.m;
-    r.s = z.s;
-    r.zy = a.zy + b.zy;
-    r.wz = a.wz + b.wz;
-    return r;
+    lf_tp_share sh;
+    sh.m = m;
+    sh.s = s;
+    sh.t = 0.0f;
+    if (has_y) /* (1 - eps) w_y (m - z_y); a -inf z_y is +inf (0 * inf = NaN as in section 7) */
+        sh.t = (1.0f - eps) * wy * (zy == -LF_INF_F ? LF_INF_F : m - zy);
+    if (eps > 0.0f) {
+        /* eps (W_r m - sum w z) / V; with m = -inf every column is masked: +inf if any has weight */
+        const float sm = m == -LF_INF_F ? (wz != 0.0f ? LF_INF_F : 0.0f) : Wr * m - wz;
+        sh.t += eps * sm / (float)V;
+    }
+    return sh;
 }
 
-/* Row i's shares in an all-gathered buffer g[r * n_rows + i], r = 0 .. P-1, merged in rank
- * order. */
-LF_HD lf_tp_row lf_tp_gather_merge(const lf_tp_row *g, int64_t n_rows, int P, int64_t i)
+LF_HD lf_tp_share lf_tp_share_make(lf_tp_acc a, float wy, float Wr, int64_t V, float eps)
 {
-    lf_tp_row r = g[i];
-    int k;
-    for (k = 1; k < P; ++k) r = lf_tp_row_merge(r, g[(int64_t)k * n_rows + i]);
-    return r;
+    return lf_tp_share_from(a.m, a.s, a.has_y, a.zy, wy, a.wz, Wr, V, eps);
 }
 
-/* The row's loss from the merged share (label valid): section 7's
- *     (1 - eps) w_y (lse - z_y) + eps (W lse - sum w z) / V + lam lse^2
- * W: the sum of all V class weights (V without weights), wy: the label's weight. NaN when the
- * lse is not finite (a NaN or +inf logit, or no column with mass). *lse_out (if not NULL) gets
- * the lse. */
-LF_HD float lf_tp_row_loss(lf_tp_row r, float wy, float W, int64_t V, float eps, float lam, float *lse_out)
+/* A row's shares merged: the global lse state (M, S), T = sum_j q_j (M - z_j), A = sum_j q_j. */
+typedef struct lf_tp_merged {
+    float M, S, T, A;
+} lf_tp_merged;
+
+/* Row i's P shares in an all-gathered buffer g[r * n_rows + i], merged in rank order. y: the
+ * row's label (valid), wy its weight, Wr: [P] per-shard weight sums (NULL without class
+ * weights: the shard sizes), V the full vocabulary, eps the label smoothing. */
+LF_HD lf_tp_merged lf_tp_merge(const lf_tp_share *g, int64_t n_rows, int P, int64_t i, int64_t y, float wy,
+                               const float *Wr, int64_t V, float eps)
 {
-    const float lse = r.s == 0.0f ? -LF_INF_F : r.m + logf(r.s);
-    float loss;
+    lf_tp_merged mg;
+    lf_lse st;
+    const int owner = lf_tp_owner(V, P, y);
+    int r;
+    st.m = -LF_INF_F;
+    st.s = st.u = 0.0f;
+    for (r = 0; r < P; ++r) {
+        lf_lse b;
+        const lf_tp_share sh = g[(int64_t)r * n_rows + i];
+        b.m = sh.m;
+        b.s = sh.s;
+        b.u = 0.0f;
+        st = lf_lse_merge(st, b);
+    }
+    mg.M = st.m;
+    mg.S = st.s;
+    mg.T = 0.0f;
+    mg.A = 0.0f;
+    for (r = 0; r < P; ++r) {
+        const lf_tp_share sh = g[(int64_t)r * n_rows + i];
+        float W_r, A_r;
+        if (Wr) {
+            W_r = Wr[r];
+        } else {
+            int64_t v0, v1;
+            lf_tp_shard(V, P, r, &v0, &v1);
+            W_r = (float)(v1 - v0);
+        }
+        A_r = (r == owner ? (1.0f - eps) * wy : 0.0f) + eps * W_r / (float)V;
+        mg.A += A_r;
+        mg.T += sh.t;
+        if (A_r != 0.0f) mg.T += sh.m == -LF_INF_F ? LF_INF_F : A_r * (mg.M - sh.m);
+    }
+    return mg;
+}
+
+/* The row's loss A log S + T + lam lse^2 (section 7's, label valid); NaN when the lse is not
+ * finite. *lse_out (if not NULL) gets the lse. */
+LF_HD float lf_tp_loss(lf_tp_merged mg, float lam, float *lse_out)
+{
+    const float lse = mg.S == 0.0f ? -LF_INF_F : mg.M + logf(mg.S);
     if (lse_out) *lse_out = lse;
     if (!(lse > -LF_INF_F && lse < LF_INF_F)) return NAN;
-    loss = (1.0f - eps) * wy * (lse - r.zy) + lam * lse * lse;
-    if (eps > 0.0f) loss += eps * (W * lse - r.wz) / (float)V;
-    return loss;
+    return mg.A * logf(mg.S) + mg.T + lam * lse * lse;
 }
 
-/* The coefficient a of p_j in the gradient (section 7): (1 - eps) w_y + eps W / V + 2 lam lse. */
-LF_HD float lf_tp_grad_coef(float lse, float wy, float W, int64_t V, float eps, float lam)
+/* The coefficient a of p_j in the gradient (section 7): A + 2 lam lse. */
+LF_HD float lf_tp_grad_coef(lf_tp_merged mg, float lse, float lam)
 {
-    return (1.0f - eps) * wy + eps * W / (float)V + 2.0f * lam * lse;
+    return mg.A + 2.0f * lam * lse;
 }
 
 #endif /* LOSSFUSE_H */

@@ -159,18 +159,21 @@ int main()
     }
     /* 11. tensor parallelism: a row of 4 equal logits over 3 ranks (shards 2, 1, 1): lse log 4 */
     {
-        lf_tp_row g[3];
+        lf_tp_share g[3];
+        lf_tp_merged mg;
         int64_t v0, v1, j;
         int r;
         float lse = 0.0f, loss;
         for (r = 0; r < 3; ++r) {
-            g[r] = lf_tp_row_init();
+            lf_tp_acc acc = lf_tp_acc_init();
             lf_tp_shard(4, 3, r, &v0, &v1);
-            for (j = v0; j < v1; ++j) lf_tp_row_push(&g[r], 0.5f, 1.0f, j == 3, 0);
+            for (j = v0; j < v1; ++j) lf_tp_acc_push(&acc, 0.5f, 1.0f, j == 3, 0);
+            g[r] = lf_tp_share_make(acc, 1.0f, (float)(v1 - v0), 4, 0.0f);
         }
-        loss = lf_tp_row_loss(lf_tp_gather_merge(g, 1, 3, 0), 1.0f, 4.0f, 4, 0.0f, 0.0f, &lse);
-        expect(fabs(lse - (0.5 + log(4.0))) < 1e-6 && fabs(loss - log(4.0)) < 1e-6 &&
-                   lf_tp_grad_coef(lse, 1.0f, 4.0f, 4, 0.0f, 0.0f) == 1.0f,
+        mg = lf_tp_merge(g, 1, 3, 0, 3, 1.0f, NULL, 4, 0.0f);
+        loss = lf_tp_loss(mg, 0.0f, &lse);
+        expect(fabs(lse - (0.5 + log(4.0))) < 1e-6 && fabs(loss - log(4.0)) < 1e-6 && lf_tp_grad_coef(mg, lse, 0.0f) == 1.0f &&
+                   lf_tp_owner(4, 3, 3) == 2 && sizeof(lf_tp_share) == 12,
                "lf_tp_*: equal logits over 3 ranks");
     }
     printf("compile_cpp: %s (LF_USE_EXP2 %d)\n", failures ? "FAILED" : "ok", LF_USE_EXP2);

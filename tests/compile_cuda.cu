@@ -139,18 +139,19 @@ __global__ void dual_state(const float *a, const float *b, int64_t V, float *out
 /* lossfuse.h sections 10 and 11 in device code: a rank's labels under context parallelism, and
  * one row's vocabulary-parallel shares merged. */
 __global__ void parallel(const int32_t *cu, int64_t nseq, const int64_t *ids, int32_t *labels, const float *x, int64_t V,
-                         lf_tp_row *g, float *out)
+                         lf_tp_share *g, float *out)
 {
     lf_cp_local_labels_grid(cu, nseq, 2, 1, ids, (const uint8_t *)NULL, -100, labels, (int64_t *)NULL);
     int64_t v0, v1;
     lf_tp_shard(V, (int)blockDim.x, (int)threadIdx.x, &v0, &v1);
-    lf_tp_row r = lf_tp_row_init();
-    for (int64_t j = v0; j < v1; ++j) lf_tp_row_push(&r, lf_logit_xform(x[j], 1.0f, 30.0f), 1.0f, j == 3, 1);
-    g[threadIdx.x] = r;
+    lf_tp_acc acc = lf_tp_acc_init();
+    for (int64_t j = v0; j < v1; ++j) lf_tp_acc_push(&acc, lf_logit_xform(x[j], 1.0f, 30.0f), 1.0f, j == 3, 1);
+    g[threadIdx.x] = lf_tp_share_make(acc, 1.0f, (float)(v1 - v0), V, 0.1f);
     __syncthreads();
     float lse;
-    const float loss = lf_tp_row_loss(lf_tp_gather_merge(g, 1, (int)blockDim.x, 0), 1.0f, (float)V, V, 0.1f, 1e-4f, &lse);
-    out[threadIdx.x] = loss + lf_tp_grad_coef(lse, 1.0f, (float)V, V, 0.1f, 1e-4f) +
+    const lf_tp_merged mg = lf_tp_merge(g, 1, (int)blockDim.x, 0, 3, 1.0f, (const float *)NULL, V, 0.1f);
+    const float loss = lf_tp_loss(mg, 1e-4f, &lse);
+    out[threadIdx.x] = loss + lf_tp_grad_coef(mg, lse, 1e-4f) +
                        (float)lf_cp_global_token(cu, nseq, 2, 0, threadIdx.x) + (float)lf_cp_label(cu, nseq, 2, 0, ids, NULL, 0, -100);
 }
 

@@ -1,23 +1,26 @@
 /* test_tp.c — host tests of lossfuse.h section 11: the cross-entropy of a row whose vocabulary
- * is split over P ranks, from 16-byte per-rank shares merged in rank order.
+ * is split over P ranks, from 12-byte per-rank shares merged in rank order.
  *
  * Build and run:
  *     gcc -std=c99 -O2 -Wall -Wextra -pedantic -Werror -I. tests/test_tp.c -o test_tp -lm
  *     ./test_tp [seed]
  * For P in {1, 2, 3, 4, 8} (more ranks than columns included: empty shards), V from 1 to 4099,
  * rows with outliers up to 1e4 and -inf columns, labels in any shard, ignored and bad labels,
- * label smoothing, z-loss, class weights, softcap and logit scale: the shares are pushed in
- * float (lf_tp_row_push, what a device kernel does per column), all-gathered into [P][N] and
- * merged (lf_tp_gather_merge), and the loss (lf_tp_row_loss) and every gradient element
- * (lf_tp_grad_coef) are compared with the unsharded double reference lf_ref_ce_row.
- * Tolerances (float arithmetic against double): a shard's s is a sequential float sum of at
- * most n terms in [0, 1] with s >= 1 after the merge's largest term, so log s is off by at most
- * n 2^-24; the maximum m is a float z (scale, tanhf and cap each round: ~2^-21.5 |z|) and
- * m + log s rounds once more: 2^-21 (|lse| + 1), lse >= m. The loss is then off by its terms' sizes times
- * that (w_y, eps W / V, 2 lam |lse|) plus the float sums zy and wz (2^-22 sum |w_j z_j| eps / V);
- * a gradient element by a p_j times the lse error plus 2^-21 of its terms, and under a softcap
- * by 2^-21 scale |g_z| more: dz/dx = scale (1 - tanh^2) is formed in float from a tanh within a
- * few ulps of +-1 where the cap saturates (absolute error ~2^-23 scale, shared by the kernels).
+ * label smoothing, z-loss, class weights, softcap and logit scale: the shards are accumulated
+ * in float (lf_tp_acc_push, what a device kernel does per column), their shares all-gathered
+ * into [P][N] and merged (lf_tp_merge), and the loss (lf_tp_loss) and every gradient element
+ * (lf_tp_grad_coef) are compared with the unsharded double reference lf_ref_ce_row. Plus a row
+ * whose label is its maximum at |z| ~ 1e4: the loss must be exact to a few ulp of the loss
+ * itself (what the max-relative t buys), and the edge rules of the shares.
+ * Tolerances (float arithmetic against double): z is a float (scale, tanhf and cap each round:
+ * ~2^-21.5 |z|); a shard's s is a sequential float sum of at most n terms in [0, 1], s >= 1
+ * after the merge's largest term, so log S is off by at most (n + P) 2^-24 plus the shift's
+ * error; lse = M + log S rounds once more: 2^-21 (|lse| + 1) + n 2^-24 in all. The loss terms:
+ * A log S (A's few roundings), T = sum of P moved shares, each a difference of float z's
+ * (2^-21 of |m| + |z| per unit of A) and the smoothing sums (2^-22 n sum |w z| eps / V), and
+ * lam lse^2 (2 lam |lse| times the lse error). A gradient element: p_j times the lse error plus
+ * 2^-21 of its terms, and under a softcap 2^-21 scale |g_z| more: dz/dx = scale (1 - tanh^2) is
+ * formed in float from a tanh within a few ulps of +-1 where the cap saturates.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,14 +42,49 @@ static int close_or_nan(double got, double want, double tol)
     return fabs(got - want) <= tol;
 }
 
+static double zmax_finite(const float *x, int64_t V, const lf_ce_opts *o)
+{
+    double L = 0.0;
+    int64_t j;
+    for (j = 0; j < V; ++j) {
+        const double z = lf_logit_xform(x[j], o->logit_scale, o->softcap);
+        if (z > -INFINITY && z < INFINITY && fabs(z) > L) L = fabs(z);
+    }
+    return L;
+}
+
+/* The shares of rows xs[0 .. ROWS) on each of P ranks, as the all-gather leaves them:
+ * g[r * ROWS + i]; Wr[r]: the per-shard weight sums (what every rank computes once). */
+static void make_shares(int P, int64_t V, const lf_ce_opts *o, const int64_t *labels, lf_tp_share *g, float *Wr)
+{
+    const int smoothing = o->label_smoothing > 0.0f;
+    int64_t i, j;
+    int r;
+    for (r = 0; r < P; ++r) {
+        int64_t v0, v1;
+        lf_tp_shard(V, P, r, &v0, &v1);
+        Wr[r] = 0.0f;
+        for (j = v0; j < v1; ++j) Wr[r] += o->class_weights ? o->class_weights[j] : 1.0f;
+        for (i = 0; i < ROWS; ++i) {
+            lf_tp_acc acc = lf_tp_acc_init();
+            const int64_t y = labels[i];
+            const float wy = (o->class_weights && y >= 0 && y < V) ? o->class_weights[y] : 1.0f;
+            for (j = v0; j < v1; ++j) {
+                const float z = lf_logit_xform(xs[i][j], o->logit_scale, o->softcap);
+                lf_tp_acc_push(&acc, z, o->class_weights ? o->class_weights[j] : 1.0f, j == y, smoothing);
+            }
+            g[r * ROWS + i] = lf_tp_share_make(acc, wy, Wr[r], V, o->label_smoothing);
+        }
+    }
+}
+
 static void test_case(int P, int64_t V, const lf_ce_opts *o)
 {
-    lf_tp_row g[8 * ROWS];
+    lf_tp_share g[8 * ROWS];
+    float Wr[8];
     int64_t labels[ROWS], i, j;
     double dx[MAXV];
-    const int smoothing = o->label_smoothing > 0.0f;
     double W = 0.0;
-    int r;
     for (j = 0; j < V; ++j) W += o->class_weights ? (double)o->class_weights[j] : 1.0;
     for (i = 0; i < ROWS; ++i) {
         const double pinf = i == 1 ? 0.3 : 0.02;
@@ -56,48 +94,38 @@ static void test_case(int P, int64_t V, const lf_ce_opts *o)
         if (i == 4 && rng_int(3) == 0) labels[i] = V + (int64_t)rng_int(3); /* bad */
         if (i == 5 && rng_int(4) == 0) xs[i][rng_int(V)] = NAN;
         if (i == 5 && rng_int(4) == 0) for (j = 0; j < V; ++j) xs[i][j] = -INFINITY; /* no mass */
+        if (i == 0 && rng_int(3) == 0) xs[i][labels[i]] = -INFINITY; /* the label masked: +inf */
     }
-    /* each rank's shares of every row, as the all-gather leaves them: g[r * ROWS + i] */
-    for (r = 0; r < P; ++r) {
-        int64_t v0, v1;
-        lf_tp_shard(V, P, r, &v0, &v1);
-        for (i = 0; i < ROWS; ++i) {
-            lf_tp_row s = lf_tp_row_init();
-            for (j = v0; j < v1; ++j) {
-                const float z = lf_logit_xform(xs[i][j], o->logit_scale, o->softcap);
-                lf_tp_row_push(&s, z, o->class_weights ? o->class_weights[j] : 1.0f, j == labels[i], smoothing);
-            }
-            g[r * ROWS + i] = s;
-        }
-    }
+    make_shares(P, V, o, labels, g, Wr);
     for (i = 0; i < ROWS; ++i) {
         const lf_ce_row ref = lf_ref_ce_row(xs[i], V, labels[i], o, dx);
-        const lf_tp_row mr = lf_tp_gather_merge(g, ROWS, P, i);
-        float lse;
+        lf_tp_merged mg;
+        float lse, loss;
         const float wy = (ref.status == LF_ROW_OK && o->class_weights) ? o->class_weights[labels[i]] : 1.0f;
-        const float loss = lf_tp_row_loss(mr, wy, (float)W, V, o->label_smoothing, o->z_loss, &lse);
-        int64_t shard_max = (V + P - 1) / P;
+        const int64_t shard_max = (V + P - 1) / P;
         double sum_wz = 0.0, tol_lse, tol;
         if (ref.status != LF_ROW_OK) continue; /* the caller zeroes ignored / bad rows */
+        mg = lf_tp_merge(g, ROWS, P, i, labels[i], wy, o->class_weights ? Wr : NULL, V, o->label_smoothing);
+        loss = lf_tp_loss(mg, o->z_loss, &lse);
         for (j = 0; j < V; ++j) {
             const double z = lf_logit_xform(xs[i][j], o->logit_scale, o->softcap);
             if (z > -INFINITY && z < INFINITY) sum_wz += fabs((o->class_weights ? cw[j] : 1.0) * z);
         }
-        tol_lse = (double)shard_max * 0x1p-24 + 0x1p-21 * ((fabs(ref.lse) < INFINITY ? fabs(ref.lse) : 0.0) + 1.0) + 0x1p-24 * P;
+        tol_lse = (double)(shard_max + P) * 0x1p-24 + 0x1p-21 * ((fabs(ref.lse) < INFINITY ? fabs(ref.lse) : 0.0) + 1.0);
         CHECK(close_or_nan(lse, ref.lse, tol_lse), "P=%d V=%lld row %lld: lse %.9g want %.12g (tol %.3g)", P, (long long)V,
               (long long)i, lse, ref.lse, tol_lse);
         {
-            const double L = fabs(ref.lse) < INFINITY ? fabs(ref.lse) : 0.0;
+            const double L = fabs(ref.lse) < INFINITY ? fabs(ref.lse) : 0.0, Lz = zmax_finite(xs[i], V, o);
             const double eps = o->label_smoothing, lam = o->z_loss;
-            tol = tol_lse * ((1.0 - eps) * wy + eps * W / V + 2.0 * lam * L) +
-                  0x1p-21 * ((1.0 - eps) * wy * (L + fabs(ref.logprob) + L) + eps * (W * L + sum_wz) / V + lam * L * L) +
-                  0x1p-22 * eps * sum_wz / V * (double)shard_max + 1e-30;
+            const double A = (1.0 - eps) * wy + eps * W / V;
+            tol = tol_lse * (A + 2.0 * lam * L) + 0x1p-20 * A * (L + Lz) * (P + 1) + 0x1p-21 * lam * L * L +
+                  0x1p-22 * eps * sum_wz / V * (double)(shard_max + P) + 0x1p-22 * fabs(ref.loss) + 1e-30;
             CHECK(close_or_nan(loss, ref.loss, tol), "P=%d V=%lld row %lld: loss %.9g want %.12g (tol %.3g)", P, (long long)V,
                   (long long)i, loss, ref.loss, tol);
         }
         /* the gradient each rank writes for its columns (every column, whoever holds it) */
         if (lse > -INFINITY && lse < INFINITY) {
-            const float a = lf_tp_grad_coef(lse, wy, (float)W, V, o->label_smoothing, o->z_loss);
+            const float a = lf_tp_grad_coef(mg, lse, o->z_loss);
             int64_t bad = 0, worst = -1;
             for (j = 0; j < V; ++j) {
                 const float x = xs[i][j], z = lf_logit_xform(x, o->logit_scale, o->softcap);
@@ -125,20 +153,50 @@ static void test_case(int P, int64_t V, const lf_ce_opts *o)
     }
 }
 
-static void test_merge_rules(void)
+/* The label is the row's max at |z| ~ 1e4: the loss (~1e-3) is log S + (M - z_y) with M - z_y
+ * exact, so its error is that of the float sum S ((V + P) 2^-24 with S ~ 1), not ulp(lse) ~ 1e-3
+ * as in A lse - sum q z, which this bound (~1e-5) would fail. */
+static void test_exact_at_max(void)
 {
-    lf_tp_row a = lf_tp_row_init(), b = lf_tp_row_init(), e = lf_tp_row_init(), ab, ba;
-    int64_t v0, v1, total = 0;
-    int r;
-    lf_tp_row_push(&a, 3.0f, 1.0f, 0, 1);
-    lf_tp_row_push(&a, -1.5f, 2.0f, 1, 1);
-    lf_tp_row_push(&b, 7.25f, 0.5f, 0, 1);
-    ab = lf_tp_row_merge(a, b);
-    ba = lf_tp_row_merge(b, a);
-    CHECK(memcmp(&ab, &ba, sizeof ab) == 0, "merge not commutative bit for bit");
-    ab = lf_tp_row_merge(a, e);
-    CHECK(ab.m == a.m && ab.s == a.s && ab.zy == a.zy && ab.wz == a.wz, "an empty share is not the identity");
-    CHECK(a.zy == -1.5f && a.wz == 3.0f - 3.0f, "zy %g wz %g", a.zy, a.wz);
+    int P;
+    for (P = 1; P <= 4; ++P) {
+        lf_tp_share g[8 * ROWS];
+        float Wr[8], lse;
+        int64_t labels[ROWS], i, j;
+        const int64_t V = 64;
+        lf_ce_opts o = lf_ce_opts_default();
+        for (i = 0; i < ROWS; ++i) {
+            for (j = 0; j < V; ++j) xs[i][j] = (float)(1e4 - 8.0 - rng_unif() * 40.0);
+            labels[i] = rng_int(V);
+            xs[i][labels[i]] = 1e4f;
+        }
+        make_shares(P, V, &o, labels, g, Wr);
+        for (i = 0; i < ROWS; ++i) {
+            const lf_ce_row ref = lf_ref_ce_row(xs[i], V, labels[i], &o, NULL);
+            const float loss = lf_tp_loss(lf_tp_merge(g, ROWS, P, i, labels[i], 1.0f, NULL, V, 0.0f), 0.0f, &lse);
+            CHECK(fabs(loss - ref.loss) <= (double)(V + P) * 0x1p-23 + 0x1p-22 * ref.loss, "P=%d row %lld: loss %.9g want %.12g (max label)", P,
+                  (long long)i, loss, ref.loss);
+        }
+    }
+}
+
+static void test_share_rules(void)
+{
+    lf_tp_acc a = lf_tp_acc_init(), e = lf_tp_acc_init();
+    lf_tp_share sh, id;
+    int64_t v0, v1, total = 0, y;
+    int r, P;
+    lf_tp_acc_push(&a, 3.0f, 1.0f, 0, 1);
+    lf_tp_acc_push(&a, -1.5f, 2.0f, 1, 1);
+    CHECK(a.zy == -1.5f && a.wz == 0.0f && a.has_y == 1 && a.m == 3.0f, "acc: zy %g wz %g m %g", a.zy, a.wz, a.m);
+    /* t = (1 - eps) w_y (m - z_y) + eps (W_r m - wz) / V with eps = 0.5, w_y = 2, W_r = 3, V = 6 */
+    sh = lf_tp_share_make(a, 2.0f, 3.0f, 6, 0.5f);
+    CHECK(sh.t == 0.5f * 2.0f * 4.5f + 0.5f * 9.0f / 6.0f, "share t %g", sh.t);
+    id = lf_tp_share_make(e, 1.0f, 0.0f, 6, 0.5f);
+    CHECK(id.m == -INFINITY && id.s == 0.0f && id.t == 0.0f, "an empty shard is not the identity");
+    lf_tp_acc_push(&e, -INFINITY, 1.0f, 1, 1); /* a masked label with smoothing weight */
+    sh = lf_tp_share_make(e, 1.0f, 1.0f, 6, 0.1f);
+    CHECK(sh.t == INFINITY && sh.s == 0.0f, "masked label: t %g", sh.t);
     for (r = 0; r < 5; ++r) {
         lf_tp_shard(13, 5, r, &v0, &v1);
         CHECK(v0 == total && v1 - v0 == (r < 3 ? 3 : 2), "shard %d of 13 over 5: [%lld, %lld)", r, (long long)v0, (long long)v1);
@@ -146,6 +204,14 @@ static void test_merge_rules(void)
     }
     lf_tp_shard(3, 8, 6, &v0, &v1);
     CHECK(v0 == 3 && v1 == 3, "an empty shard: [%lld, %lld)", (long long)v0, (long long)v1);
+    for (P = 1; P <= 9; ++P)
+        for (total = 1; total <= 40; ++total)
+            for (y = 0; y < total; ++y) {
+                r = lf_tp_owner(total, P, y);
+                lf_tp_shard(total, P, r, &v0, &v1);
+                CHECK(r >= 0 && r < P && v0 <= y && y < v1, "owner of %lld in V=%lld P=%d: %d", (long long)y, (long long)total,
+                      P, r);
+            }
 }
 
 static void run_all(unsigned long long seed)
@@ -156,7 +222,8 @@ static void run_all(unsigned long long seed)
     g_seed = seed;
     g_rng = seed;
     for (k = 0; k < MAXV; ++k) cw[k] = rng_int(10) == 0 ? 0.0f : (float)(0.25 + 2.0 * rng_unif());
-    test_merge_rules();
+    test_share_rules();
+    test_exact_at_max();
     for (vi = 0; vi < 7; ++vi)
         for (pi = 0; pi < 5; ++pi)
             for (k = 0; k < 6; ++k) {
