@@ -1864,9 +1864,33 @@ typedef struct lf_tp_merged {
     float M, S, T, A;
 } lf_tp_merged;
 
+/* Shard r's target mass A_r = (1 - eps) w_y [r holds y] + eps W_r / V. */
+LF_HD float lf_tp_mass(int r, int owner, float wy, float W_r, int64_t V, float eps)
+{
+    return (r == owner ? (1.0f - eps) * wy : 0.0f) + eps * W_r / (float)V;
+}
+
+/* Shard r's weight sum: Wr[r], or its column count without class weights (Wr NULL). */
+LF_HD float lf_tp_wsum(const float *Wr, int64_t V, int P, int r)
+{
+    int64_t v0, v1;
+    if (Wr) return Wr[r];
+    lf_tp_shard(V, P, r, &v0, &v1);
+    return (float)(v1 - v0);
+}
+
+/* Add share sh (of a shard with mass A_r) to T, with M the merged max: T += t + A_r (M - m). */
+LF_HD float lf_tp_move(float T, lf_tp_share sh, float A_r, float M)
+{
+    T += sh.t;
+    if (A_r != 0.0f) T += sh.m == -LF_INF_F ? LF_INF_F : A_r * (M - sh.m);
+    return T;
+}
+
 /* Row i's P shares in an all-gathered buffer g[r * n_rows + i], merged in rank order. y: the
  * row's label (valid), wy its weight, Wr: [P] per-shard weight sums (NULL without class
- * weights: the shard sizes), V the full vocabulary, eps the label smoothing. */
+ * weights: the shard sizes), V the full vocabulary, eps the label smoothing. (In a kernel,
+ * lf_tp_merge_warp of lossfuse_cuda.cuh gives the same bits with the P loads in parallel.) */
 LF_HD lf_tp_merged lf_tp_merge(const lf_tp_share *g, int64_t n_rows, int P, int64_t i, int64_t y, float wy,
                                const float *Wr, int64_t V, float eps)
 {
@@ -1889,19 +1913,9 @@ LF_HD lf_tp_merged lf_tp_merge(const lf_tp_share *g, int64_t n_rows, int P, int6
     mg.T = 0.0f;
     mg.A = 0.0f;
     for (r = 0; r < P; ++r) {
-        const lf_tp_share sh = g[(int64_t)r * n_rows + i];
-        float W_r, A_r;
-        if (Wr) {
-            W_r = Wr[r];
-        } else {
-            int64_t v0, v1;
-            lf_tp_shard(V, P, r, &v0, &v1);
-            W_r = (float)(v1 - v0);
-        }
-        A_r = (r == owner ? (1.0f - eps) * wy : 0.0f) + eps * W_r / (float)V;
+        const float A_r = lf_tp_mass(r, owner, wy, lf_tp_wsum(Wr, V, P, r), V, eps);
         mg.A += A_r;
-        mg.T += sh.t;
-        if (A_r != 0.0f) mg.T += sh.m == -LF_INF_F ? LF_INF_F : A_r * (mg.M - sh.m);
+        mg.T = lf_tp_move(mg.T, g[(int64_t)r * n_rows + i], A_r, mg.M);
     }
     return mg;
 }

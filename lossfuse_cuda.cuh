@@ -57,6 +57,8 @@
  *      cu_seqlens) and lf_sorted_run_sum_grid (after a stable sort by slot), lf_seq_bad
  *  10. Context parallelism: lf_cp_local_labels_grid (a rank's labels and positions from the
  *      global ids under the zigzag layout, lossfuse.h section 10)
+ *  11. Tensor (vocabulary) parallelism: lf_tp_merge_warp (a row's all-gathered 12-byte shares
+ *      merged by one warp, the P loads in parallel, the bits of lossfuse.h's lf_tp_merge)
  *
  * Configuration macros: those of lossfuse.h (LF_HD, LF_USE_EXP2, LF_ASSERT). Nothing else.
  *
@@ -2005,6 +2007,64 @@ static __device__ __forceinline__ void lf_cp_local_labels_grid(const int32_t *cu
         labels[t] = (L)(has ? (int64_t)ids[g + 1] : ignore_index);
         if (gpos) gpos[t] = g;
     }
+}
+
+/* ============================================================================================
+ * 11. Tensor (vocabulary) parallelism
+ *     lossfuse.h section 11 is LF_HD: a kernel builds its row's share from its statistics
+ *     (lf_tp_share_from) and turns the merged shares into the loss and the gradient coefficient
+ *     (lf_tp_loss, lf_tp_grad_coef). The merge itself reads P shares of 12 bytes (one per rank),
+ *     a chain of P dependent loads when one thread walks them: lf_tp_merge_warp loads them in
+ *     parallel, one lane per rank, and every lane then merges them from registers in rank order
+ *     with lf_tp_merge's arithmetic — the same bits as lf_tp_merge, on every lane, on every rank.
+ *     Usage (examples/vocab_parallel_ce.cu), by all 32 lanes of one warp:
+ *         const lf_tp_merged mg = lf_tp_merge_warp(shares, n_rows, P, i, y, w_y, Wr, V, eps);
+ *         float lse; const float loss = lf_tp_loss(mg, lam, &lse);
+ * ========================================================================================== */
+
+static __device__ __forceinline__ lf_tp_merged lf_tp_merge_warp(const lf_tp_share *g, int64_t n_rows, int P, int64_t i,
+                                                                int64_t y, float wy, const float *Wr, int64_t V, float eps)
+{
+    const int lane = (int)(threadIdx.x & 31);
+    const int owner = lf_tp_owner(V, P, y);
+    lf_tp_merged mg;
+    lf_lse st;
+    st.m = -LF_INF_F;
+    st.s = st.u = 0.0f;
+    mg.T = mg.A = 0.0f;
+    for (int base = 0; base < P; base += 32) { /* pass 1: the lse states, rank order */
+        lf_tp_share mine = {-LF_INF_F, 0.0f, 0.0f};
+        if (base + lane < P) mine = g[(int64_t)(base + lane) * n_rows + i];
+        const int n = P - base < 32 ? P - base : 32;
+        for (int k = 0; k < n; ++k) {
+            lf_lse b;
+            b.m = __shfl_sync(0xffffffffu, mine.m, k);
+            b.s = __shfl_sync(0xffffffffu, mine.s, k);
+            b.u = 0.0f;
+            st = lf_lse_merge(st, b);
+        }
+    }
+    mg.M = st.m;
+    mg.S = st.s;
+    for (int base = 0; base < P; base += 32) { /* pass 2: T and A, rank order */
+        lf_tp_share mine = {-LF_INF_F, 0.0f, 0.0f};
+        float A_r = 0.0f;
+        if (base + lane < P) {
+            mine = g[(int64_t)(base + lane) * n_rows + i]; /* again: an L1 hit */
+            A_r = lf_tp_mass(base + lane, owner, wy, lf_tp_wsum(Wr, V, P, base + lane), V, eps);
+        }
+        const int n = P - base < 32 ? P - base : 32;
+        for (int k = 0; k < n; ++k) {
+            lf_tp_share sh;
+            sh.m = __shfl_sync(0xffffffffu, mine.m, k);
+            sh.s = 0.0f;
+            sh.t = __shfl_sync(0xffffffffu, mine.t, k);
+            const float a = __shfl_sync(0xffffffffu, A_r, k);
+            mg.A += a;
+            mg.T = lf_tp_move(mg.T, sh, a, mg.M);
+        }
+    }
+    return mg;
 }
 
 #endif /* LOSSFUSE_CUDA_CUH */

@@ -3,8 +3,10 @@
 # build, GPU test suite, compute-sanitizer (memcheck + racecheck) on the small cases, benchmarks
 # against PyTorch (eager, torch.compile) in the same run, then a short table last.
 #   bench/gpu_check.sh [build] [test] [sanitize] [bench] [peers] [klpeers] [packed] [packedpeers]
+#                      [tp] [tppeers]
 #   (default: all of them; packed: bench_packed, issue 4's DPO / pairwise / segment sums;
-#   packedpeers: their PyTorch peers)
+#   packedpeers: their PyTorch peers; tp: bench_tp, issue 5's vocabulary-parallel rank step vs
+#   the single-GPU kernel; tppeers: PyTorch's vocabulary-parallel pattern on one rank's shard)
 # (peers: the cross-entropy peers at every bench shape; klpeers: the distillation peers at two
 # shapes, since torch.compile takes ~30 s per shape and mode.) One device call runs at most
 # 10 minutes: split it, e.g. "build test sanitize" then "build bench peers klpeers".
@@ -13,7 +15,7 @@ set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
-stages=${*:-build test sanitize bench peers klpeers packed packedpeers}
+stages=${*:-build test sanitize bench peers klpeers packed packedpeers tp tppeers}
 has() { [[ " $stages " == *" $1 "* ]]; }
 B=build-gpu
 summary=()
@@ -29,11 +31,11 @@ if has test; then
   meson test -C "$B" --no-rebuild --print-errorlogs >"$OUT/test.log" 2>&1
   grep -E "^ *[0-9]+/[0-9]+ " "$OUT/test.log"
   cp "$B/meson-logs/testlog.txt" "$OUT/testlog.txt" 2>/dev/null
-  grep -E "^(ok|FAIL) |FAIL \[|test_(ce|kl|seg|pref|dpo|cp)_gpu:" "$B/meson-logs/testlog.txt" | grep -v "^ok " | tail -40
+  grep -E "^(ok|FAIL) |FAIL \[|test_(ce|kl|seg|pref|dpo|cp|tp)_gpu:" "$B/meson-logs/testlog.txt" | grep -v "^ok " | tail -40
   summary+=("tests: $(grep -E '^(Ok|Fail|Skipped|Timeout):' "$OUT/test.log" | tr -s ' ' | tr '\n' ' ')")
 fi
 if has sanitize; then
-  for t in ${SANITIZE_TESTS:-test_ce_gpu test_kl_gpu test_seg_gpu test_pref_gpu test_dpo_gpu test_cp_gpu}; do
+  for t in ${SANITIZE_TESTS:-test_ce_gpu test_kl_gpu test_seg_gpu test_pref_gpu test_dpo_gpu test_cp_gpu test_tp_gpu}; do
     for tool in memcheck racecheck; do
       log="$OUT/$tool.$t.log"
       timeout ${SANITIZE_TIMEOUT:-200} compute-sanitizer --tool $tool --error-exitcode 9 "$B/tests/$t" --small >"$log" 2>&1
@@ -63,7 +65,15 @@ if has packedpeers; then
   PYTHONUNBUFFERED=1 timeout ${PEERS_TIMEOUT:-420} python3 bench/packed_peers.py --no-copy ${PACKED_PEERS_ARGS:-} 2>"$OUT/packedpeers.err" | tee -a "$OUT/bench.log"
   tail -5 "$OUT/packedpeers.err"
 fi
-if has bench || has peers || has klpeers || has packed || has packedpeers; then
+if has tp; then
+  "$B/bench/bench_tp" ${BENCH_TP_ARGS:-} | tee -a "$OUT/bench.log"
+fi
+if has tppeers; then
+  PYTHONUNBUFFERED=1 timeout ${PEERS_TIMEOUT:-420} python3 bench/torch_peers.py --no-copy --modes tp2_rank,tp4_rank \
+    --impls eager_fp32,compile --iters 10 --shapes ${TP_PEERS_SHAPES:-4096x151936,8192x32768} 2>"$OUT/tppeers.err" | tee -a "$OUT/bench.log"
+  tail -5 "$OUT/tppeers.err"
+fi
+if has bench || has peers || has klpeers || has packed || has packedpeers || has tp || has tppeers; then
   python3 bench/report.py "$OUT/bench.log" --md "$OUT/results_table.md" --png "$OUT/results.png" >/dev/null 2>"$OUT/report.err" || tail "$OUT/report.err"
 fi
 echo "================ summary ($(head -1 "$OUT/device.txt"))"

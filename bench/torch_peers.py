@@ -86,6 +86,8 @@ KL_MODES = ("kl_fwd", "kl_rev", "jsd")  # distillation, fwd+bwd w.r.t. the stude
 TOPK = 64
 TOPK_MODES = tuple(f"{m}_top{TOPK}" for m in KL_MODES)  # the same against a sparse teacher
 ALL_MODES += list(TOPK_MODES)
+TP_MODES = ("tp2_rank", "tp4_rank")  # one rank's share of the vocabulary-parallel pattern
+ALL_MODES += list(TP_MODES)
 IMPL_NAME = {"eager_bf16": "torch_eager_bf16", "eager_fp32": "torch_eager_fp32",
              "compile": "torch_compile"}
 IGNORE_INDEX = -100
@@ -130,6 +132,23 @@ def stats_bf16(logits, labels):
     entropy = -(lp.exp() * lp).sum(dim=-1, dtype=torch.float32)
     argmax = logits.argmax(dim=-1)
     return logprob, lse, entropy, argmax
+
+
+def tp_rank_ce(shard, labels, v0):
+    """One rank's part of the vocabulary-parallel cross-entropy as Megatron-style code writes it
+    (max, sum of exp and the label's logit, each followed by an all-reduce over the TP group,
+    which one GPU cannot do: they are left out, so this is the rank's compute alone)."""
+    x = shard.float()
+    m = x.max(dim=-1).values  # all_reduce(MAX)
+    x = x - m.unsqueeze(-1)
+    vs = shard.shape[-1]
+    valid = labels != IGNORE_INDEX
+    here = valid & (labels >= v0) & (labels < v0 + vs)
+    idx = (labels - v0).clamp(0, vs - 1)
+    zy = torch.where(here, x.gather(-1, idx.unsqueeze(-1)).squeeze(-1), torch.zeros_like(m))  # all_reduce(SUM)
+    s = x.exp().sum(dim=-1)  # all_reduce(SUM)
+    loss = torch.where(valid, s.log() - zy, torch.zeros_like(m))
+    return loss.sum() / valid.sum().clamp(min=1)
 
 
 def kl_loss(mode, student, teacher):
@@ -302,7 +321,18 @@ def make_data(dev, n, v, seed):
 
 def build_op(impl, mode, logits, labels, teacher=None):
     """Returns (op, warmup_iters). op() runs one forward(+backward) and keeps nothing alive."""
-    if mode in KL_MODES or mode in TOPK_MODES:
+    if mode in TP_MODES:
+        P = int(mode[2])
+        v = logits.shape[-1]
+        vs = (v + P - 1) // P  # rank 0's shard (lf_tp_shard: the first V % P ranks get one more)
+        shard = logits.detach()[:, :vs].contiguous().requires_grad_(True)
+        fn = tp_rank_ce if impl != "compile" else torch.compile(tp_rank_ce, dynamic=False)
+
+        def op():
+            shard.grad = None
+            loss = fn(shard, labels, 0)
+            loss.backward()
+    elif mode in KL_MODES or mode in TOPK_MODES:
         base = kl_loss if mode in KL_MODES else kl_topk_loss
         fn = base if impl == "eager_fp32" else torch.compile(base, dynamic=False)
 
@@ -369,6 +399,8 @@ def result_line(impl, mode, n, v, ms, extra, status):
     floor = n * v * (6 if mode in KL_MODES else 4 if mode == "fwdbwd" else 2)
     if mode in TOPK_MODES:
         floor = n * v * 4 + n * min(TOPK, v) * 8
+    if mode in TP_MODES:
+        floor = n * ((v + int(mode[2]) - 1) // int(mode[2])) * 4
     ms_s = "nan" if ms is None or (isinstance(ms, float) and math.isnan(ms)) else f"{ms:.4f}"
     ex_s = "nan" if extra is None else str(int(extra))
     return (f"RESULT impl={IMPL_NAME[impl]} mode={mode} N={n} V={v} dtype=bf16 ms={ms_s} "
@@ -490,7 +522,7 @@ def main():
         pairs = topk_teacher(n, v, logits.device) if any(m in TOPK_MODES for m in modes) else None
         for mode in modes:
             for impl in impls:
-                if (mode in KL_MODES or mode in TOPK_MODES) and impl == "eager_bf16":
+                if (mode in KL_MODES or mode in TOPK_MODES or mode in TP_MODES) and impl == "eager_bf16":
                     continue  # the KL peers are the fp32 forms users write (issue 3)
                 status, ms, extra, compile_s, err = "ok", float("nan"), None, None, None
                 if impl == "compile":

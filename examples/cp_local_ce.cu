@@ -19,10 +19,12 @@
  *   per-sequence loss and perplexity) that do not depend on cp.
  *
  * One rank's step, three phases around two all-reduces over the CP group (cp_ce_phase_a/b/c):
- *   A  local labels from the global ids (lf_cp_local_labels_grid) and the local count of valid
- *      labels per sequence (lf_seg_sum_grid, exact in double)      -> red_a[nseq]
- *      all-reduce(red_a): the global per-sequence counts; their sum (in a fixed order) is the
- *      mean's divisor, a device scalar: no host synchronisation
+ *   A  local labels from the global ids (lf_cp_local_labels_grid), the local count of valid
+ *      labels per sequence and their summed class weights (lf_seg_sum_grid, in double)
+ *                                                                   -> red_a[2 nseq]
+ *      all-reduce(red_a): the global per-sequence counts and weights; the weights' sum (in a
+ *      fixed order) is the mean's divisor (the count without class weights), a device scalar:
+ *      no host synchronisation
  *   B  ce_launch (examples/cross_entropy.cu) on the local logits: reduction mean with that
  *      divisor, gradient in place (or to grad), per-token label log-probs; then per-sequence
  *      NLL sums and the rank's share of the loss                    -> red_b[nseq + 1]
@@ -34,7 +36,9 @@
  * Contract: the cross-entropy's (options, bad labels counted in *n_errors, NaN logits -> NaN);
  *   the loss equals the unsharded loss up to the order of the fp32/fp64 sums; the gradient rows
  *   are those of the unsharded loss; counts are exact. Workspace: cp_ce_workspace_bytes
- *   (about 16 B per local token + 20 B per sequence + the cross-entropy's 8 B per token).
+ *   (about 20 B per local token + 28 B per sequence + the cross-entropy's 8 B per token).
+ *   With class weights the loss is the weighted mean (PyTorch's); the per-sequence metrics stay
+ *   unweighted (token counts, mean label NLL, perplexity: what a log reports).
  *
  * Sections: 1. API   2. kernels   3. the phases   4. main (simulation / NCCL, check)
  */
@@ -62,7 +66,9 @@ typedef struct cp_ce_args {
     const void *logits;
     lf_dtype dtype;
     int64_t vocab, stride;
-    lf_ce_opts opts;             /* as examples/cross_entropy.cu (no class weights yet);
+    lf_ce_opts opts;             /* as examples/cross_entropy.cu (class_weights: a device pointer
+                                  * to all V weights on this rank's device; the mean is then
+                                  * divided by the GLOBAL sum of w_y over valid labels);
                                   * opts.ignore_index marks the labels without a target */
     void *grad;                  /* NULL: no gradient; == logits: in place */
     int64_t grad_stride;
@@ -79,9 +85,10 @@ typedef struct cp_ce_args {
 typedef struct cp_ws { /* carved from the workspace */
     int64_t *labels;  /* [n] */
     float *valid;     /* [n] 1 / 0; then -logprob for valid rows */
+    float *wvalid;    /* [n] w_y for valid rows (1 without class weights), else 0 */
     float *logprob;   /* [n] */
     int32_t *cu_local;/* [nseq + 1] */
-    double *red_a;    /* [nseq] */
+    double *red_a;    /* [2 nseq]: per sequence the valid labels, then their summed weights */
     double *red_b;    /* [nseq + 1] */
     float *divisor;   /* [1] */
     void *ce_ws;      /* ce_workspace_bytes(n) */
@@ -92,7 +99,7 @@ static size_t cp_align(size_t b) { return (b + 255) & ~(size_t)255; }
 static size_t cp_ce_workspace_bytes(int64_t n_local, int64_t nseq)
 {
     const size_t n = (size_t)(n_local > 0 ? n_local : 0), s = (size_t)(nseq > 0 ? nseq : 0);
-    return cp_align(8 * n) + 2 * cp_align(4 * n) + cp_align(4 * (s + 1)) + cp_align(8 * s) + cp_align(8 * (s + 1)) +
+    return cp_align(8 * n) + 3 * cp_align(4 * n) + cp_align(4 * (s + 1)) + cp_align(16 * s) + cp_align(8 * (s + 1)) +
            cp_align(4) + cp_align(ce_workspace_bytes(n_local));
 }
 
@@ -103,9 +110,10 @@ static cp_ws cp_ws_carve(void *base, int64_t n_local, int64_t nseq)
     const size_t n = (size_t)n_local, s = (size_t)nseq;
     w.labels = (int64_t *)p; p += cp_align(8 * n);
     w.valid = (float *)p; p += cp_align(4 * n);
+    w.wvalid = (float *)p; p += cp_align(4 * n);
     w.logprob = (float *)p; p += cp_align(4 * n);
     w.cu_local = (int32_t *)p; p += cp_align(4 * (s + 1));
-    w.red_a = (double *)p; p += cp_align(8 * s);
+    w.red_a = (double *)p; p += cp_align(16 * s);
     w.red_b = (double *)p; p += cp_align(8 * (s + 1));
     w.divisor = (float *)p; p += cp_align(4);
     w.ce_ws = p;
@@ -125,7 +133,9 @@ __global__ void cp_labels_kernel(const cp_ce_args a, cp_ws w)
     for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < n; t += stride) {
         const int64_t y = w.labels[t];
         /* valid: a label the cross-entropy counts (a bad label is counted as an error there) */
-        w.valid[t] = (y != a.opts.ignore_index && y >= 0 && y < a.vocab) ? 1.0f : 0.0f;
+        const bool ok = y != a.opts.ignore_index && y >= 0 && y < a.vocab;
+        w.valid[t] = ok ? 1.0f : 0.0f;
+        w.wvalid[t] = ok ? (a.opts.class_weights ? a.opts.class_weights[y] : 1.0f) : 0.0f;
     }
     for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k <= a.nseq; k += stride)
         w.cu_local[k] = a.cu_seqlens[k] / a.cp;
@@ -137,11 +147,12 @@ __global__ void cp_seq_sum_kernel(const int32_t *cu_local, int64_t nseq, const f
     lf_seg_sum_grid(cu_local, nseq, v, out);
 }
 
-/* After all-reduce(red_a): the divisor (sum of the global counts in sequence order). */
+/* After all-reduce(red_a): the divisor, the global sum of w_y over valid labels (their count
+ * without class weights), summed over the sequences in order. */
 __global__ void cp_divisor_kernel(const double *red_a, int64_t nseq, float *divisor)
 {
     double s = 0.0;
-    for (int64_t k = 0; k < nseq; ++k) s += red_a[k];
+    for (int64_t k = 0; k < nseq; ++k) s += red_a[nseq + k];
     *divisor = (float)s;
 }
 
@@ -199,7 +210,6 @@ static lf_status cp_ce_check(const cp_ce_args *a)
     if (a->nseq < 1 || a->total < 0 || a->vocab < 1 || a->stride < a->vocab) return LF_ERR_SIZE;
     if (!a->ids || !a->cu_seqlens || !a->loss || !a->workspace || (a->total > 0 && !a->logits)) return LF_ERR_NULL;
     if (a->workspace_bytes < cp_ce_workspace_bytes(a->total / a->cp, a->nseq)) return LF_ERR_SIZE;
-    if (a->opts.class_weights) return LF_ERR_ARG; /* the divisor would be sum w_y: not built yet */
     return LF_OK;
 }
 
@@ -213,6 +223,8 @@ static lf_status cp_ce_phase_a(const cp_ce_args *a, cudaStream_t s, cudaError_t 
     cp_labels_kernel<<<cp_grid(n > a->nseq ? n : a->nseq + 1), 256, 0, s>>>(*a, w);
     CP_CHECK(cudaGetLastError());
     cp_seq_sum_kernel<<<cp_grid(32 * a->nseq), 256, 0, s>>>(w.cu_local, a->nseq, w.valid, w.red_a);
+    CP_CHECK(cudaGetLastError());
+    cp_seq_sum_kernel<<<cp_grid(32 * a->nseq), 256, 0, s>>>(w.cu_local, a->nseq, w.wvalid, w.red_a + a->nseq);
     CP_CHECK(cudaGetLastError());
     return LF_OK;
 }
@@ -236,7 +248,7 @@ static lf_status cp_ce_phase_b(const cp_ce_args *a, cudaStream_t s, cudaError_t 
     c.labels_i64 = 1;
     c.opts = a->opts;
     c.reduction = LF_REDUCE_MEAN;
-    c.divisor = w.divisor; /* the GLOBAL count */
+    c.divisor = w.divisor; /* the GLOBAL count (sum of w_y) */
     c.grad = a->grad;
     c.grad_stride = a->grad_stride;
     c.loss = a->loss; /* this rank's share: local sum / global count */
@@ -299,7 +311,7 @@ static lf_status cp_ce_simulate(const cp_ce_args *args, int cp, cudaStream_t s, 
     }
     for (int r = 0; r < cp; ++r)
         if ((st = cp_ce_phase_a(&args[r], s, cuda_err)) != LF_OK) return st;
-    cp_sim_allreduce_kernel<<<cp_grid(args[0].nseq), 256, 0, s>>>(ba, cp, args[0].nseq);
+    cp_sim_allreduce_kernel<<<cp_grid(2 * args[0].nseq), 256, 0, s>>>(ba, cp, 2 * args[0].nseq);
     CP_CHECK(cudaGetLastError());
     for (int r = 0; r < cp; ++r)
         if ((st = cp_ce_phase_b(&args[r], s, cuda_err)) != LF_OK) return st;
@@ -323,8 +335,8 @@ static lf_status cp_ce_nccl(const cp_ce_args *args, int cp, const int *devs, ncc
     }
     bool ok = ncclGroupStart() == ncclSuccess;
     for (int r = 0; r < cp && ok; ++r)
-        ok = ncclAllReduce(cp_ce_red_a(&args[r]), cp_ce_red_a(&args[r]), (size_t)args[r].nseq, ncclDouble, ncclSum, comms[r],
-                           streams[r]) == ncclSuccess;
+        ok = ncclAllReduce(cp_ce_red_a(&args[r]), cp_ce_red_a(&args[r]), (size_t)(2 * args[r].nseq), ncclDouble, ncclSum,
+                           comms[r], streams[r]) == ncclSuccess;
     if (ncclGroupEnd() != ncclSuccess || !ok) return LF_ERR_DEVICE; /* the group is closed either way */
     for (int r = 0; r < cp; ++r) {
         CP_CHECK(cudaSetDevice(devs[r]));
@@ -362,6 +374,7 @@ typedef struct cp_demo {
     int64_t mean_len;    /* mean sequence length (rounded to multiples of 2 cp) */
     uint64_t seed;
     int use_nccl;        /* one GPU per rank through NCCL (LF_HAVE_NCCL; cp <= devices) */
+    int weights;         /* random class weights (0.25 .. 2.25, one in ten 0) */
 } cp_demo;
 
 typedef struct cp_demo_result {
@@ -485,6 +498,13 @@ static cp_demo_result cp_demo_run(const cp_demo *d)
     CP_TRY(cudaMalloc(&xg, nel * esz + 16));
     CP_TRY(cudaMalloc(&gref, nel * esz + 16));
     CP_TRY(cudaMalloc(&labd, 8 * (T + 1)));
+    std::vector<float> cw(V);
+    for (int64_t j = 0; j < V; ++j) cw[j] = rnd(10) == 0 ? 0.0f : 0.25f + 2.0f * (float)rnd(1000) / 1000.0f;
+    std::vector<float *> cwd(cp > 0 ? cp : 1, (float *)NULL); /* per rank's device; [0] also the reference's */
+    if (d->weights) {
+        CP_TRY(cudaMalloc(&cwd[0], 4 * V));
+        CP_TRY(cudaMemcpy(cwd[0], cw.data(), 4 * V, cudaMemcpyHostToDevice));
+    }
     CP_TRY(cudaMalloc(&lpref, 4 * (T + 1)));
     CP_TRY(cudaMalloc(&lossref, 4));
     CP_TRY(cudaMalloc(&erref, 4));
@@ -503,6 +523,7 @@ static cp_demo_result cp_demo_run(const cp_demo *d)
         c.labels = labd;
         c.labels_i64 = 1;
         c.opts = d->opts;
+        c.opts.class_weights = cwd[0];
         c.grad = gref;
         c.grad_stride = V;
         c.loss = lossref;
@@ -592,6 +613,11 @@ static cp_demo_result cp_demo_run(const cp_demo *d)
         a.dtype = d->dt;
         a.vocab = a.stride = V;
         a.opts = d->opts;
+        if (d->weights && dev != 0 && !cwd[r]) {
+            CP_TRY(cudaMalloc(&cwd[r], 4 * V));
+            CP_TRY(cudaMemcpy(cwd[r], cw.data(), 4 * V, cudaMemcpyHostToDevice));
+        }
+        a.opts.class_weights = dev != 0 ? cwd[r] : cwd[0];
         a.grad = d->in_place ? xl[r] : gl[r];
         a.grad_stride = V;
         a.loss = outs[r];
@@ -636,10 +662,16 @@ static cp_demo_result cp_demo_run(const cp_demo *d)
     const double unit_r = d->dt == LF_BF16 ? 0x1p-8 : d->dt == LF_F16 ? 0x1p-11 : 0x1p-16;
     double count = 0.0;
     for (double c : cnt_ref) count += c;
-    /* a non-label element is (p_j (1 + 2 lam lse) - eps / V) / count: the other order of the
-     * row's sums moves lse by a few ulps, p_j by ~2^-18 relative, so the element by up to
-     * 2^-18 (|g_j| + eps / (V count)) absolute however much p_j - eps / V cancels */
-    const double smooth_floor = count > 0.0 ? (double)d->opts.label_smoothing / ((double)V * count) : 0.0;
+    /* a non-label element is (p_j a - eps w_j / V) / divisor (a = (1 - eps) w_y + eps W / V +
+     * 2 lam lse; divisor = sum of w_y, the count without weights): the other order of the row's
+     * sums moves lse by a few ulps, p_j by ~2^-18 relative, so the element by up to
+     * 2^-18 (|g_j| + eps w_max / (V divisor)) absolute however much p_j a - eps w_j / V cancels */
+    double wdiv = 0.0, wmax = 1.0;
+    for (int64_t t = 0; t < T; ++t)
+        if (lab_full[t] != ign && lab_full[t] >= 0 && lab_full[t] < V) wdiv += d->weights ? cw[lab_full[t]] : 1.0;
+    if (d->weights)
+        for (int64_t j = 0; j < V; ++j) wmax = fmax(wmax, cw[j]);
+    const double smooth_floor = wdiv > 0.0 ? (double)d->opts.label_smoothing * wmax / ((double)V * wdiv) : 0.0;
     std::vector<char> gh((size_t)V * esz), rh((size_t)V * esz);
     std::vector<int64_t> labl(n_local > 0 ? n_local : 1);
     std::vector<float> oh(1 + 3 * nseq);
@@ -696,7 +728,14 @@ static cp_demo_result cp_demo_run(const cp_demo *d)
             if (q) CP_TRY(cudaFree(q));
     }
     CP_TRY(cudaSetDevice(0));
-    for (void *q : {xg, gref, wsr, (void *)labd, (void *)lpref, (void *)lossref, (void *)erref}) CP_TRY(cudaFree(q));
+    for (int r = 1; r < cp; ++r)
+        if (cwd[r]) {
+            CP_TRY(cudaSetDevice(r));
+            CP_TRY(cudaFree(cwd[r]));
+        }
+    CP_TRY(cudaSetDevice(0));
+    for (void *q : {xg, gref, wsr, (void *)labd, (void *)lpref, (void *)lossref, (void *)erref, (void *)cwd[0]})
+        if (q) CP_TRY(cudaFree(q));
     return *res;
 }
 #undef CP_TRY

@@ -150,7 +150,8 @@ __global__ void parallel(const int32_t *cu, int64_t nseq, const int64_t *ids, in
     __syncthreads();
     float lse;
     const lf_tp_merged mg = lf_tp_merge(g, 1, (int)blockDim.x, 0, 3, 1.0f, (const float *)NULL, V, 0.1f);
-    const float loss = lf_tp_loss(mg, 1e-4f, &lse);
+    const lf_tp_merged mw = lf_tp_merge_warp(g, 1, (int)blockDim.x, 0, 3, 1.0f, (const float *)NULL, V, 0.1f);
+    const float loss = lf_tp_loss(mg, 1e-4f, &lse) + lf_tp_loss(mw, 1e-4f, NULL);
     out[threadIdx.x] = loss + lf_tp_grad_coef(mg, lse, 1e-4f) +
                        (float)lf_cp_global_token(cu, nseq, 2, 0, threadIdx.x) + (float)lf_cp_label(cu, nseq, 2, 0, ids, NULL, 0, -100);
 }

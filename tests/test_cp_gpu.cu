@@ -150,6 +150,13 @@ int main(int argc, char **argv)
         run("all masked", d);
         d = b;
         d.cp = cp;
+        d.seed = g_seed * 13 + (uint64_t)cp;
+        d.dt = dts[++turn % 3];
+        d.weights = 1;
+        d.opts.label_smoothing = cp % 2 ? 0.1f : 0.0f;
+        run("class weights (divisor: the global sum of w_y)", d);
+        d = b;
+        d.cp = cp;
         d.seed = g_seed * 11 + (uint64_t)cp;
         d.nseq = 1;
         d.mean_len = 2 * cp; /* one sequence of 2 cp tokens: one token per chunk */
@@ -173,7 +180,8 @@ int main(int argc, char **argv)
             d.cp = cp;
             d.seed = g_seed + 1000 + (uint64_t)cp;
             d.use_nccl = 1;
-            run("NCCL", d);
+            d.weights = 1; /* the weights on every rank's device */
+            run("NCCL, class weights", d);
         }
 #else
     if (with_nccl) printf("skip NCCL cases: built without LF_HAVE_NCCL\n");

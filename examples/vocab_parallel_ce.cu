@@ -1,0 +1,1392 @@
+/* examples/vocab_parallel_ce.cu — cross-entropy with the vocabulary split over tp ranks (tensor
+ * parallelism): each rank reads its [N, V/tp] shard of the logits once, the ranks exchange 12
+ * bytes per row (never the logits), and each writes the gradient of its shard.
+ *
+ * Build and run (from the repository root; meson does the same, see README.md):
+ *     nvcc -O3 -std=c++17 -arch=sm_90 -I. examples/vocab_parallel_ce.cu -o vocab_parallel_ce
+ *     nvcc -O3 -std=c++17 -arch=sm_90 -I. -DLF_HAVE_NCCL examples/vocab_parallel_ce.cu -lnccl -o vocab_parallel_ce
+ *     ./vocab_parallel_ce [tp=2] [N=2048] [V=151936] [sim|nccl]
+ *   sim  (default): the tp ranks simulated in one process on one GPU (each shard its own buffer),
+ *        checked against the single-GPU cross-entropy (examples/cross_entropy.cu) on the full
+ *        vocabulary;
+ *   nccl (built with -DLF_HAVE_NCCL): one process drives every visible GPU, one rank each, the
+ *        exchange through ncclAllGather; checked the same way. With one process per GPU, each
+ *        process calls tp_ce_launch for its rank with its communicator (ncclCommInitRank).
+ *
+ * The math (lossfuse.h section 11): per row, each rank's 12-byte share lf_tp_share is the lse
+ *   state (m, s) of its columns and t, its part of sum_j q_j (m - z_j) where q is the target
+ *   distribution (label, smoothing, class weights). After an all-gather of the shares every rank
+ *   merges a row's P shares in RANK ORDER — the same bits on every rank — into the global lse
+ *   and the loss, and writes the gradient of its own columns. Same options and contract as
+ *   examples/cross_entropy.cu: ignore_index, label smoothing with the GLOBAL mean over V, z-loss,
+ *   softcap, logit scale, class weights (the full [V] vector on every rank: it is small),
+ *   reduction none / sum / mean with a device-scalar divisor, upstream gradient, bad labels
+ *   counted (on rank 0) with loss 0 and zero gradient, NaN logits -> NaN row, all ignored -> 0,
+ *   the batch loss summed in a fixed order (bit-identical run to run, and on every rank).
+ *
+ * Schedule: two passes over the shard around one exchange (the default)
+ *   Step 1 reads every row's shard (each row in slices of 32 KB, one CTA each, staged in shared
+ *   memory; the slices' partial states merged in slice order by the row's last CTA into the
+ *   share), the all-gather of the shares runs, step 2 reads the shard again and writes the
+ *   gradient (in reverse row order: the rows read last may still be in L2). HBM traffic: 1.5x
+ *   the floor (read + write of the shard). The exchange is one all-gather of 12 tp N bytes.
+ *   Chunked (chunk_rows > 0): chunk k's statistics, its all-gather on a second stream, and its
+ *   gradient two steps later in the launch of chunk k + 2's statistics (tp_step_kernel, with
+ *   programmatic dependent launch on sm_90): the exchange overlaps a step and the chunk should
+ *   still be in L2 for the gradient, so the floor traffic only. Measured on an H100
+ *   (bench/RESULTS.md) the per-step cost of a kernel boundary every few microseconds outweighs
+ *   the saved re-read at every chunk size tried, hence the default. The issue's target (rank
+ *   step <= 0.55x the single-GPU kernel on the full V) needs the L2 reuse without the kernel
+ *   boundaries: not reached yet.
+ *
+ * Memory: tp_ce_workspace_bytes (~20 B per row + 12 B per row and 32 KB slice) and the shares,
+ *   tp_ce_shares_bytes = 12 tp N bytes; nothing of size [N, V]. Gathering the logits to run the
+ *   loss on one rank would take N V bytes times the element size.
+ *
+ * Sections: 1. API   2. kernels   3. the run: plan, prep, chunks, exchange, reduce
+ *           4. simulation and NCCL drivers   5. demo / check (tp_demo_run, used by the tests)
+ *           6. main
+ */
+#define CE_NO_MAIN
+#include "examples/cross_entropy.cu"
+
+#include <algorithm>
+#include <vector>
+#ifdef LF_HAVE_NCCL
+#include <nccl.h>
+#endif
+
+/* ============================================================================================
+ * 1. API
+ * ========================================================================================== */
+
+#ifndef TP_MAX_RANKS
+#define TP_MAX_RANKS 64
+#endif
+#ifndef TP_THREADS
+#define TP_THREADS 256
+#endif
+#ifndef TP_SLICE_VECS
+#define TP_SLICE_VECS 2048 /* 16-byte vectors per CTA slice: 32 KB of shared memory */
+#endif
+
+typedef struct tp_plan {
+    int64_t chunk_rows; /* rows per chunk */
+    int64_t chunks;
+    int nsplit;         /* CTAs (32 KB slices) per row */
+} tp_plan;
+
+typedef struct tp_ce_args {
+    /* this rank's shard: columns [v0, v1) = lf_tp_shard(vocab, tp, rank) of every row */
+    const void *logits;   /* [N, v1 - v0] with row stride `stride` (elements) */
+    lf_dtype dtype;       /* of logits and grad */
+    int64_t n_rows, vocab, stride; /* vocab: the FULL V */
+    int tp, rank;
+    const void *labels;   /* [N] global labels (int32 or int64), the same on every rank */
+    int labels_i64;
+    lf_ce_opts opts;      /* class_weights: device pointer to all V weights (every rank) */
+    lf_reduction reduction;
+    const float *divisor; /* device scalar for LF_REDUCE_MEAN, or NULL: sum of w_y over valid rows */
+    const float *dloss;   /* device upstream gradient: [1] for sum / mean, [N] for none; NULL = 1 */
+    float grad_scale;     /* host multiplier of the gradient */
+    /* outputs (device), the same bits on every rank */
+    void *grad;           /* NULL: forward only; == logits: in place */
+    int64_t grad_stride;
+    float *loss;          /* [N] for none, [1] otherwise; required */
+    float *z_loss_out;    /* optional, shaped like loss */
+    float *lse;           /* optional [N]: the full row's lse (0 for ignored / bad rows) */
+    unsigned int *n_errors; /* optional: += rows with a bad label (rank 0 counts them) */
+    lf_tp_share *shares;  /* tp_ce_shares_bytes(N, tp): the all-gather's buffer. The simulation
+                           * passes the SAME buffer to every simulated rank. */
+    size_t shares_bytes;
+    void *workspace;      /* tp_ce_workspace_bytes(N, v1 - v0, dtype), zeroed once */
+    size_t workspace_bytes;
+    int64_t chunk_rows;   /* 0: every row in one chunk (up to 65535 rows; the default, fastest
+                           * measured on an H100); n: chunks of n rows, pipelined (see above) */
+    int no_pdl;           /* 1: launch the steps without programmatic dependent launch */
+    tp_plan *plan;        /* optional host out */
+} tp_ce_args;
+
+static tp_ce_args tp_ce_args_default(void)
+{
+    tp_ce_args a;
+    memset(&a, 0, sizeof a);
+    a.dtype = LF_BF16;
+    a.tp = 1;
+    a.opts = lf_ce_opts_default();
+    a.reduction = LF_REDUCE_MEAN;
+    a.grad_scale = 1.0f;
+    return a;
+}
+
+typedef struct tp_ws_header {
+    float Wr[TP_MAX_RANKS]; /* per-shard weight sums (shard sizes without class weights) */
+    float W;                /* their total */
+    float divisor;          /* the default mean divisor */
+    float pad[14];
+} tp_ws_header;
+
+static int tp_nsplit(int64_t shard_cols, lf_dtype dt)
+{
+    const int64_t pv = dt == LF_F32 ? 4 : 8, nvec = (shard_cols + pv - 1) / pv;
+    const int64_t n = (nvec + TP_SLICE_VECS - 1) / TP_SLICE_VECS;
+    return (int)(n > 0 ? n : 1);
+}
+
+static size_t tp_ce_workspace_bytes(int64_t n_rows, int64_t shard_cols, lf_dtype dt)
+{
+    const size_t n = (size_t)(n_rows > 0 ? n_rows : 0);
+    return sizeof(tp_ws_header) + 2 * 4 * n + 12 * n * (size_t)tp_nsplit(shard_cols, dt) + 4 * n;
+}
+
+static size_t tp_ce_shares_bytes(int64_t n_rows, int tp) { return sizeof(lf_tp_share) * (size_t)(n_rows > 0 ? n_rows : 0) * tp; }
+
+/* ============================================================================================
+ * 2. Kernels
+ * ========================================================================================== */
+
+typedef struct tp_kparams {
+    const void *logits;
+    int64_t stride, n_rows, V, v0, vs; /* vs = v1 - v0 */
+    int tp, rank, nsplit;
+    const void *labels;
+    int labels_i64;
+    int64_t ignore_index;
+    const float *class_w;   /* all V */
+    float eps, lam;
+    lf_xform xf;
+    int reduction;
+    const float *divisor, *dloss;
+    float grad_scale;
+    void *grad;
+    int64_t grad_stride;
+    float *loss, *z_out, *lse;
+    unsigned int *n_errors;
+    lf_tp_share *shares;
+    tp_ws_header *ws;
+    float *ws_loss, *ws_z, *part; /* part: [N][nsplit][3] */
+    unsigned int *cnt;            /* [N] */
+} tp_kparams;
+
+static __device__ __forceinline__ int64_t tp_label(const tp_kparams &p, int64_t row)
+{
+    return p.labels_i64 ? ((const int64_t *)p.labels)[row] : (int64_t)((const int32_t *)p.labels)[row];
+}
+
+/* 0 valid, 1 ignored, 2 bad label */
+static __device__ __forceinline__ int tp_status(const tp_kparams &p, int64_t y)
+{
+    return y == p.ignore_index ? 1 : (y < 0 || y >= p.V) ? 2 : 0;
+}
+
+/* Per-shard weight sums (double, fixed order: the same bits on every rank) and the default mean
+ * divisor. One CTA. */
+__global__ void __launch_bounds__(1024) tp_prep_kernel(const tp_kparams p, int want_divisor)
+{
+    __shared__ double scratch[32];
+    double W = 0.0;
+    for (int r = 0; r < p.tp; ++r) {
+        int64_t a, b;
+        lf_tp_shard(p.V, p.tp, r, &a, &b);
+        double acc = 0.0;
+        if (p.class_w)
+            for (int64_t j = a + threadIdx.x; j < b; j += 1024) acc += (double)p.class_w[j];
+        else if (threadIdx.x == 0)
+            acc = (double)(b - a);
+        acc = lf_block_sum_f64<1024>(acc, scratch);
+        __syncthreads();
+        if (threadIdx.x == 0) p.ws->Wr[r] = (float)acc;
+        W += acc;
+    }
+    if (threadIdx.x == 0) p.ws->W = (float)W;
+    if (!want_divisor) return;
+    double acc = 0.0;
+    for (int64_t i = threadIdx.x; i < p.n_rows; i += 1024) {
+        const int64_t y = tp_label(p, i);
+        if (tp_status(p, y) == 0) acc += p.class_w ? (double)p.class_w[y] : 1.0;
+    }
+    acc = lf_block_sum_f64<1024>(acc, scratch);
+    if (threadIdx.x == 0) p.ws->divisor = (float)acc;
+}
+
+/* Programmatic dependent launch (sm_90): a step kernel lets the next one start as soon as all
+ * its CTAs are running (tp_pdl_trigger), so that the next step's CTAs fill the SMs while this
+ * one's last wave drains, instead of after it; what reads another step's results waits for it
+ * first (tp_pdl_wait: returns when the preceding kernels are complete and their writes visible).
+ * No-ops before sm_90 (and when launched without the attribute). */
+static __device__ __forceinline__ void tp_pdl_trigger(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void tp_pdl_wait(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+/* Statistics: this CTA takes slice `split` of row r0 + i of a chunk of C rows, staged in shared
+ * memory; a row's CTAs leave their partial (m, s, sum w z), and the last of them merges the
+ * partials in slice order into the row's share lf_tp_share (lossfuse.h section 11), stored at
+ * shares[r0 tp + rank C + i], where the chunk's all-gather expects it.
+ *   FULL: label smoothing (sum w z is needed)   SOFTCAP: the tanh cap is on */
+template <typename T, bool FULL, bool SOFTCAP>
+static __device__ __forceinline__ void tp_stats_cta(const tp_kparams &p, int64_t r0, int64_t C, int64_t i, int split,
+                                                    uint4 *tp_smem, lf_row_stats *red)
+{
+    const int64_t row = r0 + i;
+    const int64_t y = tp_label(p, row);
+    if (tp_status(p, y) != 0) return; /* no share: the gradient pass zeroes the row */
+    const T *x = (const T *)p.logits + row * p.stride;
+    const lf_row_span sp = lf_row_span_make(x, p.vs);
+    int sb, se;
+    lf_row_slice(sp, split, p.nsplit, &sb, &se);
+    lf_piece_load<TP_THREADS>(tp_smem, x, sp, sb, se);
+    lf_cp_async_commit();
+    const float *cw = p.class_w ? p.class_w + p.v0 : nullptr; /* the shard's weights, local index */
+    lf_row_stats st = lf_row_stats_init();
+    if (split == 0) lf_edge_stats<FULL, SOFTCAP>(st, lf_row_edge_load<T>(x, sp), p.xf, cw);
+    lf_cp_async_wait<0>(); /* this thread's vectors have landed: it alone reads them */
+    lf_piece_stats<TP_THREADS, T, FULL, SOFTCAP>(st, tp_smem, sp, sb, se, p.xf, cw);
+    if (FULL) {
+        st = lf_block_row_stats<TP_THREADS>(st, red);
+    } else {
+        st.lse = lf_block_lse<TP_THREADS>(st.lse, reinterpret_cast<lf_lse *>(red));
+        st.wz = 0.0f;
+    }
+    if (threadIdx.x != 0) return;
+    tp_pdl_wait(); /* the prep's weight sums; the previous steps' hand-offs */
+    if (p.nsplit > 1) {
+        float *mine = p.part + (row * p.nsplit + split) * 3;
+        mine[0] = st.lse.m;
+        mine[1] = st.lse.s;
+        mine[2] = st.wz;
+        __threadfence(); /* the partial is visible before the count says so */
+        if (atomicAdd(p.cnt + row, 1u) != (unsigned)(p.nsplit - 1)) return; /* not the row's last */
+        __threadfence();
+        lf_lse m = lf_lse_init();
+        float wz = 0.0f;
+        for (int k = 0; k < p.nsplit; ++k) { /* slice order: the same bits however CTAs finish */
+            const float *q = p.part + (row * p.nsplit + k) * 3;
+            lf_lse b;
+            b.m = __ldcg(q);
+            b.s = __ldcg(q + 1);
+            b.u = 0.0f;
+            m = lf_lse_merge(m, b);
+            wz += __ldcg(q + 2);
+        }
+        st.lse = m;
+        st.wz = wz;
+        p.cnt[row] = 0u; /* ready for the next launch (or graph replay) */
+    }
+    const bool has_y = y >= p.v0 && y < p.v0 + p.vs;
+    const float zy = has_y ? lf_xform_apply<SOFTCAP>(lf_elem<T>::to_f32(x[y - p.v0]), p.xf) : 0.0f;
+    const float wy = p.class_w ? __ldg(p.class_w + y) : 1.0f;
+    p.shares[r0 * p.tp + (int64_t)p.rank * C + i] =
+        lf_tp_share_from(st.lse.m, st.lse.s, has_y, zy, wy, st.wz, p.ws->Wr[p.rank], p.V, p.eps);
+}
+
+/* The row's loss outputs from its merged shares (one thread). Returns the lse; *coef gets the
+ * gradient coefficients. */
+/* The row's outputs and gradient coefficients from its merged shares, by the 32 lanes of one
+ * warp (lf_tp_merge_warp: the P share loads in parallel); lane 0 writes the outputs (write)
+ * and, with coef, the coefficients to *coef. */
+static __device__ void tp_row_finish(const tp_kparams &p, int64_t row, int64_t y, int64_t r0, int64_t C, bool write,
+                                     lf_grad_coef *coef)
+{
+    const float wy = p.class_w ? __ldg(p.class_w + y) : 1.0f;
+    const lf_tp_merged mg =
+        lf_tp_merge_warp(p.shares + r0 * p.tp, C, p.tp, row - r0, y, wy, p.class_w ? p.ws->Wr : nullptr, p.V, p.eps);
+    if ((threadIdx.x & 31) != 0) return;
+    float lse;
+    const float loss = lf_tp_loss(mg, p.lam, &lse);
+    const float zterm = p.lam * lse * lse;
+    if (write) {
+        if (p.lse) p.lse[row] = lse;
+        if (p.reduction == LF_REDUCE_NONE) {
+            p.loss[row] = loss;
+            if (p.z_out) p.z_out[row] = zterm;
+        } else {
+            p.ws_loss[row] = loss;
+            p.ws_z[row] = zterm;
+        }
+    }
+    if (coef) {
+        float g = p.grad_scale * (p.dloss ? (p.reduction == LF_REDUCE_NONE ? p.dloss[row] : p.dloss[0]) : 1.0f);
+        if (p.reduction == LF_REDUCE_MEAN) {
+            const float d = p.divisor ? *p.divisor : p.ws->divisor;
+            g = d == 0.0f ? 0.0f : g / d;
+        }
+        *coef = lf_grad_coef_make(g, lse, p.eps, p.lam, wy, p.ws->W, p.V, p.xf);
+    }
+}
+
+/* Outputs of an ignored / bad row (one thread); rank 0 counts a bad label. */
+static __device__ void tp_row_skip(const tp_kparams &p, int64_t row, int status)
+{
+    if (status == 2 && p.n_errors && p.rank == 0) atomicAdd(p.n_errors, 1u);
+    if (p.lse) p.lse[row] = 0.0f;
+    if (p.reduction == LF_REDUCE_NONE) {
+        p.loss[row] = 0.0f;
+        if (p.z_out) p.z_out[row] = 0.0f;
+    } else {
+        p.ws_loss[row] = 0.0f;
+        p.ws_z[row] = 0.0f;
+    }
+}
+
+/* After the exchange: this CTA merges the shares of row r0 + i of a chunk of C rows and writes
+ * the gradient of slice `split` of the shard's row (GRAD), staging the slice first (from L2:
+ * the statistics read it two steps ago); slice 0's thread 0 writes the row's outputs. Forward
+ * only (GRAD = false) only slice 0 works: the outputs. */
+template <typename T, bool GRAD, bool FULL, bool SOFTCAP>
+static __device__ __forceinline__ void tp_grad_cta(const tp_kparams &p, int64_t r0, int64_t C, int64_t i, int split,
+                                                   uint4 *tp_smem, lf_grad_coef &coef_s)
+{
+    const int64_t row = r0 + i;
+    if (!GRAD && split != 0) return;
+    const int64_t y = tp_label(p, row);
+    const int status = tp_status(p, y);
+    const T *x = (const T *)p.logits + row * p.stride;
+    T *out = GRAD ? (T *)p.grad + row * p.grad_stride : nullptr;
+    if (status != 0) {
+        if (threadIdx.x == 0 && split == 0) tp_row_skip(p, row, status);
+        if (GRAD) lf_row_zero<TP_THREADS>(out, p.vs, split, p.nsplit);
+        return;
+    }
+    if (!GRAD) {
+        tp_pdl_wait();
+        if (threadIdx.x < 32) tp_row_finish(p, row, y, r0, C, true, nullptr);
+        return;
+    }
+    const lf_row_span sp = lf_row_span_make(x, p.vs);
+    int sb, se;
+    lf_row_slice(sp, split, p.nsplit, &sb, &se);
+    lf_piece_load<TP_THREADS>(tp_smem, x, sp, sb, se);
+    lf_cp_async_commit();
+    /* the edge elements and the label element: loaded before anything of the row is written
+     * (in place), each by the thread that will write it */
+    const lf_edge edge = split == 0 ? lf_row_edge_load<T>(x, sp) : lf_edge{0.0f, -1};
+    tp_pdl_wait(); /* the shares (statistics two steps ago, then the exchange) */
+    if (threadIdx.x < 32) tp_row_finish(p, row, y, r0, C, split == 0, &coef_s); /* lane 0 sets coef_s */
+    __syncthreads();
+    const lf_grad_coef coef = coef_s;
+    lf_cp_async_wait<0>();
+    const float *cw = p.class_w ? p.class_w + p.v0 : nullptr;
+    const bool vec_ok = ((uintptr_t)out & 15u) == (uintptr_t)sp.phase;
+    const bool fast = !SOFTCAP && !FULL && p.class_w == nullptr;
+    if (split == 0) lf_edge_grad_store<FULL, SOFTCAP>(out, edge, coef, p.xf, cw);
+    if (fast && vec_ok) {
+        const float k = lf_grad_fast_k(coef);
+        if (coef.a < 0.0f) lf_piece_grad_fast<TP_THREADS, T, true>(out, tp_smem, sp, sb, se, p.xf.scale_l2e, k);
+        else lf_piece_grad_fast<TP_THREADS, T, false>(out, tp_smem, sp, sb, se, p.xf.scale_l2e, k);
+    } else {
+        lf_piece_grad_store<TP_THREADS, FULL, SOFTCAP>(out, vec_ok, tp_smem, sp, sb, se, coef, p.xf, cw);
+    }
+    /* the label element, if this shard holds it: patched by the thread that wrote its dense
+     * value (program order, no barrier), from the staged copy */
+    const int64_t yl = y - p.v0;
+    if (yl < 0 || yl >= p.vs) return;
+    const int PV = lf_elem<T>::per_vec;
+    const int64_t yb = yl - sp.head;
+    if (yb < 0 || yb >= (int64_t)sp.nvec * PV) {
+        if (split == 0 && edge.j == (int32_t)yl)
+            out[yl] = lf_elem<T>::from_f32(lf_ce_label_grad<FULL, SOFTCAP>(edge.x, (int32_t)yl, coef, p.xf, cw));
+    } else {
+        const int vy = (int)(yb / PV);
+        if (vy >= sb && vy < se && (int)threadIdx.x == (vy - sb) % TP_THREADS) {
+            const float x_y = lf_elem<T>::get(tp_smem[vy - sb], (int)(yb % PV));
+            out[yl] = lf_elem<T>::from_f32(lf_ce_label_grad<FULL, SOFTCAP>(x_y, (int32_t)yl, coef, p.xf, cw));
+        }
+    }
+}
+
+/* One step: grad-role CTAs (blockIdx.y < gC, after the chunk's exchange) and stats-role CTAs
+ * (the sC rows from s_r0) in one launch, the grad roles first and in reverse row order (lower
+ * indices are scheduled first, and the rows read last are the likeliest still in L2). The two
+ * roles' latencies (the share merge, the partials' hand-off) overlap each other's streaming. */
+template <typename T, bool GRAD, bool FULL, bool SOFTCAP>
+__global__ void __launch_bounds__(TP_THREADS) tp_step_kernel(const tp_kparams p, int64_t g_r0, int64_t gC, int64_t s_r0,
+                                                             int64_t sC)
+{
+    extern __shared__ uint4 tp_smem[];
+    __shared__ lf_row_stats red[TP_THREADS / 32];
+    __shared__ lf_grad_coef coef_s;
+    const int64_t y = blockIdx.y;
+    tp_pdl_trigger();
+    if (y < gC) tp_grad_cta<T, GRAD, FULL, SOFTCAP>(p, g_r0, gC, gC - 1 - y, (int)blockIdx.x, tp_smem, coef_s);
+    else tp_stats_cta<T, FULL, SOFTCAP>(p, s_r0, sC, y - gC, (int)blockIdx.x, tp_smem, red);
+}
+
+/* The batch loss: the per-row values summed in double in a fixed order (one CTA). */
+__global__ void __launch_bounds__(1024) tp_reduce_kernel(const tp_kparams p)
+{
+    __shared__ double fin[32];
+    double a = 0.0, bz = 0.0;
+    for (int64_t i = threadIdx.x; i < p.n_rows; i += 1024) {
+        a += (double)p.ws_loss[i];
+        bz += (double)p.ws_z[i];
+    }
+    a = lf_block_sum_f64<1024>(a, fin);
+    __syncthreads();
+    bz = lf_block_sum_f64<1024>(bz, fin);
+    if (threadIdx.x != 0) return;
+    if (p.reduction == LF_REDUCE_MEAN) {
+        const double d = (double)(p.divisor ? *p.divisor : p.ws->divisor);
+        a = d == 0.0 ? a * 0.0 : a / d; /* 0, or NaN when a row is NaN: never hidden */
+        bz = d == 0.0 ? bz * 0.0 : bz / d;
+    }
+    p.loss[0] = (float)a;
+    if (p.z_out) p.z_out[0] = (float)bz;
+}
+
+/* ============================================================================================
+ * 3. The run of one rank: validate and plan, then prep, per chunk statistics / exchange /
+ *    gradient, and the final reduction. tp_ce_launch strings them together for one rank; the
+ *    drivers of section 4 interleave them over ranks.
+ * ========================================================================================== */
+
+/* The exchange between the statistics and the gradient of a chunk. NULL (no exchange): the
+ * shares buffer already holds the other ranks' shares (the simulation; benchmarks). */
+typedef struct tp_exchange {
+#ifdef LF_HAVE_NCCL
+    ncclComm_t comm;
+#endif
+    cudaStream_t comm_stream;  /* the all-gathers run here, overlapping the next statistics */
+    cudaEvent_t ev_stats, ev_ag[2];
+} tp_exchange;
+
+typedef struct tp_run {
+    tp_kparams p;
+    lf_dtype dt;
+    bool grad, full, softcap, want_divisor;
+    bool pdl;     /* programmatic dependent launch of the steps (sm_90+) */
+    int64_t C, K; /* rows per chunk, chunks */
+} tp_run;
+
+#define TP_CHECK(call)                                                                              \
+    do {                                                                                            \
+        cudaError_t e_ = (call);                                                                    \
+        if (e_ != cudaSuccess) {                                                                    \
+            if (cuda_err) *cuda_err = e_;                                                           \
+            return LF_ERR_DEVICE;                                                                   \
+        }                                                                                           \
+    } while (0)
+
+/* Validate a rank's arguments and plan its chunks (host only: nothing launched). */
+static lf_status tp_ce_plan(const tp_ce_args *a, tp_run *run, cudaError_t *cuda_err)
+{
+    if (cuda_err) *cuda_err = cudaSuccess;
+    if (!a || !run) return LF_ERR_NULL;
+    lf_status st = lf_check_ce_opts(&a->opts);
+    if (st != LF_OK) return st;
+    if (a->tp < 1 || a->tp > TP_MAX_RANKS || a->rank < 0 || a->rank >= a->tp) return LF_ERR_ARG;
+    if (a->n_rows < 0 || a->vocab < 1 || a->vocab > 0x7fffffff) return LF_ERR_SIZE;
+    int64_t v0, v1;
+    lf_tp_shard(a->vocab, a->tp, a->rank, &v0, &v1);
+    const int64_t vs = v1 - v0;
+    if (a->stride < vs || (a->grad && a->grad_stride < vs)) return LF_ERR_SIZE;
+    if (a->dtype != LF_F32 && a->dtype != LF_BF16 && a->dtype != LF_F16) return LF_ERR_ARG;
+    if ((int)a->reduction < 0 || (int)a->reduction > 2) return LF_ERR_ARG;
+    if (a->n_rows > 0) {
+        if (!a->logits || !a->labels || !a->loss || !a->workspace || !a->shares) return LF_ERR_NULL;
+        if (a->workspace_bytes < tp_ce_workspace_bytes(a->n_rows, vs, a->dtype)) return LF_ERR_SIZE;
+        if (a->shares_bytes < tp_ce_shares_bytes(a->n_rows, a->tp)) return LF_ERR_SIZE;
+        if (a->grad) { /* in place means the same rows; any other overlap would race */
+            const size_t esz = (size_t)lf_dtype_size(a->dtype);
+            const char *x0 = (const char *)a->logits, *g0 = (const char *)a->grad;
+            const char *x1 = x0 + ((size_t)(a->n_rows - 1) * a->stride + vs) * esz;
+            const char *g1 = g0 + ((size_t)(a->n_rows - 1) * a->grad_stride + vs) * esz;
+            const bool same = a->grad == a->logits && a->grad_stride == a->stride;
+            if (!same && g0 < x1 && x0 < g1) return LF_ERR_ARG;
+        }
+    }
+    memset(run, 0, sizeof *run);
+    tp_kparams &p = run->p;
+    p.logits = a->logits;
+    p.stride = a->stride;
+    p.n_rows = a->n_rows;
+    p.V = a->vocab;
+    p.v0 = v0;
+    p.vs = vs;
+    p.tp = a->tp;
+    p.rank = a->rank;
+    p.nsplit = tp_nsplit(vs, a->dtype);
+    p.labels = a->labels;
+    p.labels_i64 = a->labels_i64;
+    p.ignore_index = a->opts.ignore_index;
+    p.class_w = a->opts.class_weights;
+    p.eps = a->opts.label_smoothing;
+    p.lam = a->opts.z_loss;
+    p.xf = lf_xform_make(a->opts.logit_scale, a->opts.softcap);
+    p.reduction = (int)a->reduction;
+    p.divisor = a->divisor;
+    p.dloss = a->dloss;
+    p.grad_scale = a->grad_scale;
+    p.grad = a->grad;
+    p.grad_stride = a->grad_stride;
+    p.loss = a->loss;
+    p.z_out = a->z_loss_out;
+    p.lse = a->lse;
+    p.n_errors = a->n_errors;
+    p.shares = a->shares;
+    const size_t n = (size_t)a->n_rows;
+    p.ws = (tp_ws_header *)a->workspace;
+    p.ws_loss = (float *)((char *)a->workspace + sizeof(tp_ws_header));
+    p.ws_z = p.ws_loss + n;
+    p.part = p.ws_z + n;
+    p.cnt = (unsigned int *)(p.part + 3 * n * (size_t)p.nsplit);
+    run->dt = a->dtype;
+    run->grad = a->grad != NULL;
+    run->full = p.eps > 0.0f;
+    run->softcap = p.xf.softcap > 0.0f;
+    run->want_divisor = a->reduction == LF_REDUCE_MEAN && !a->divisor;
+    /* chunk: all rows (at most 65535: grid y) unless the caller asks for chunks */
+    int64_t C = a->chunk_rows > 0 ? a->chunk_rows : 65535;
+    {
+        int dev = 0, cc = 0;
+        TP_CHECK(cudaGetDevice(&dev));
+        TP_CHECK(cudaDeviceGetAttribute(&cc, cudaDevAttrComputeCapabilityMajor, dev));
+        run->pdl = cc >= 9 && !a->no_pdl;
+    }
+    if (C < 1) C = 1;
+    if (C > 65535) C = 65535;
+    if (C > a->n_rows) C = a->n_rows > 0 ? a->n_rows : 1;
+    run->C = C;
+    run->K = (a->n_rows + C - 1) / C;
+    if (a->plan) {
+        a->plan->chunk_rows = C;
+        a->plan->chunks = run->K;
+        a->plan->nsplit = p.nsplit;
+    }
+    return LF_OK;
+}
+
+#ifndef TP_MAX_DEVICES
+#define TP_MAX_DEVICES 64
+#endif
+
+/* The shared-memory opt-in of a kernel, once per device (cudaFuncSetAttribute holds for the
+ * current device only). */
+template <typename K>
+static lf_status tp_smem_optin(K kernel, int *ready, cudaError_t *cuda_err)
+{
+    int dev = 0;
+    TP_CHECK(cudaGetDevice(&dev));
+    if (dev < 0 || dev >= TP_MAX_DEVICES) return LF_ERR_DEVICE;
+    if (!ready[dev]) {
+        TP_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, TP_SLICE_VECS * 16));
+        ready[dev] = 1;
+    }
+    return LF_OK;
+}
+
+/* Rows and first row of chunk k (k < 0 or past the end: none). */
+static void tp_chunk(const tp_run &r, int64_t k, int64_t *r0, int64_t *C)
+{
+    *r0 = k * r.C;
+    *C = (k < 0 || k >= r.K) ? 0 : (r.p.n_rows - *r0 < r.C ? r.p.n_rows - *r0 : r.C);
+    if (*C == 0) *r0 = 0;
+}
+
+template <typename T, bool GRAD, bool FULL, bool SOFTCAP>
+static lf_status tp_step_launch(const tp_run &run, int64_t kg, int64_t ks, cudaStream_t s, cudaError_t *cuda_err)
+{
+    static int ready[TP_MAX_DEVICES];
+    auto kernel = tp_step_kernel<T, GRAD, FULL, SOFTCAP>;
+    lf_status st = tp_smem_optin(kernel, ready, cuda_err);
+    if (st != LF_OK) return st;
+    int64_t g0, gC, s0, sC;
+    tp_chunk(run, kg, &g0, &gC);
+    tp_chunk(run, ks, &s0, &sC);
+    if (gC + sC == 0) return LF_OK;
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr = {};
+    cfg.gridDim = dim3((unsigned)run.p.nsplit, (unsigned)(gC + sC), 1);
+    cfg.blockDim = dim3(TP_THREADS, 1, 1);
+    cfg.dynamicSmemBytes = TP_SLICE_VECS * 16;
+    cfg.stream = s;
+    if (run.pdl) {
+        attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr.val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = &attr;
+        cfg.numAttrs = 1;
+    }
+    TP_CHECK(cudaLaunchKernelEx(&cfg, kernel, run.p, g0, gC, s0, sC));
+    TP_CHECK(cudaGetLastError());
+    return LF_OK;
+}
+
+template <typename T>
+static lf_status tp_step_dispatch(const tp_run &r, int64_t kg, int64_t ks, cudaStream_t s, cudaError_t *e)
+{
+    if (!r.grad) {
+        if (r.full) return r.softcap ? tp_step_launch<T, false, true, true>(r, kg, ks, s, e) : tp_step_launch<T, false, true, false>(r, kg, ks, s, e);
+        return r.softcap ? tp_step_launch<T, false, false, true>(r, kg, ks, s, e) : tp_step_launch<T, false, false, false>(r, kg, ks, s, e);
+    }
+    if (r.full) return r.softcap ? tp_step_launch<T, true, true, true>(r, kg, ks, s, e) : tp_step_launch<T, true, true, false>(r, kg, ks, s, e);
+    return r.softcap ? tp_step_launch<T, true, false, true>(r, kg, ks, s, e) : tp_step_launch<T, true, false, false>(r, kg, ks, s, e);
+}
+
+/* Prep: weight sums and the default divisor (one small kernel). */
+static lf_status tp_ce_prep(const tp_run &r, cudaStream_t s, cudaError_t *cuda_err)
+{
+    if (r.p.n_rows == 0) return LF_OK;
+    tp_prep_kernel<<<1, 1024, 0, s>>>(r.p, r.want_divisor ? 1 : 0);
+    TP_CHECK(cudaGetLastError());
+    return LF_OK;
+}
+
+/* One step: the gradient (or forward-only outputs) of chunk kg, after its exchange, and the
+ * statistics of chunk ks (-> this rank's shares of it); either may be -1 (none). */
+static lf_status tp_ce_step(const tp_run &r, int64_t kg, int64_t ks, cudaStream_t s, cudaError_t *e)
+{
+    if (r.dt == LF_F32) return tp_step_dispatch<float>(r, kg, ks, s, e);
+    if (r.dt == LF_BF16) return tp_step_dispatch<__nv_bfloat16>(r, kg, ks, s, e);
+    return tp_step_dispatch<__half>(r, kg, ks, s, e);
+}
+
+/* The reduced loss (reduction sum / mean), or for N = 0 the zero outputs. */
+static lf_status tp_ce_reduce(const tp_run &r, cudaStream_t s, cudaError_t *cuda_err)
+{
+    if (r.p.reduction == LF_REDUCE_NONE) return LF_OK;
+    if (r.p.n_rows == 0) {
+        if (r.p.loss) TP_CHECK(cudaMemsetAsync(r.p.loss, 0, sizeof(float), s));
+        if (r.p.z_out) TP_CHECK(cudaMemsetAsync(r.p.z_out, 0, sizeof(float), s));
+        return LF_OK;
+    }
+    tp_reduce_kernel<<<1, 1024, 0, s>>>(r.p);
+    TP_CHECK(cudaGetLastError());
+    return LF_OK;
+}
+
+/* Enqueue the exchange of chunk k: the comm stream waits for the chunk's statistics on `s`,
+ * all-gathers the shares in place (rank r's block of the chunk is its send buffer), and records
+ * ev_ag[k % 2]. Inside ncclGroupStart / End when one thread drives several ranks. */
+static lf_status tp_ce_exchange(const tp_run &r, int64_t k, tp_exchange *ex, cudaStream_t s, cudaError_t *cuda_err)
+{
+#ifdef LF_HAVE_NCCL
+    const int64_t r0 = k * r.C, C = r.p.n_rows - r0 < r.C ? r.p.n_rows - r0 : r.C;
+    float *base = reinterpret_cast<float *>(r.p.shares + r0 * r.p.tp);
+    TP_CHECK(cudaEventRecord(ex->ev_stats, s));
+    TP_CHECK(cudaStreamWaitEvent(ex->comm_stream, ex->ev_stats, 0));
+    if (ncclAllGather(base + 3 * C * r.p.rank, base, (size_t)(3 * C), ncclFloat, ex->comm, ex->comm_stream) != ncclSuccess)
+        return LF_ERR_DEVICE;
+    return LF_OK;
+#else
+    (void)r; (void)k; (void)ex; (void)s; (void)cuda_err;
+    return LF_ERR_ARG; /* built without NCCL */
+#endif
+}
+
+static lf_status tp_ce_exchange_done(int64_t k, tp_exchange *ex, cudaError_t *cuda_err)
+{
+    TP_CHECK(cudaEventRecord(ex->ev_ag[k & 1], ex->comm_stream));
+    return LF_OK;
+}
+
+static lf_status tp_ce_wait_exchange(int64_t k, tp_exchange *ex, cudaStream_t s, cudaError_t *cuda_err)
+{
+    TP_CHECK(cudaStreamWaitEvent(s, ex->ev_ag[k & 1], 0));
+    return LF_OK;
+}
+
+#define TP_TRY(x)                                                                                   \
+    do {                                                                                            \
+        lf_status s_ = (x);                                                                         \
+        if (s_ != LF_OK) return s_;                                                                 \
+    } while (0)
+
+/* The gradient of chunk k runs in step k + TP_LAG, with the statistics of chunk k + TP_LAG: the
+ * exchange of chunk k (enqueued after step k) has all of step k + 1 to finish. */
+#define TP_LAG 2
+
+/* One rank's whole step on `stream` (one process per GPU; or ex == NULL: no exchange, the other
+ * ranks' shares already in place). Launches: prep, then for j = 0 .. K + 1 one step kernel
+ * (gradient of chunk j - 2, statistics of chunk j) with, around it, the wait for the exchange
+ * of chunk j - 2 and the exchange of chunk j on ex->comm_stream; then the reduction. The chunk
+ * whose gradient is written was read two steps ago and is still in L2. No host
+ * synchronisation; capturable in a CUDA graph (with NCCL, as far as NCCL allows). Returns LF_OK,
+ * LF_ERR_* for bad arguments (nothing launched), or LF_ERR_DEVICE with *cuda_err set. */
+static lf_status tp_ce_launch(const tp_ce_args *a, tp_exchange *ex, cudaStream_t stream, cudaError_t *cuda_err)
+{
+    tp_run r;
+    TP_TRY(tp_ce_plan(a, &r, cuda_err));
+    TP_TRY(tp_ce_prep(r, stream, cuda_err));
+    for (int64_t j = 0; j < r.K + TP_LAG; ++j) {
+        const int64_t kg = j - TP_LAG, ks = j < r.K ? j : -1;
+        if (ex && kg >= 0) TP_TRY(tp_ce_wait_exchange(kg, ex, stream, cuda_err));
+        TP_TRY(tp_ce_step(r, kg, ks, stream, cuda_err));
+        if (ex && ks >= 0) {
+            TP_TRY(tp_ce_exchange(r, ks, ex, stream, cuda_err));
+            TP_TRY(tp_ce_exchange_done(ks, ex, cuda_err));
+        }
+    }
+    return tp_ce_reduce(r, stream, cuda_err);
+}
+
+/* ============================================================================================
+ * 4. Drivers: the single-GPU simulation and one process driving every GPU over NCCL
+ * ========================================================================================== */
+
+/* All tp ranks on the current device, one after another: every rank's statistics (their shares
+ * land in the one shares buffer they all point to: that IS the all-gather), then every rank's
+ * gradient. The arithmetic is that of the real thing; the L2 schedule is not. */
+static lf_status tp_ce_simulate(const tp_ce_args *args, int tp, cudaStream_t stream, cudaError_t *cuda_err)
+{
+    std::vector<tp_run> runs(tp);
+    for (int r = 0; r < tp; ++r) {
+        if (args[r].shares != args[0].shares || args[r].tp != tp || args[r].rank != r) return LF_ERR_ARG;
+        TP_TRY(tp_ce_plan(&args[r], &runs[r], cuda_err));
+    }
+    for (int r = 0; r < tp; ++r) {
+        if (runs[r].C != runs[0].C) return LF_ERR_ARG; /* the chunk layout of the shares must agree */
+        TP_TRY(tp_ce_prep(runs[r], stream, cuda_err));
+        for (int64_t k = 0; k < runs[r].K; ++k) TP_TRY(tp_ce_step(runs[r], -1, k, stream, cuda_err));
+    }
+    for (int r = 0; r < tp; ++r) {
+        for (int64_t k = 0; k < runs[r].K; ++k) TP_TRY(tp_ce_step(runs[r], k, -1, stream, cuda_err));
+        TP_TRY(tp_ce_reduce(runs[r], stream, cuda_err));
+    }
+    return LF_OK;
+}
+
+#ifdef LF_HAVE_NCCL
+/* One thread drives rank r on devs[r] (streams[r], exchanges[r] with their communicators): the
+ * same schedule as tp_ce_launch, chunk by chunk over the ranks, each chunk's all-gathers in one
+ * NCCL group (one thread issuing several ranks' collectives must group them). */
+static lf_status tp_ce_nccl(const tp_ce_args *args, int tp, const int *devs, tp_exchange *ex, const cudaStream_t *streams,
+                            cudaError_t *cuda_err)
+{
+    std::vector<tp_run> runs(tp);
+    for (int r = 0; r < tp; ++r) {
+        TP_CHECK(cudaSetDevice(devs[r]));
+        TP_TRY(tp_ce_plan(&args[r], &runs[r], cuda_err));
+        if (runs[r].C != runs[0].C) return LF_ERR_ARG;
+        TP_TRY(tp_ce_prep(runs[r], streams[r], cuda_err));
+    }
+    const int64_t K = runs[0].K;
+    for (int64_t j = 0; j < K + TP_LAG; ++j) {
+        const int64_t kg = j - TP_LAG, ks = j < K ? j : -1;
+        for (int r = 0; r < tp; ++r) {
+            TP_CHECK(cudaSetDevice(devs[r]));
+            if (kg >= 0) TP_TRY(tp_ce_wait_exchange(kg, &ex[r], streams[r], cuda_err));
+            TP_TRY(tp_ce_step(runs[r], kg, ks, streams[r], cuda_err));
+        }
+        if (ks < 0) continue;
+        if (ncclGroupStart() != ncclSuccess) return LF_ERR_DEVICE;
+        lf_status st = LF_OK;
+        for (int r = 0; r < tp && st == LF_OK; ++r) {
+            if (cudaSetDevice(devs[r]) != cudaSuccess) st = LF_ERR_DEVICE;
+            else st = tp_ce_exchange(runs[r], ks, &ex[r], streams[r], cuda_err);
+        }
+        if (ncclGroupEnd() != ncclSuccess && st == LF_OK) st = LF_ERR_DEVICE; /* the group is always closed */
+        TP_TRY(st);
+        for (int r = 0; r < tp; ++r) {
+            TP_CHECK(cudaSetDevice(devs[r]));
+            TP_TRY(tp_ce_exchange_done(ks, &ex[r], cuda_err));
+        }
+    }
+    for (int r = 0; r < tp; ++r) {
+        TP_CHECK(cudaSetDevice(devs[r]));
+        TP_TRY(tp_ce_reduce(runs[r], streams[r], cuda_err));
+    }
+    return LF_OK;
+}
+#endif
+
+/* Streams and events of an exchange (comm set by the caller). */
+static lf_status tp_exchange_create(tp_exchange *ex, cudaError_t *cuda_err)
+{
+    TP_CHECK(cudaStreamCreateWithFlags(&ex->comm_stream, cudaStreamNonBlocking));
+    TP_CHECK(cudaEventCreateWithFlags(&ex->ev_stats, cudaEventDisableTiming));
+    TP_CHECK(cudaEventCreateWithFlags(&ex->ev_ag[0], cudaEventDisableTiming));
+    TP_CHECK(cudaEventCreateWithFlags(&ex->ev_ag[1], cudaEventDisableTiming));
+    return LF_OK;
+}
+
+static void tp_exchange_destroy(tp_exchange *ex)
+{
+    cudaEventDestroy(ex->ev_stats);
+    cudaEventDestroy(ex->ev_ag[0]);
+    cudaEventDestroy(ex->ev_ag[1]);
+    cudaStreamDestroy(ex->comm_stream);
+}
+
+/* ============================================================================================
+ * 5. Demo and check: tp shards of one batch against the single-GPU cross-entropy of the full
+ *    vocabulary (tp_demo_run; the GPU tests call it with many configurations)
+ * ========================================================================================== */
+
+typedef struct tp_demo {
+    int tp;
+    int64_t N, V;
+    lf_dtype dt;
+    lf_ce_opts opts;      /* class_weights: set to any non-NULL value to use random weights */
+    lf_reduction reduction;
+    int use_divisor;      /* reduction mean: pass a device divisor (divisor_value) */
+    float divisor_value;
+    int use_dloss;        /* an upstream gradient (device) */
+    float grad_scale;
+    int in_place, forward_only, labels_i64;
+    int64_t pad;          /* shard row stride = shard columns + pad */
+    int64_t chunk_rows;   /* 0: automatic */
+    double ignore_frac, bad_frac;
+    int edge_labels;      /* labels on the shard boundaries */
+    int neg_inf, nan_rows, all_ignored;
+    int repeat;           /* run twice: bit-identical loss and gradient */
+    int launch_single;    /* tp = 1 only: run tp_ce_launch (the pipelined schedule) instead of
+                           * the simulation driver */
+    int64_t check_rows;   /* 0: every row; else this many rows (first, last, spread) */
+    int use_nccl;
+    uint64_t seed;
+    int time_iters;       /* simulation only: then time rank 0's step alone (tp_ce_launch, no
+                           * exchange: the per-GPU work) as configured, the same pipelined in
+                           * chunks of a quarter of L2 (with and without programmatic dependent
+                           * launch), and the single-GPU kernel on the full V; medians of
+                           * time_iters, in place */
+} tp_demo;
+
+typedef struct tp_demo_result {
+    lf_status st;
+    cudaError_t cuda;
+    double loss, loss_ref, loss_err, lse_err, grad_err; /* errors in units of their tolerance */
+    int64_t rows_checked, rank_mismatch, nondeterministic;
+    unsigned errors, errors_ref;
+    size_t ws_bytes, shares_bytes, gathered_bytes;
+    tp_plan plan;
+    double ms_tp, ms_tp_chunked, ms_tp_chunked_nopdl, ms_single; /* with time_iters */
+    int64_t chunked_rows;                                          /* the chunks of ms_tp_chunked */
+    int ok;
+} tp_demo_result;
+
+static uint64_t tp_mix(uint64_t z)
+{
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Logits like a language model's (a bulk of width ~4, rare +-30 outliers), optionally with
+ * masked (-inf) entries; |x| <= 30 otherwise. */
+template <typename T>
+__global__ void tp_gen_logits(T *x, int64_t n, uint64_t seed, int neg_inf)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        uint64_t z = (uint64_t)i * 0x9e3779b97f4a7c15ull ^ seed;
+        z = (z ^ (z >> 31)) * 0xbf58476d1ce4e5b9ull;
+        z ^= z >> 29;
+        const float u = (float)(z >> 40) * (1.0f / 16777216.0f), v = (float)((z >> 16) & 0xffffff) * (1.0f / 16777216.0f);
+        float x0 = 4.0f * (u + v - 1.0f);
+        if ((z & 0x3ff) == 7) x0 = (z & 0x400) ? 30.0f : -30.0f;
+        if (neg_inf && (z & 0x7f) == 9) x0 = -INFINITY;
+        x[i] = lf_elem<T>::from_f32(x0);
+    }
+}
+
+static double tp_elem(const std::vector<char> &h, size_t i, lf_dtype dt)
+{
+    if (dt == LF_F32) return ((const float *)h.data())[i];
+    const uint16_t b = ((const uint16_t *)h.data())[i];
+    return dt == LF_BF16 ? lf_bf16_to_f32(b) : lf_f16_to_f32(b);
+}
+
+#define TPD_TRY(call)                                                                               \
+    do {                                                                                            \
+        cudaError_t e_ = (call);                                                                    \
+        if (e_ != cudaSuccess) {                                                                    \
+            res.cuda = e_;                                                                          \
+            res.st = LF_ERR_DEVICE;                                                                 \
+            return res;                                                                             \
+        }                                                                                           \
+    } while (0)
+
+static tp_demo_result tp_demo_run(const tp_demo *d)
+{
+    tp_demo_result res;
+    memset(&res, 0, sizeof res);
+    res.cuda = cudaSuccess;
+    const int P = d->tp;
+    const int64_t N = d->N, V = d->V, ign = d->opts.ignore_index;
+    const int esz = lf_dtype_size(d->dt);
+    const bool nccl = d->use_nccl != 0;
+    uint64_t rs = tp_mix(d->seed);
+    auto rnd = [&](uint64_t n) { rs = tp_mix(rs); return n ? rs % n : 0; };
+
+    /* labels, weights (host) */
+    std::vector<int64_t> lab(N > 0 ? N : 1);
+    for (int64_t i = 0; i < N; ++i) {
+        const double u = (double)rnd(1u << 30) / (double)(1u << 30);
+        lab[i] = (int64_t)rnd((uint64_t)V);
+        if (d->edge_labels && i % 5 == 0) { /* first or last column of some shard */
+            int64_t a, b;
+            lf_tp_shard(V, P, (int)rnd((uint64_t)P), &a, &b);
+            if (b > a) lab[i] = rnd(2) ? a : b - 1;
+        }
+        if (u < d->ignore_frac) lab[i] = ign;
+        else if (u < d->ignore_frac + d->bad_frac) lab[i] = rnd(2) ? V + (int64_t)rnd(3) : -5;
+        if (d->all_ignored) lab[i] = ign;
+    }
+    std::vector<float> cw(V);
+    for (int64_t j = 0; j < V; ++j) cw[j] = rnd(10) == 0 ? 0.0f : 0.25f + 2.0f * (float)rnd(1000) / 1000.0f;
+    const bool weights = d->opts.class_weights != NULL;
+    std::vector<int32_t> lab32(N > 0 ? N : 1);
+    for (int64_t i = 0; i < N; ++i) lab32[i] = (int32_t)lab[i];
+
+    /* the full logits and the single-GPU reference on device 0 */
+    const size_t nel = (size_t)N * V;
+    res.gathered_bytes = nel * esz;
+    void *xg = NULL, *gref = NULL, *wsr = NULL, *labd = NULL;
+    float *cwd0 = NULL, *ref_out = NULL; /* ref_out: loss [N or 1], z, lse [N], divisor, dloss [N] */
+    unsigned *erref = NULL;
+    const size_t wsrb = ce_workspace_bytes(N);
+    const size_t nout = 3 * (size_t)N + 4;
+    TPD_TRY(cudaSetDevice(0));
+    TPD_TRY(cudaMalloc(&xg, nel * esz + 16));
+    TPD_TRY(cudaMalloc(&gref, nel * esz + 16));
+    TPD_TRY(cudaMalloc(&labd, 8 * (N + 1)));
+    TPD_TRY(cudaMalloc(&cwd0, 4 * V));
+    TPD_TRY(cudaMalloc(&ref_out, 4 * (nout + N)));
+    TPD_TRY(cudaMalloc(&erref, 4));
+    TPD_TRY(cudaMalloc(&wsr, wsrb));
+    TPD_TRY(cudaMemset(wsr, 0, wsrb));
+    TPD_TRY(cudaMemset(erref, 0, 4));
+    TPD_TRY(cudaMemset(ref_out, 0, 4 * (nout + N)));
+    if (nel) {
+        const uint64_t sd = d->seed * 31 + 5;
+        if (d->dt == LF_F32) tp_gen_logits<float><<<2048, 256>>>((float *)xg, (int64_t)nel, sd, d->neg_inf);
+        else if (d->dt == LF_BF16) tp_gen_logits<__nv_bfloat16><<<2048, 256>>>((__nv_bfloat16 *)xg, (int64_t)nel, sd, d->neg_inf);
+        else tp_gen_logits<__half><<<2048, 256>>>((__half *)xg, (int64_t)nel, sd, d->neg_inf);
+        TPD_TRY(cudaGetLastError());
+    }
+    if (d->nan_rows)
+        for (int64_t i = 5; i < N; i += 17) { /* one NaN in some rows, in a random shard */
+            const int64_t j = (int64_t)rnd((uint64_t)V);
+            const uint32_t nanv = d->dt == LF_F32 ? 0x7fc00000u : 0x7fc0u;
+            TPD_TRY(cudaMemcpy((char *)xg + ((size_t)i * V + j) * esz, &nanv, esz, cudaMemcpyHostToDevice));
+        }
+    TPD_TRY(cudaMemcpy(labd, d->labels_i64 ? (const void *)lab.data() : (const void *)lab32.data(), (d->labels_i64 ? 8 : 4) * N,
+                       cudaMemcpyHostToDevice));
+    TPD_TRY(cudaMemcpy(cwd0, cw.data(), 4 * V, cudaMemcpyHostToDevice));
+    float *const divd0 = ref_out + 3 * N + 2, *const dlossd0 = ref_out + nout;
+    {
+        std::vector<float> dl(N > 0 ? N : 1);
+        for (int64_t i = 0; i < N; ++i) dl[i] = 0.5f + (float)rnd(1000) / 1000.0f;
+        TPD_TRY(cudaMemcpy(dlossd0, dl.data(), 4 * N, cudaMemcpyHostToDevice));
+        TPD_TRY(cudaMemcpy(divd0, &d->divisor_value, 4, cudaMemcpyHostToDevice));
+    }
+    {
+        ce_args c = ce_args_default();
+        c.logits = xg;
+        c.dtype = d->dt;
+        c.n_rows = N;
+        c.vocab = c.stride = V;
+        c.labels = labd;
+        c.labels_i64 = d->labels_i64;
+        c.opts = d->opts;
+        c.opts.class_weights = weights ? cwd0 : NULL;
+        c.reduction = d->reduction;
+        c.divisor = d->use_divisor ? divd0 : NULL;
+        c.dloss = d->use_dloss ? dlossd0 : NULL;
+        c.grad_scale = d->grad_scale;
+        c.grad = d->forward_only ? NULL : gref;
+        c.grad_stride = V;
+        c.loss = ref_out;
+        c.z_loss_out = ref_out + N + 1;
+        c.lse = ref_out + 2 * N + 2;
+        c.n_errors = erref;
+        c.workspace = wsr;
+        c.workspace_bytes = wsrb;
+        if ((res.st = ce_launch(&c, 0, &res.cuda)) != LF_OK) return res;
+        TPD_TRY(cudaGetLastError());
+        TPD_TRY(cudaDeviceSynchronize());
+    }
+    std::vector<float> refh(nout);
+    TPD_TRY(cudaMemcpy(refh.data(), ref_out, 4 * nout, cudaMemcpyDeviceToHost));
+    TPD_TRY(cudaMemcpy(&res.errors_ref, erref, 4, cudaMemcpyDeviceToHost));
+    const size_t nloss = d->reduction == LF_REDUCE_NONE ? (size_t)N : 1;
+    res.loss_ref = nloss ? refh[0] : 0.0;
+
+    /* the shards: rank r on device 0 (simulation) or device r (NCCL) */
+    std::vector<tp_ce_args> args(P);
+    std::vector<void *> xs(P), gs(P), ws(P), lbd(P), dls(P);
+    std::vector<float *> outs(P), cwd(P);
+    std::vector<unsigned *> errs(P);
+    std::vector<lf_tp_share *> shr(P);
+    const size_t shb = tp_ce_shares_bytes(N, P);
+    res.shares_bytes = shb;
+    for (int r = 0; r < P; ++r) {
+        const int dev = nccl ? r : 0;
+        int64_t v0, v1;
+        lf_tp_shard(V, P, r, &v0, &v1);
+        const int64_t vs = v1 - v0, st = vs + d->pad;
+        TPD_TRY(cudaSetDevice(dev));
+        TPD_TRY(cudaMalloc(&xs[r], (size_t)N * st * esz + 64));
+        if (N > 0 && vs > 0)
+            TPD_TRY(cudaMemcpy2D(xs[r], st * esz, (char *)xg + v0 * esz, V * esz, vs * esz, N, cudaMemcpyDefault));
+        if (!d->in_place && !d->forward_only) TPD_TRY(cudaMalloc(&gs[r], (size_t)N * st * esz + 64));
+        TPD_TRY(cudaMalloc(&outs[r], 4 * (3 * N + 4)));
+        TPD_TRY(cudaMalloc(&errs[r], 4));
+        TPD_TRY(cudaMemset(errs[r], 0, 4));
+        const size_t wsb = tp_ce_workspace_bytes(N, vs, d->dt);
+        res.ws_bytes = wsb > res.ws_bytes ? wsb : res.ws_bytes;
+        TPD_TRY(cudaMalloc(&ws[r], wsb));
+        TPD_TRY(cudaMemset(ws[r], 0, wsb));
+        if (nccl || r == 0) TPD_TRY(cudaMalloc(&shr[r], shb + 16));
+        else shr[r] = shr[0]; /* the simulation's one shares buffer */
+        TPD_TRY(cudaMalloc(&lbd[r], 8 * (N + 1)));
+        TPD_TRY(cudaMemcpy(lbd[r], d->labels_i64 ? (const void *)lab.data() : (const void *)lab32.data(), (d->labels_i64 ? 8 : 4) * N,
+                           cudaMemcpyHostToDevice));
+        TPD_TRY(cudaMalloc(&cwd[r], 4 * (V + 1)));
+        TPD_TRY(cudaMemcpy(cwd[r], cw.data(), 4 * V, cudaMemcpyHostToDevice));
+        TPD_TRY(cudaMalloc(&dls[r], 4 * (N + 2)));
+        TPD_TRY(cudaMemcpy(dls[r], dlossd0, 4 * N, cudaMemcpyDefault));
+        TPD_TRY(cudaMemcpy((float *)dls[r] + N, &d->divisor_value, 4, cudaMemcpyHostToDevice));
+        tp_ce_args &a = args[r];
+        a = tp_ce_args_default();
+        a.logits = xs[r];
+        a.dtype = d->dt;
+        a.n_rows = N;
+        a.vocab = V;
+        a.stride = st;
+        a.tp = P;
+        a.rank = r;
+        a.labels = lbd[r];
+        a.labels_i64 = d->labels_i64;
+        a.opts = d->opts;
+        a.opts.class_weights = weights ? cwd[r] : NULL;
+        a.reduction = d->reduction;
+        a.divisor = d->use_divisor ? (float *)dls[r] + N : NULL;
+        a.dloss = d->use_dloss ? (float *)dls[r] : NULL;
+        a.grad_scale = d->grad_scale;
+        a.grad = d->forward_only ? NULL : d->in_place ? xs[r] : gs[r];
+        a.grad_stride = st;
+        a.loss = outs[r];
+        a.z_loss_out = outs[r] + N + 1;
+        a.lse = outs[r] + 2 * N + 2;
+        a.n_errors = errs[r];
+        a.shares = shr[r];
+        a.shares_bytes = shb;
+        a.workspace = ws[r];
+        a.workspace_bytes = wsb;
+        a.chunk_rows = d->chunk_rows;
+        a.plan = r == 0 ? &res.plan : NULL;
+    }
+    /* poison every output (NaN in every dtype), then run (twice with repeat) */
+    std::vector<std::vector<char>> first_grad(P);
+    std::vector<float> first_loss;
+    for (int rep = 0; rep < (d->repeat ? 2 : 1); ++rep) {
+        for (int r = 0; r < P; ++r) {
+            TPD_TRY(cudaSetDevice(nccl ? r : 0));
+            int64_t v0, v1;
+            lf_tp_shard(V, P, r, &v0, &v1);
+            if (gs[r]) TPD_TRY(cudaMemset(gs[r], 0xff, (size_t)N * (v1 - v0 + d->pad) * esz));
+            if (rep > 0 && d->in_place && !d->forward_only && N > 0 && v1 > v0) /* the logits again: the last run overwrote them */
+                TPD_TRY(cudaMemcpy2D(xs[r], (v1 - v0 + d->pad) * esz, (char *)xg + v0 * esz, V * esz, (v1 - v0) * esz, N,
+                                     cudaMemcpyDefault));
+            TPD_TRY(cudaMemset(outs[r], 0xff, 4 * (3 * N + 4)));
+            TPD_TRY(cudaMemset(errs[r], 0, 4)); /* counted afresh each run */
+        }
+        if (nccl) {
+#ifdef LF_HAVE_NCCL
+            std::vector<int> devs(P);
+            std::vector<ncclComm_t> comms(P);
+            std::vector<cudaStream_t> streams(P);
+            std::vector<tp_exchange> ex(P);
+            for (int r = 0; r < P; ++r) devs[r] = r;
+            if (ncclCommInitAll(comms.data(), P, devs.data()) != ncclSuccess) {
+                res.st = LF_ERR_DEVICE;
+                return res;
+            }
+            for (int r = 0; r < P; ++r) {
+                TPD_TRY(cudaSetDevice(r));
+                TPD_TRY(cudaStreamCreate(&streams[r]));
+                if ((res.st = tp_exchange_create(&ex[r], &res.cuda)) != LF_OK) return res;
+                ex[r].comm = comms[r];
+            }
+            res.st = tp_ce_nccl(args.data(), P, devs.data(), ex.data(), streams.data(), &res.cuda);
+            for (int r = 0; r < P; ++r) {
+                TPD_TRY(cudaSetDevice(r));
+                TPD_TRY(cudaStreamSynchronize(streams[r]));
+                tp_exchange_destroy(&ex[r]);
+                TPD_TRY(cudaStreamDestroy(streams[r]));
+                ncclCommDestroy(comms[r]);
+            }
+            if (res.st != LF_OK) return res;
+#else
+            res.st = LF_ERR_ARG; /* built without NCCL */
+            return res;
+#endif
+        } else {
+            TPD_TRY(cudaSetDevice(0));
+            if (d->launch_single && P == 1) res.st = tp_ce_launch(&args[0], NULL, 0, &res.cuda);
+            else res.st = tp_ce_simulate(args.data(), P, 0, &res.cuda);
+            if (res.st != LF_OK) return res;
+            TPD_TRY(cudaGetLastError());
+            TPD_TRY(cudaDeviceSynchronize());
+        }
+        if (d->repeat) { /* keep rank 0's outputs of the first run, compare the second's bits */
+            TPD_TRY(cudaSetDevice(0));
+            std::vector<float> lo(nout);
+            TPD_TRY(cudaMemcpy(lo.data(), outs[0], 4 * nout, cudaMemcpyDeviceToHost));
+            int64_t v0, v1;
+            lf_tp_shard(V, P, 0, &v0, &v1);
+            const void *gbuf = d->forward_only ? NULL : d->in_place ? xs[0] : gs[0];
+            const size_t gb = gbuf ? (size_t)N * (v1 - v0 + d->pad) * esz : 0;
+            std::vector<char> g(gb);
+            if (gb) TPD_TRY(cudaMemcpy(g.data(), gbuf, gb, cudaMemcpyDeviceToHost));
+            if (rep == 0) {
+                first_loss = lo;
+                first_grad[0] = g;
+            } else {
+                res.nondeterministic += memcmp(lo.data(), first_loss.data(), 4 * nout) != 0;
+                res.nondeterministic += gb && memcmp(g.data(), first_grad[0].data(), gb) != 0;
+            }
+        }
+    }
+
+    /* compare */
+    const double unit_r = d->dt == LF_BF16 ? 0x1p-8 : d->dt == LF_F16 ? 0x1p-11 : 0x1p-23;
+    const double eps = d->opts.label_smoothing, lam = d->opts.z_loss, scale = d->opts.logit_scale;
+    const double zmax = d->opts.softcap > 0.0f ? fmin(30.0 * scale, (double)d->opts.softcap) : 30.0 * scale;
+    double W = 0.0;
+    for (int64_t j = 0; j < V; ++j) W += weights ? cw[j] : 1.0;
+    std::vector<float> dlh(N > 0 ? N : 1);
+    TPD_TRY(cudaSetDevice(0));
+    TPD_TRY(cudaMemcpy(dlh.data(), dlossd0, 4 * N, cudaMemcpyDeviceToHost));
+    double divisor = 0.0;
+    for (int64_t i = 0; i < N; ++i)
+        if (lab[i] != ign && lab[i] >= 0 && lab[i] < V) divisor += weights ? cw[lab[i]] : 1.0;
+    if (d->reduction == LF_REDUCE_MEAN && d->use_divisor) divisor = d->divisor_value;
+    /* per row: both lse's are fp32 sums of MUFU exponentials in different orders: apart by at
+     * most 2^-20 (1 + |lse|) (measured well below); the loss by its coefficients times that
+     * plus its own rounding (and, with smoothing, the cancellation in W lse - sum w z: 2^-20 of
+     * eps W zmax / V) */
+    std::vector<double> tol_row(N > 0 ? N : 1, 0.0);
+    double tol_sum = 0.0;
+    for (int64_t i = 0; i < N; ++i) {
+        if (lab[i] == ign || lab[i] < 0 || lab[i] >= V) continue;
+        const double L = fabs(refh[2 * N + 2 + i]) < INFINITY ? fabs(refh[2 * N + 2 + i]) : 0.0;
+        const double wy = weights ? cw[lab[i]] : 1.0, A = (1.0 - eps) * wy + eps * W / V;
+        tol_row[i] = (A + 2.0 * lam * L) * 0x1p-20 * (1.0 + L) + 0x1p-21 * (A * (L + zmax) + lam * L * L) +
+                     0x1p-20 * eps * W * zmax / V + 1e-30;
+        tol_sum += tol_row[i] * (d->use_dloss && d->reduction == LF_REDUCE_NONE ? 1.0 : 1.0);
+    }
+    const double red_div = d->reduction == LF_REDUCE_MEAN ? (divisor != 0.0 ? fabs(divisor) : INFINITY) : 1.0;
+    std::vector<float> oh(nout), o0(nout);
+    int64_t v00, v01;
+    lf_tp_shard(V, P, 0, &v00, &v01);
+    for (int r = 0; r < P; ++r) {
+        const int dev = nccl ? r : 0;
+        TPD_TRY(cudaSetDevice(dev));
+        TPD_TRY(cudaDeviceSynchronize());
+        unsigned e;
+        TPD_TRY(cudaMemcpy(&e, errs[r], 4, cudaMemcpyDeviceToHost));
+        res.errors += e;
+        TPD_TRY(cudaMemcpy(oh.data(), outs[r], 4 * nout, cudaMemcpyDeviceToHost));
+        if (r == 0) o0 = oh;
+        /* every rank holds the same bits: loss, z, lse */
+        if (memcmp(oh.data(), o0.data(), 4 * (nloss + (N + 1) + N)) != 0 && r > 0) ++res.rank_mismatch;
+        if (r == 0) {
+            res.loss = nloss ? oh[0] : 0.0;
+            for (size_t q = 0; q < nloss; ++q) {
+                const double want = refh[q], got = oh[q];
+                const double tl = d->reduction == LF_REDUCE_NONE ? tol_row[q] : tol_sum / red_div + 0x1p-22 * fabs(want) + 1e-30;
+                const double er = want != want ? (got != got ? 0.0 : INFINITY) : (got != got ? INFINITY : fabs(got - want) / tl);
+                res.loss_err = fmax(res.loss_err, er);
+            }
+            for (int64_t i = 0; i < N; ++i) {
+                const double want = refh[2 * N + 2 + i], got = oh[2 * N + 2 + i];
+                const double tl = 0x1p-20 * (1.0 + (fabs(want) < INFINITY ? fabs(want) : 0.0));
+                const double er = want != want ? (got != got ? 0.0 : INFINITY)
+                                               : (got != got ? INFINITY : (got == want ? 0.0 : fabs(got - want) / tl));
+                res.lse_err = fmax(res.lse_err, er);
+            }
+        }
+        if (d->forward_only) continue;
+        /* gradient rows against the unsharded ones, column by column */
+        int64_t v0, v1;
+        lf_tp_shard(V, P, r, &v0, &v1);
+        const int64_t vs = v1 - v0, st = vs + d->pad;
+        if (vs == 0) continue;
+        std::vector<char> gh((size_t)vs * esz), rh((size_t)V * esz);
+        const int64_t nchk = d->check_rows > 0 && d->check_rows < N ? d->check_rows : N;
+        for (int64_t c = 0; c < nchk; ++c) {
+            const int64_t i = nchk == N ? c : (c == nchk - 1 ? N - 1 : c * (N / nchk));
+            if (r == 0) ++res.rows_checked;
+            TPD_TRY(cudaMemcpy(gh.data(), (char *)(d->in_place ? xs[r] : gs[r]) + (size_t)i * st * esz, vs * esz, cudaMemcpyDefault));
+            TPD_TRY(cudaMemcpy(rh.data(), (char *)gref + (size_t)i * V * esz, V * esz, cudaMemcpyDefault));
+            const bool valid = lab[i] != ign && lab[i] >= 0 && lab[i] < V;
+            const double L = valid && fabs(refh[2 * N + 2 + i]) < INFINITY ? fabs(refh[2 * N + 2 + i]) : 0.0;
+            /* the gradient's scale: upstream x grad_scale / divisor x logit scale; its smoothing
+             * term e w_j and label term b (section 6 of lossfuse_cuda.cuh) */
+            double gsc = d->grad_scale * (d->use_dloss ? dlh[d->reduction == LF_REDUCE_NONE ? i : 0] : 1.0) * scale;
+            if (d->reduction == LF_REDUCE_MEAN) gsc = divisor == 0.0 ? 0.0 : gsc / divisor;
+            const double wy = valid && weights ? cw[lab[i]] : 1.0;
+            const double rho = 0x1p-20 * (1.0 + L) + 0x1p-21;
+            for (int64_t j = 0; j < vs; ++j) {
+                const double g = tp_elem(gh, j, d->dt), want = tp_elem(rh, v0 + j, d->dt);
+                const double e = fabs(gsc) * eps / V * (weights ? cw[v0 + j] : 1.0);
+                const double b = (v0 + j == lab[i]) ? fabs(gsc) * (1.0 - eps) * wy : 0.0;
+                /* two roundings to the dtype, the lse difference on the p_j term (which may
+                 * cancel against e and b: bounded by their sizes), fp16's subnormal step */
+                const double tl = 2.0 * unit_r * fmax(fabs(g), fabs(want)) + rho * (fabs(want) + 2.0 * e + b) +
+                                  (d->dt == LF_F16 ? 0x1p-24 : 0.0) + 1e-30;
+                const double er = (want != want) ? (g != g ? 0.0 : INFINITY) : (g != g ? INFINITY : (g == want ? 0.0 : fabs(g - want) / tl));
+                res.grad_err = fmax(res.grad_err, er);
+            }
+        }
+    }
+    res.ok = res.st == LF_OK && res.loss_err <= 1.0 && res.lse_err <= 1.0 && res.grad_err <= 1.0 && res.rank_mismatch == 0 &&
+             res.nondeterministic == 0 && res.errors == res.errors_ref;
+    if (d->time_iters > 0 && !nccl && N > 0) {
+        /* timings (the data is overwritten in place: the values no longer matter) */
+        TPD_TRY(cudaSetDevice(0));
+        cudaEvent_t e0, e1;
+        TPD_TRY(cudaEventCreate(&e0));
+        TPD_TRY(cudaEventCreate(&e1));
+        auto time_it = [&](auto &&step, double *ms) -> lf_status {
+            std::vector<float> t;
+            for (int it = 0; it < d->time_iters + 2; ++it) {
+                if (cudaEventRecord(e0) != cudaSuccess) return LF_ERR_DEVICE;
+                const lf_status st = step();
+                if (st != LF_OK) return st;
+                if (cudaEventRecord(e1) != cudaSuccess || cudaEventSynchronize(e1) != cudaSuccess) return LF_ERR_DEVICE;
+                float m = 0.0f;
+                if (cudaEventElapsedTime(&m, e0, e1) != cudaSuccess) return LF_ERR_DEVICE;
+                if (it >= 2) t.push_back(m);
+            }
+            std::sort(t.begin(), t.end());
+            *ms = t[t.size() / 2];
+            return LF_OK;
+        };
+        for (int r = 0; r < P; ++r) args[r].grad = d->forward_only ? NULL : xs[r];
+        args[0].plan = NULL;
+        if ((res.st = time_it([&]() { return tp_ce_launch(&args[0], NULL, 0, &res.cuda); }, &res.ms_tp)) != LF_OK) return res;
+        /* chunks of a quarter of L2 (the shares' layout changes with the chunks: simulate first) */
+        int l2 = 0;
+        TPD_TRY(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
+        res.chunked_rows = (int64_t)l2 / 4 / ((v01 - v00 > 0 ? v01 - v00 : 1) * esz);
+        if (res.chunked_rows < 1) res.chunked_rows = 1;
+        for (int r = 0; r < P; ++r) args[r].chunk_rows = res.chunked_rows;
+        if ((res.st = tp_ce_simulate(args.data(), P, 0, &res.cuda)) != LF_OK) return res;
+        if ((res.st = time_it([&]() { return tp_ce_launch(&args[0], NULL, 0, &res.cuda); }, &res.ms_tp_chunked)) != LF_OK)
+            return res;
+        args[0].no_pdl = 1;
+        if ((res.st = time_it([&]() { return tp_ce_launch(&args[0], NULL, 0, &res.cuda); }, &res.ms_tp_chunked_nopdl)) != LF_OK)
+            return res;
+        ce_args c = ce_args_default();
+        c.logits = xg;
+        c.dtype = d->dt;
+        c.n_rows = N;
+        c.vocab = c.stride = V;
+        c.labels = labd;
+        c.labels_i64 = d->labels_i64;
+        c.opts = d->opts;
+        c.opts.class_weights = weights ? cwd0 : NULL;
+        c.reduction = d->reduction;
+        c.grad = d->forward_only ? NULL : xg;
+        c.grad_stride = V;
+        c.loss = ref_out;
+        c.workspace = wsr;
+        c.workspace_bytes = wsrb;
+        if ((res.st = time_it([&]() { return ce_launch(&c, 0, &res.cuda); }, &res.ms_single)) != LF_OK) return res;
+        TPD_TRY(cudaGetLastError());
+        TPD_TRY(cudaEventDestroy(e0));
+        TPD_TRY(cudaEventDestroy(e1));
+    }
+    for (int r = 0; r < P; ++r) {
+        TPD_TRY(cudaSetDevice(nccl ? r : 0));
+        for (void *q : {xs[r], gs[r], (void *)outs[r], (void *)errs[r], ws[r], lbd[r], (void *)cwd[r], dls[r]})
+            if (q) TPD_TRY(cudaFree(q));
+        if (nccl || r == 0) TPD_TRY(cudaFree(shr[r]));
+    }
+    TPD_TRY(cudaSetDevice(0));
+    for (void *q : {xg, gref, wsr, labd, (void *)cwd0, (void *)ref_out, (void *)erref}) TPD_TRY(cudaFree(q));
+    return res;
+}
+#undef TPD_TRY
+
+/* ============================================================================================
+ * 6. main: one configuration, checked, with the memory it takes
+ * ========================================================================================== */
+#ifndef TP_NO_MAIN
+int main(int argc, char **argv)
+{
+    tp_demo d;
+    memset(&d, 0, sizeof d);
+    d.tp = argc > 1 ? atoi(argv[1]) : 2;
+    d.N = argc > 2 ? atoll(argv[2]) : 2048;
+    d.V = argc > 3 ? atoll(argv[3]) : 151936;
+    d.use_nccl = argc > 4 && !strcmp(argv[4], "nccl");
+    d.dt = LF_BF16;
+    d.opts = lf_ce_opts_default();
+    d.opts.label_smoothing = 0.1f;
+    d.opts.z_loss = 1e-4f;
+    d.reduction = LF_REDUCE_MEAN;
+    d.grad_scale = 1.0f;
+    d.in_place = 1;
+    d.ignore_frac = 0.1;
+    d.bad_frac = 0.001;
+    d.edge_labels = 1;
+    d.check_rows = 64;
+    d.seed = 20261123;
+    d.time_iters = d.use_nccl ? 0 : 10;
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+        /* Say so plainly, and still show the shares at work on the host. */
+        const float x[6] = {1.0f, 3.0f, -2.0f, 0.5f, 3.0f, 0.0f};
+        lf_tp_share g[3];
+        printf("no CUDA device found: one row of V = 6 over tp = 3 on the host only\n");
+        for (int r = 0; r < 3; ++r) {
+            int64_t v0, v1;
+            lf_tp_acc acc = lf_tp_acc_init();
+            lf_tp_shard(6, 3, r, &v0, &v1);
+            for (int64_t j = v0; j < v1; ++j) lf_tp_acc_push(&acc, x[j], 1.0f, j == 4, 0);
+            g[r] = lf_tp_share_make(acc, 1.0f, (float)(v1 - v0), 6, 0.0f);
+            printf("rank %d: columns [%lld, %lld) share m=%g s=%g t=%g\n", r, (long long)v0, (long long)v1, g[r].m, g[r].s, g[r].t);
+        }
+        float lse;
+        const float loss = lf_tp_loss(lf_tp_merge(g, 1, 3, 0, 4, 1.0f, NULL, 6, 0.0f), 0.0f, &lse);
+        const lf_ce_opts o = lf_ce_opts_default();
+        const lf_ce_row ref = lf_ref_ce_row(x, 6, 4, &o, NULL);
+        printf("merged: lse %.7f, loss %.7f (label 4); unsharded reference: lse %.7f, loss %.7f\n", lse, loss, ref.lse, ref.loss);
+        return 0;
+    }
+#ifndef LF_HAVE_NCCL
+    if (d.use_nccl) {
+        fprintf(stderr, "built without NCCL: rebuild with -DLF_HAVE_NCCL -lnccl\n");
+        return 1;
+    }
+#endif
+    if (d.use_nccl && d.tp > ndev) {
+        fprintf(stderr, "nccl mode: tp = %d ranks need %d GPUs, %d visible\n", d.tp, d.tp, ndev);
+        return 1;
+    }
+    cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return 1;
+    printf("device: %s  tp=%d (%s)  N=%lld  V=%lld bf16, smoothing 0.1, z-loss 1e-4, 10%% ignored, in place\n", prop.name, d.tp,
+           d.use_nccl ? "NCCL, one GPU per rank" : "simulated on one GPU", (long long)d.N, (long long)d.V);
+    const tp_demo_result r = tp_demo_run(&d);
+    if (r.st != LF_OK) {
+        fprintf(stderr, "tp_demo_run: %s (%s)\n", lf_status_str(r.st), cudaGetErrorString(r.cuda));
+        return 1;
+    }
+    printf("plan: %lld rows per chunk, %lld chunks, %d CTAs per row\n", (long long)r.plan.chunk_rows, (long long)r.plan.chunks,
+           r.plan.nsplit);
+    printf("loss %.7f, single GPU %.7f (%.3f of tolerance); lse worst %.3f, gradient worst %.3f of tolerance (%lld rows)\n",
+           r.loss, r.loss_ref, r.loss_err, r.lse_err, r.grad_err, (long long)r.rows_checked);
+    printf("every rank the same bits: %s; bad labels %u (single GPU %u)\n", r.rank_mismatch ? "NO" : "yes", r.errors, r.errors_ref);
+    printf("memory per rank: workspace %zu B + shares %zu B; gathering the logits instead would take %zu B\n", r.ws_bytes,
+           r.shares_bytes, r.gathered_bytes);
+    if (d.time_iters)
+        printf("time: rank 0's step %.3f ms (pipelined in %lld-row chunks: %.3f ms, %.3f without programmatic dependent launch); "
+               "single GPU, full V: %.3f ms; ratio %.3f (exchange not included: simulated)\n", r.ms_tp, (long long)r.chunked_rows,
+               r.ms_tp_chunked, r.ms_tp_chunked_nopdl, r.ms_single, r.ms_tp / r.ms_single);
+    printf("%s\n", r.ok ? "OK" : "MISMATCH");
+    return r.ok ? 0 : 1;
+}
+#endif /* TP_NO_MAIN */
