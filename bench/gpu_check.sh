@@ -5,8 +5,8 @@
 #   bench/gpu_check.sh [build] [test] [sanitize] [bench] [peers] [klpeers] [packed] [packedpeers]
 #                      [tp] [tppeers]
 #   (default: all of them; packed: bench_packed, issue 4's DPO / pairwise / segment sums;
-#   packedpeers: their PyTorch peers; tp: bench_tp, issue 5's vocabulary-parallel rank step vs
-#   the single-GPU kernel; tppeers: PyTorch's vocabulary-parallel pattern on one rank's shard)
+#   packedpeers: their PyTorch peers; tp: bench_parallel, issue 5's vocabulary-parallel rank step vs
+#   the single-GPU kernel and the cp-local loss vs gather-then-loss; tppeers: PyTorch's vocabulary-parallel pattern on one rank's shard)
 # (peers: the cross-entropy peers at every bench shape; klpeers: the distillation peers at two
 # shapes, since torch.compile takes ~30 s per shape and mode.) One device call runs at most
 # 10 minutes: split it, e.g. "build test sanitize" then "build bench peers klpeers".
@@ -66,7 +66,7 @@ if has packedpeers; then
   tail -5 "$OUT/packedpeers.err"
 fi
 if has tp; then
-  "$B/bench/bench_tp" ${BENCH_TP_ARGS:-} | tee -a "$OUT/bench.log"
+  "$B/bench/bench_parallel" ${BENCH_PARALLEL_ARGS:-} | tee -a "$OUT/bench.log"
 fi
 if has tppeers; then
   PYTHONUNBUFFERED=1 timeout ${PEERS_TIMEOUT:-420} python3 bench/torch_peers.py --no-copy --modes tp2_rank,tp4_rank \

@@ -4,11 +4,13 @@
  * Build and run (from the repository root; meson does the same, see README.md):
  *     nvcc -O3 -std=c++17 -arch=sm_90 -I. examples/cp_local_ce.cu -o cp_local_ce
  *     nvcc -O3 -std=c++17 -arch=sm_90 -I. -DLF_HAVE_NCCL examples/cp_local_ce.cu -lnccl -o cp_local_ce
- *     ./cp_local_ce [cp=4] [nseq=16] [V=32768] [sim|nccl]
+ *     ./cp_local_ce [cp=4] [nseq=16] [V=32768] [sim|nccl] [mem]
  *   sim  (default): the cp ranks simulated one after another on one GPU, checked against the
  *        unsharded cross-entropy of the same batch;
  *   nccl (built with -DLF_HAVE_NCCL): one process drives every visible GPU, one rank each
  *        (cp = the number of GPUs), the all-reduces through NCCL; checked the same way.
+ *   mem  (opt-in): also report the device memory the step allocates (cudaMemGetInfo around a
+ *        second run; it allocates nothing: every buffer is the caller's).
  *
  * Why: under context parallelism each rank holds the logits of its shard of every sequence
  *   (lossfuse.h section 10: sequences cut into 2 cp chunks, rank r holding chunks r and
@@ -45,6 +47,7 @@
 #define CE_NO_MAIN
 #include "examples/cross_entropy.cu"
 
+#include <algorithm>
 #include <vector>
 #ifdef LF_HAVE_NCCL
 #include <nccl.h>
@@ -375,6 +378,12 @@ typedef struct cp_demo {
     uint64_t seed;
     int use_nccl;        /* one GPU per rank through NCCL (LF_HAVE_NCCL; cp <= devices) */
     int weights;         /* random class weights (0.25 .. 2.25, one in ten 0) */
+    int report_memory;   /* opt-in: run the sharded step once more between two cudaMemGetInfo
+                          * readings (what it allocates beyond the caller's buffers: nothing) */
+    int time_iters;      /* simulation only: then time rank 0's three phases (the all-reduces
+                          * left out: one GPU), a device copy of the bytes a rank would receive
+                          * gathering the logits ((cp - 1) / cp of them), and the cross-entropy
+                          * of the gathered [T, V]; medians of time_iters, in place */
 } cp_demo;
 
 typedef struct cp_demo_result {
@@ -387,6 +396,8 @@ typedef struct cp_demo_result {
     double nll_err;                  /* worst per-sequence mean NLL, in tolerances */
     unsigned errors, errors_ref;
     size_t ws_bytes, gathered_bytes;
+    double ms_local, ms_gather_copy, ms_full; /* with time_iters */
+    long long step_alloc_bytes;               /* with report_memory: free before - after the step */
     int ok;
 } cp_demo_result;
 
@@ -722,6 +733,70 @@ static cp_demo_result cp_demo_run(const cp_demo *d)
     }
     res->ok = res->st == LF_OK && res->loss_err <= 1.0 && res->grad_err <= 1.0 && res->label_mismatch == 0 &&
               res->count_mismatch == 0 && res->seq_unwritten == 0 && res->nll_err <= 1.0 && res->errors == res->errors_ref;
+    if (d->report_memory && !nccl) {
+        size_t f0 = 0, f1 = 0, tot = 0;
+        CP_TRY(cudaSetDevice(0));
+        CP_TRY(cudaDeviceSynchronize());
+        CP_TRY(cudaMemGetInfo(&f0, &tot));
+        if ((res->st = cp_ce_simulate(args.data(), cp, 0, &res->cuda)) != LF_OK) return *res;
+        CP_TRY(cudaDeviceSynchronize());
+        CP_TRY(cudaMemGetInfo(&f1, &tot));
+        res->step_alloc_bytes = (long long)f0 - (long long)f1;
+    }
+    if (d->time_iters > 0 && !nccl && T > 0) {
+        CP_TRY(cudaSetDevice(0));
+        cudaEvent_t e0, e1;
+        CP_TRY(cudaEventCreate(&e0));
+        CP_TRY(cudaEventCreate(&e1));
+        auto time_it = [&](auto &&step, double *ms) -> lf_status {
+            std::vector<float> t;
+            for (int it = 0; it < d->time_iters + 2; ++it) {
+                if (cudaEventRecord(e0) != cudaSuccess) return LF_ERR_DEVICE;
+                const lf_status st = step();
+                if (st != LF_OK) return st;
+                if (cudaEventRecord(e1) != cudaSuccess || cudaEventSynchronize(e1) != cudaSuccess) return LF_ERR_DEVICE;
+                float m = 0.0f;
+                if (cudaEventElapsedTime(&m, e0, e1) != cudaSuccess) return LF_ERR_DEVICE;
+                if (it >= 2) t.push_back(m);
+            }
+            std::sort(t.begin(), t.end());
+            *ms = t[t.size() / 2];
+            return LF_OK;
+        };
+        cp_ce_args a0 = args[0];
+        a0.grad = xl[0]; /* in place */
+        auto local = [&]() -> lf_status {
+            lf_status st = cp_ce_phase_a(&a0, 0, &res->cuda);
+            if (st == LF_OK) st = cp_ce_phase_b(&a0, 0, &res->cuda);
+            if (st == LF_OK) st = cp_ce_phase_c(&a0, 0, &res->cuda);
+            return st;
+        };
+        if ((res->st = time_it(local, &res->ms_local)) != LF_OK) return *res;
+        const size_t recv = nel * esz / (size_t)cp * (size_t)(cp - 1);
+        auto gather = [&]() -> lf_status {
+            if (recv && cudaMemcpyAsync(gref, xg, recv, cudaMemcpyDeviceToDevice, 0) != cudaSuccess) return LF_ERR_DEVICE;
+            return LF_OK;
+        };
+        if ((res->st = time_it(gather, &res->ms_gather_copy)) != LF_OK) return *res;
+        ce_args c = ce_args_default();
+        c.logits = xg;
+        c.dtype = d->dt;
+        c.n_rows = T;
+        c.vocab = c.stride = V;
+        c.labels = labd;
+        c.labels_i64 = 1;
+        c.opts = d->opts;
+        c.opts.class_weights = cwd[0];
+        c.grad = xg;
+        c.grad_stride = V;
+        c.loss = lossref;
+        c.workspace = wsr;
+        c.workspace_bytes = wsrb;
+        if ((res->st = time_it([&]() { return ce_launch(&c, 0, &res->cuda); }, &res->ms_full)) != LF_OK) return *res;
+        CP_TRY(cudaGetLastError());
+        CP_TRY(cudaEventDestroy(e0));
+        CP_TRY(cudaEventDestroy(e1));
+    }
     for (int r = 0; r < cp; ++r) {
         CP_TRY(cudaSetDevice(nccl ? r : 0));
         for (void *q : {xl[r], gl[r], (void *)outs[r], (void *)errs[r], ws[r], (void *)ids_d[r], (void *)tm_d[r], (void *)cu_d[r]})
@@ -749,6 +824,7 @@ int main(int argc, char **argv)
     d.nseq = argc > 2 ? atoll(argv[2]) : 16;
     d.V = argc > 3 ? atoll(argv[3]) : 32768;
     d.use_nccl = argc > 4 && !strcmp(argv[4], "nccl");
+    d.report_memory = argc > 5 && !strcmp(argv[5], "mem");
     d.dt = LF_BF16;
     d.opts = lf_ce_opts_default();
     d.opts.label_smoothing = 0.1f;
@@ -801,6 +877,9 @@ int main(int argc, char **argv)
            "bad labels %u (unsharded %u)\n", (long long)r.label_mismatch, (long long)r.count_mismatch, r.nll_err, r.errors,
            r.errors_ref);
     printf("memory per rank: workspace %zu B; gathering the logits instead would take %zu B\n", r.ws_bytes, r.gathered_bytes);
+    if (d.report_memory && !d.use_nccl)
+        printf("memory report: the step allocated %lld B (cudaMemGetInfo around a second run of every rank)\n",
+               r.step_alloc_bytes);
     printf("%s\n", r.ok ? "OK" : "MISMATCH");
     return r.ok ? 0 : 1;
 }

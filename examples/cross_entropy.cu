@@ -45,6 +45,8 @@
  *
  * Sections: 1. API   2. kernels   3. launcher   4. main (make data, check, time)
  */
+#ifndef LOSSFUSE_EXAMPLE_CROSS_ENTROPY_CU /* the other examples include this file */
+#define LOSSFUSE_EXAMPLE_CROSS_ENTROPY_CU
 #include "lossfuse_cuda.cuh"
 
 #include <stdio.h>
@@ -1004,3 +1006,4 @@ int main(int argc, char **argv)
     return ok ? 0 : 1;
 }
 #endif /* CE_NO_MAIN */
+#endif /* LOSSFUSE_EXAMPLE_CROSS_ENTROPY_CU */

@@ -5,13 +5,15 @@
  * Build and run (from the repository root; meson does the same, see README.md):
  *     nvcc -O3 -std=c++17 -arch=sm_90 -I. examples/vocab_parallel_ce.cu -o vocab_parallel_ce
  *     nvcc -O3 -std=c++17 -arch=sm_90 -I. -DLF_HAVE_NCCL examples/vocab_parallel_ce.cu -lnccl -o vocab_parallel_ce
- *     ./vocab_parallel_ce [tp=2] [N=2048] [V=151936] [sim|nccl]
+ *     ./vocab_parallel_ce [tp=2] [N=2048] [V=151936] [sim|nccl] [mem]
  *   sim  (default): the tp ranks simulated in one process on one GPU (each shard its own buffer),
  *        checked against the single-GPU cross-entropy (examples/cross_entropy.cu) on the full
  *        vocabulary;
  *   nccl (built with -DLF_HAVE_NCCL): one process drives every visible GPU, one rank each, the
  *        exchange through ncclAllGather; checked the same way. With one process per GPU, each
  *        process calls tp_ce_launch for its rank with its communicator (ncclCommInitRank).
+ *   mem  (opt-in): also report the device memory the step allocates (cudaMemGetInfo around a
+ *        second run; it allocates nothing: every buffer is the caller's) and what it touches.
  *
  * The math (lossfuse.h section 11): per row, each rank's 12-byte share lf_tp_share is the lse
  *   state (m, s) of its columns and t, its part of sum_j q_j (m - z_j) where q is the target
@@ -842,6 +844,8 @@ typedef struct tp_demo {
     int64_t check_rows;   /* 0: every row; else this many rows (first, last, spread) */
     int use_nccl;
     uint64_t seed;
+    int report_memory;    /* opt-in: run the sharded step once more between two cudaMemGetInfo
+                           * readings (what it allocates beyond the caller's buffers: nothing) */
     int time_iters;       /* simulation only: then time rank 0's step alone (tp_ce_launch, no
                            * exchange: the per-GPU work) as configured, the same pipelined in
                            * chunks of a quarter of L2 (with and without programmatic dependent
@@ -858,6 +862,8 @@ typedef struct tp_demo_result {
     size_t ws_bytes, shares_bytes, gathered_bytes;
     tp_plan plan;
     double ms_tp, ms_tp_chunked, ms_tp_chunked_nopdl, ms_single; /* with time_iters */
+    long long step_alloc_bytes;   /* with report_memory: device memory the step took (free before - after) */
+    size_t rank_buffers_bytes;    /* what rank 0's step touches: shard, gradient, workspace, shares */
     int64_t chunked_rows;                                          /* the chunks of ms_tp_chunked */
     int ok;
 } tp_demo_result;
@@ -1242,6 +1248,18 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
     }
     res.ok = res.st == LF_OK && res.loss_err <= 1.0 && res.lse_err <= 1.0 && res.grad_err <= 1.0 && res.rank_mismatch == 0 &&
              res.nondeterministic == 0 && res.errors == res.errors_ref;
+    if (d->report_memory && !nccl) {
+        size_t f0 = 0, f1 = 0, tot = 0;
+        TPD_TRY(cudaSetDevice(0));
+        TPD_TRY(cudaDeviceSynchronize());
+        TPD_TRY(cudaMemGetInfo(&f0, &tot));
+        if ((res.st = tp_ce_simulate(args.data(), P, 0, &res.cuda)) != LF_OK) return res;
+        TPD_TRY(cudaDeviceSynchronize());
+        TPD_TRY(cudaMemGetInfo(&f1, &tot));
+        res.step_alloc_bytes = (long long)f0 - (long long)f1;
+        const size_t shard = (size_t)N * (v01 - v00 + d->pad) * esz;
+        res.rank_buffers_bytes = shard * (d->in_place || d->forward_only ? 1 : 2) + res.ws_bytes + res.shares_bytes;
+    }
     if (d->time_iters > 0 && !nccl && N > 0) {
         /* timings (the data is overwritten in place: the values no longer matter) */
         TPD_TRY(cudaSetDevice(0));
@@ -1322,6 +1340,7 @@ int main(int argc, char **argv)
     d.N = argc > 2 ? atoll(argv[2]) : 2048;
     d.V = argc > 3 ? atoll(argv[3]) : 151936;
     d.use_nccl = argc > 4 && !strcmp(argv[4], "nccl");
+    d.report_memory = argc > 5 && !strcmp(argv[5], "mem");
     d.dt = LF_BF16;
     d.opts = lf_ce_opts_default();
     d.opts.label_smoothing = 0.1f;
@@ -1382,6 +1401,9 @@ int main(int argc, char **argv)
     printf("every rank the same bits: %s; bad labels %u (single GPU %u)\n", r.rank_mismatch ? "NO" : "yes", r.errors, r.errors_ref);
     printf("memory per rank: workspace %zu B + shares %zu B; gathering the logits instead would take %zu B\n", r.ws_bytes,
            r.shares_bytes, r.gathered_bytes);
+    if (d.report_memory && !d.use_nccl)
+        printf("memory report: the step allocated %lld B (cudaMemGetInfo around a second run); rank 0's step touches %zu B of "
+               "caller buffers (its shard in place, workspace, shares)\n", r.step_alloc_bytes, r.rank_buffers_bytes);
     if (d.time_iters)
         printf("time: rank 0's step %.3f ms (pipelined in %lld-row chunks: %.3f ms, %.3f without programmatic dependent launch); "
                "single GPU, full V: %.3f ms; ratio %.3f (exchange not included: simulated)\n", r.ms_tp, (long long)r.chunked_rows,

@@ -1,7 +1,10 @@
-/* bench/bench_tp.cu — times the vocabulary-parallel cross-entropy (examples/vocab_parallel_ce.cu)
- * against the single-GPU kernel on the full vocabulary (examples/cross_entropy.cu), same run.
+/* bench/bench_parallel.cu — issue 5's benchmarks, on one GPU: the vocabulary-parallel
+ * cross-entropy (examples/vocab_parallel_ce.cu) against the single-GPU kernel on the full
+ * vocabulary, and the context-parallel local loss (examples/cp_local_ce.cu) against gathering the
+ * logits then computing the loss; same run, checked before timing.
  *
- *   bench_tp [--shapes 4096x151936,8192x32768] [--tp 2,4] [--iters 20] [--chunk-mb 0,8,16]
+ *   bench_parallel [--shapes 4096x151936,8192x32768] [--tp 2,4] [--cp 2,4] [--iters 20]
+ *                  [--chunk-mb 0,8,16]
  *
  *   mode=tpP_rank  impl=lossfuse: one rank's step of tp = P (its [N, V/P] shard: statistics,
  *                  gradient in place; --chunk-mb: pipelined in chunks), the
@@ -13,6 +16,15 @@
  *                  without programmatic dependent launch. bytes: the shard read + its gradient
  *                  written (the floor).
  *   mode=tp_single impl=lossfuse: examples/cross_entropy.cu on the full [N, V], in place.
+ *   mode=cpC_rank  impl=lossfuse: one rank's step of cp = C (phases A, B, C of cp_local_ce on its
+ *                  T/C tokens of 16 packed sequences of ~T/16 tokens, 25% prompt; the two
+ *                  all-reduces of a few doubles left out), bytes: its floor (read + write its
+ *                  [T/C, V]); extra_bytes: its workspace.
+ *                  impl=gather_then_loss: what a rank does instead when it gathers the logits:
+ *                  a device copy of the (C-1)/C T V elements it would receive (the memory
+ *                  traffic of the all-gather on the receiving side, without the link: a lower
+ *                  bound) + the cross-entropy of the whole [T, V]; extra_bytes: the gathered
+ *                  logits it must hold.
  * --chunk-mb: chunk sizes to try, in MiB of the shard's logits (0: one chunk, the default).
  * bf16, label smoothing off, 10% ignored labels; medians of --iters (in place: the data are
  * gradients after the first iteration, which changes nothing of the work). Every timed run is
@@ -21,22 +33,25 @@
  */
 #define TP_NO_MAIN
 #include "examples/vocab_parallel_ce.cu"
+#define CP_NO_MAIN
+#include "examples/cp_local_ce.cu"
 
 #include "bench/bench_common.cuh"
 
 int main(int argc, char **argv)
 {
-    std::string shapes = "4096x151936,8192x32768,4096x262144", tps = "2,4", chunks = "0";
+    std::string shapes = "4096x151936,8192x32768,4096x262144", tps = "2,4", cps = "2,4", chunks = "0";
     int iters = 20;
     for (int i = 1; i < argc; ++i) {
         if (!strcmp(argv[i], "--shapes") && i + 1 < argc) shapes = argv[++i];
         else if (!strcmp(argv[i], "--tp") && i + 1 < argc) tps = argv[++i];
+        else if (!strcmp(argv[i], "--cp") && i + 1 < argc) cps = argv[++i];
         else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--chunk-mb") && i + 1 < argc) chunks = argv[++i];
     }
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
-        printf("bench_tp: no CUDA device\n");
+        printf("bench_parallel: no CUDA device\n");
         return 0;
     }
     bench_device_line();
@@ -99,6 +114,40 @@ int main(int argc, char **argv)
                    (long long)V, r.ms_single, full_bytes);
             fflush(stdout);
             }
+        }
+        size_t cpos = 0;
+        while (cpos < cps.size()) {
+            size_t comma = cps.find(',', cpos);
+            if (comma == std::string::npos) comma = cps.size();
+            const int C = atoi(cps.substr(cpos, comma - cpos).c_str());
+            cpos = comma + 1;
+            if (C < 1) continue;
+            cp_demo d;
+            memset(&d, 0, sizeof d);
+            d.cp = C;
+            d.nseq = 16;
+            d.mean_len = N / 16;
+            d.V = V;
+            d.dt = LF_BF16;
+            d.opts = lf_ce_opts_default();
+            d.in_place = 1;
+            d.prompt_frac = 0.25;
+            d.seed = 20261123 + (uint64_t)C;
+            d.time_iters = iters;
+            const cp_demo_result r = cp_demo_run(&d);
+            if (r.st != LF_OK || !r.ok) {
+                fprintf(stderr, "cp_demo_run T~%lld V=%lld cp=%d: %s (%s), ok=%d\n", (long long)N, (long long)V, C,
+                        lf_status_str(r.st), cudaGetErrorString(r.cuda), r.ok);
+                return 1;
+            }
+            const size_t local_bytes = (size_t)2 * (r.total / C) * V * 2;
+            printf("RESULT impl=lossfuse mode=cp%d_rank N=%lld V=%lld dtype=bf16 ms=%.4f bytes=%zu extra_bytes=%zu status=ok "
+                   "ratio=%.3f tokens=%lld\n", C, (long long)r.total, (long long)V, r.ms_local, local_bytes, r.ws_bytes,
+                   r.ms_local / (r.ms_gather_copy + r.ms_full), (long long)r.total);
+            printf("RESULT impl=gather_then_loss mode=cp%d_rank N=%lld V=%lld dtype=bf16 ms=%.4f bytes=%zu extra_bytes=%zu "
+                   "status=ok copy_ms=%.4f loss_ms=%.4f\n", C, (long long)r.total, (long long)V, r.ms_gather_copy + r.ms_full,
+                   local_bytes, r.gathered_bytes, r.ms_gather_copy, r.ms_full);
+            fflush(stdout);
         }
     }
     return 0;
