@@ -1762,7 +1762,8 @@ static inline lf_status lf_ref_cp_labels(const int64_t *ids, const uint8_t *targ
  *    Why relative to the max: without smoothing the loss is then log S + (M - z_y), exact when
  *    the label is the row's max even for |z| ~ 1e4 (as the single-GPU kernel's), where
  *    A lse - sum q z would lose ulp(lse) to cancellation.
- *    Edge cases as section 7: a -inf z_y, or smoothing weight on a -inf column, gives +inf;
+ *    Edge cases as section 7: a -inf z_y, or smoothing weight on a -inf column, gives +inf (NaN
+ *    when the label's coefficient (1 - eps) w_y is 0: 0 * inf, as the reference);
  *    NaN / +inf z make s NaN; a row without mass (lse = -inf) or a NaN lse has NaN loss. An
  *    empty shard (v0 == v1) sends the identity (m = -inf, s = 0, t = 0). A label outside
  *    [0, V) (not the ignore index) is bad on every rank alike: count it on one (rank 0).

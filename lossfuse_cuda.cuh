@@ -58,7 +58,7 @@
  *  10. Context parallelism: lf_cp_local_labels_grid (a rank's labels and positions from the
  *      global ids under the zigzag layout, lossfuse.h section 10)
  *  11. Tensor (vocabulary) parallelism: lf_tp_merge_warp (a row's all-gathered 12-byte shares
- *      merged by one warp, the P loads in parallel, the bits of lossfuse.h's lf_tp_merge)
+ *      merged by one warp, the P loads in parallel, in lossfuse.h's lf_tp_merge order)
  *
  * Configuration macros: those of lossfuse.h (LF_HD, LF_USE_EXP2, LF_ASSERT). Nothing else.
  *
@@ -2016,7 +2016,9 @@ static __device__ __forceinline__ void lf_cp_local_labels_grid(const int32_t *cu
  *     (lf_tp_loss, lf_tp_grad_coef). The merge itself reads P shares of 12 bytes (one per rank),
  *     a chain of P dependent loads when one thread walks them: lf_tp_merge_warp loads them in
  *     parallel, one lane per rank, and every lane then merges them from registers in rank order
- *     with lf_tp_merge's arithmetic — the same bits as lf_tp_merge, on every lane, on every rank.
+ *     with lf_tp_merge's arithmetic — the same bits on every lane and every rank (and as
+ *     lf_tp_merge compiled for the device; a host build may round a contracted product
+ *     differently in the last bit).
  *     Usage (examples/vocab_parallel_ce.cu), by all 32 lanes of one warp:
  *         const lf_tp_merged mg = lf_tp_merge_warp(shares, n_rows, P, i, y, w_y, Wr, V, eps);
  *         float lse; const float loss = lf_tp_loss(mg, lam, &lse);

@@ -9,8 +9,8 @@
  *        unsharded cross-entropy of the same batch;
  *   nccl (built with -DLF_HAVE_NCCL): one process drives every visible GPU, one rank each
  *        (cp = the number of GPUs), the all-reduces through NCCL; checked the same way.
- *   mem  (opt-in): also report the device memory the step allocates (cudaMemGetInfo around a
- *        second run; it allocates nothing: every buffer is the caller's).
+ *   mem  (opt-in): also report the net device memory a step allocates (free memory before and
+ *        after a second run: it allocates nothing, every buffer is the caller's).
  *
  * Why: under context parallelism each rank holds the logits of its shard of every sequence
  *   (lossfuse.h section 10: sequences cut into 2 cp chunks, rank r holding chunks r and
@@ -194,8 +194,10 @@ __global__ void cp_outputs_kernel(const cp_ce_args a, cp_ws w)
         }                                                                                           \
     } while (0)
 
-/* The buffers the group all-reduces (sum, double) after phase A and after phase B. */
+/* The buffers the group all-reduces (sum, double) after phase A (cp_ce_red_a_count = 2 nseq
+ * doubles: counts, then weight sums) and after phase B (nseq + 1 doubles). */
 static double *cp_ce_red_a(const cp_ce_args *a) { return cp_ws_carve(a->workspace, a->total / a->cp, a->nseq).red_a; }
+static size_t cp_ce_red_a_count(const cp_ce_args *a) { return 2 * (size_t)a->nseq; }
 static double *cp_ce_red_b(const cp_ce_args *a) { return cp_ws_carve(a->workspace, a->total / a->cp, a->nseq).red_b; }
 
 static int cp_grid(int64_t n)
@@ -314,7 +316,7 @@ static lf_status cp_ce_simulate(const cp_ce_args *args, int cp, cudaStream_t s, 
     }
     for (int r = 0; r < cp; ++r)
         if ((st = cp_ce_phase_a(&args[r], s, cuda_err)) != LF_OK) return st;
-    cp_sim_allreduce_kernel<<<cp_grid(2 * args[0].nseq), 256, 0, s>>>(ba, cp, 2 * args[0].nseq);
+    cp_sim_allreduce_kernel<<<cp_grid(2 * args[0].nseq), 256, 0, s>>>(ba, cp, (int64_t)cp_ce_red_a_count(&args[0]));
     CP_CHECK(cudaGetLastError());
     for (int r = 0; r < cp; ++r)
         if ((st = cp_ce_phase_b(&args[r], s, cuda_err)) != LF_OK) return st;
@@ -338,7 +340,7 @@ static lf_status cp_ce_nccl(const cp_ce_args *args, int cp, const int *devs, ncc
     }
     bool ok = ncclGroupStart() == ncclSuccess;
     for (int r = 0; r < cp && ok; ++r)
-        ok = ncclAllReduce(cp_ce_red_a(&args[r]), cp_ce_red_a(&args[r]), (size_t)(2 * args[r].nseq), ncclDouble, ncclSum,
+        ok = ncclAllReduce(cp_ce_red_a(&args[r]), cp_ce_red_a(&args[r]), cp_ce_red_a_count(&args[r]), ncclDouble, ncclSum,
                            comms[r], streams[r]) == ncclSuccess;
     if (ncclGroupEnd() != ncclSuccess || !ok) return LF_ERR_DEVICE; /* the group is closed either way */
     for (int r = 0; r < cp; ++r) {
@@ -878,7 +880,7 @@ int main(int argc, char **argv)
            r.errors_ref);
     printf("memory per rank: workspace %zu B; gathering the logits instead would take %zu B\n", r.ws_bytes, r.gathered_bytes);
     if (d.report_memory && !d.use_nccl)
-        printf("memory report: the step allocated %lld B (cudaMemGetInfo around a second run of every rank)\n",
+        printf("memory report: net device memory the step allocated: %lld B (cudaMemGetInfo around a second run of every rank)\n",
                r.step_alloc_bytes);
     printf("%s\n", r.ok ? "OK" : "MISMATCH");
     return r.ok ? 0 : 1;

@@ -12,8 +12,9 @@
  *   nccl (built with -DLF_HAVE_NCCL): one process drives every visible GPU, one rank each, the
  *        exchange through ncclAllGather; checked the same way. With one process per GPU, each
  *        process calls tp_ce_launch for its rank with its communicator (ncclCommInitRank).
- *   mem  (opt-in): also report the device memory the step allocates (cudaMemGetInfo around a
- *        second run; it allocates nothing: every buffer is the caller's) and what it touches.
+ *   mem  (opt-in): also report the net device memory a step allocates (free memory before and
+ *        after a second run: it allocates nothing, every buffer is the caller's) and the
+ *        caller's buffers it touches.
  *
  * The math (lossfuse.h section 11): per row, each rank's 12-byte share lf_tp_share is the lse
  *   state (m, s) of its columns and t, its part of sum_j q_j (m - z_j) where q is the target
@@ -41,7 +42,7 @@
  *   step <= 0.55x the single-GPU kernel on the full V) needs the L2 reuse without the kernel
  *   boundaries: not reached yet.
  *
- * Memory: tp_ce_workspace_bytes (~20 B per row + 12 B per row and 32 KB slice) and the shares,
+ * Memory: tp_ce_workspace_bytes (12 B per row + 12 B per row and 32 KB slice) and the shares,
  *   tp_ce_shares_bytes = 12 tp N bytes; nothing of size [N, V]. Gathering the logits to run the
  *   loss on one rank would take N V bytes times the element size.
  *
@@ -101,10 +102,12 @@ typedef struct tp_ce_args {
     lf_tp_share *shares;  /* tp_ce_shares_bytes(N, tp): the all-gather's buffer. The simulation
                            * passes the SAME buffer to every simulated rank. */
     size_t shares_bytes;
-    void *workspace;      /* tp_ce_workspace_bytes(N, v1 - v0, dtype), zeroed once */
+    void *workspace;      /* tp_ce_workspace_bytes(N, v1 - v0, dtype); needs no zeroing (every
+                           * launch initialises what it reads) */
     size_t workspace_bytes;
-    int64_t chunk_rows;   /* 0: every row in one chunk (up to 65535 rows; the default, fastest
-                           * measured on an H100); n: chunks of n rows, pipelined (see above) */
+    int64_t chunk_rows;   /* 0: every row in one chunk (the default, fastest measured on an H100;
+                           * more than 65535 rows go in chunks of at most 32767: grid y); n:
+                           * chunks of n rows, pipelined (see above) */
     int no_pdl;           /* 1: launch the steps without programmatic dependent launch */
     tp_plan *plan;        /* optional host out */
 } tp_ce_args;
@@ -321,6 +324,8 @@ static __device__ void tp_row_finish(const tp_kparams &p, int64_t row, int64_t y
             const float d = p.divisor ? *p.divisor : p.ws->divisor;
             g = d == 0.0f ? 0.0f : g / d;
         }
+        /* a = (1 - eps) w_y + eps W / V + 2 lam lse: the merged A + 2 lam lse (lf_tp_grad_coef)
+         * to rounding, in the form the single-GPU writers take */
         *coef = lf_grad_coef_make(g, lse, p.eps, p.lam, wy, p.ws->W, p.V, p.xf);
     }
 }
@@ -420,6 +425,10 @@ __global__ void __launch_bounds__(TP_THREADS) tp_step_kernel(const tp_kparams p,
     tp_pdl_trigger();
     if (y < gC) tp_grad_cta<T, GRAD, FULL, SOFTCAP>(p, g_r0, gC, gC - 1 - y, (int)blockIdx.x, tp_smem, coef_s);
     else tp_stats_cta<T, FULL, SOFTCAP>(p, s_r0, sC, y - gC, (int)blockIdx.x, tp_smem, red);
+    /* Every CTA waits for the previous step before it exits (a CTA whose rows are all ignored
+     * would not otherwise), so no step completes before its predecessor: the gradient of step
+     * k + 2, which waits only for step k + 1, may rely on step k's shares. */
+    if (threadIdx.x == 0) tp_pdl_wait();
 }
 
 /* The batch loss: the per-row values summed in double in a fixed order (one CTA). */
@@ -555,6 +564,9 @@ static lf_status tp_ce_plan(const tp_ce_args *a, tp_run *run, cudaError_t *cuda_
     }
     if (C < 1) C = 1;
     if (C > 65535) C = 65535;
+    /* from three chunks on, a step holds a gradient chunk and a statistics chunk: grid y is their
+     * sum, at most 65535 */
+    if (a->n_rows > 2 * C && C > 32767) C = 32767;
     if (C > a->n_rows) C = a->n_rows > 0 ? a->n_rows : 1;
     run->C = C;
     run->K = (a->n_rows + C - 1) / C;
@@ -562,25 +574,6 @@ static lf_status tp_ce_plan(const tp_ce_args *a, tp_run *run, cudaError_t *cuda_
         a->plan->chunk_rows = C;
         a->plan->chunks = run->K;
         a->plan->nsplit = p.nsplit;
-    }
-    return LF_OK;
-}
-
-#ifndef TP_MAX_DEVICES
-#define TP_MAX_DEVICES 64
-#endif
-
-/* The shared-memory opt-in of a kernel, once per device (cudaFuncSetAttribute holds for the
- * current device only). */
-template <typename K>
-static lf_status tp_smem_optin(K kernel, int *ready, cudaError_t *cuda_err)
-{
-    int dev = 0;
-    TP_CHECK(cudaGetDevice(&dev));
-    if (dev < 0 || dev >= TP_MAX_DEVICES) return LF_ERR_DEVICE;
-    if (!ready[dev]) {
-        TP_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, TP_SLICE_VECS * 16));
-        ready[dev] = 1;
     }
     return LF_OK;
 }
@@ -596,10 +589,7 @@ static void tp_chunk(const tp_run &r, int64_t k, int64_t *r0, int64_t *C)
 template <typename T, bool GRAD, bool FULL, bool SOFTCAP>
 static lf_status tp_step_launch(const tp_run &run, int64_t kg, int64_t ks, cudaStream_t s, cudaError_t *cuda_err)
 {
-    static int ready[TP_MAX_DEVICES];
-    auto kernel = tp_step_kernel<T, GRAD, FULL, SOFTCAP>;
-    lf_status st = tp_smem_optin(kernel, ready, cuda_err);
-    if (st != LF_OK) return st;
+    auto kernel = tp_step_kernel<T, GRAD, FULL, SOFTCAP>; /* 32 KB of shared memory: no opt-in needed */
     int64_t g0, gC, s0, sC;
     tp_chunk(run, kg, &g0, &gC);
     tp_chunk(run, ks, &s0, &sC);
@@ -632,10 +622,13 @@ static lf_status tp_step_dispatch(const tp_run &r, int64_t kg, int64_t ks, cudaS
     return r.softcap ? tp_step_launch<T, true, false, true>(r, kg, ks, s, e) : tp_step_launch<T, true, false, false>(r, kg, ks, s, e);
 }
 
-/* Prep: weight sums and the default divisor (one small kernel). */
+/* Prep: the hand-off counters, weight sums and the default divisor (a memset, one small kernel). */
 static lf_status tp_ce_prep(const tp_run &r, cudaStream_t s, cudaError_t *cuda_err)
 {
     if (r.p.n_rows == 0) return LF_OK;
+    /* the slices' hand-off counters start at zero every launch (their place in the workspace
+     * depends on N and the slice count, so nothing left by another configuration can leak in) */
+    TP_CHECK(cudaMemsetAsync(r.p.cnt, 0, sizeof(unsigned int) * (size_t)r.p.n_rows, s));
     tp_prep_kernel<<<1, 1024, 0, s>>>(r.p, r.want_divisor ? 1 : 0);
     TP_CHECK(cudaGetLastError());
     return LF_OK;
@@ -763,6 +756,10 @@ static lf_status tp_ce_nccl(const tp_ce_args *args, int tp, const int *devs, tp_
                             cudaError_t *cuda_err)
 {
     std::vector<tp_run> runs(tp);
+    for (int r = 0; r < tp; ++r) /* mismatched collectives would hang: check the ranks agree */
+        if (args[r].tp != tp || args[r].rank != r || args[r].n_rows != args[0].n_rows || args[r].vocab != args[0].vocab ||
+            args[r].chunk_rows != args[0].chunk_rows)
+            return LF_ERR_ARG;
     for (int r = 0; r < tp; ++r) {
         TP_CHECK(cudaSetDevice(devs[r]));
         TP_TRY(tp_ce_plan(&args[r], &runs[r], cuda_err));
@@ -1195,7 +1192,7 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
         TPD_TRY(cudaMemcpy(oh.data(), outs[r], 4 * nout, cudaMemcpyDeviceToHost));
         if (r == 0) o0 = oh;
         /* every rank holds the same bits: loss, z, lse */
-        if (memcmp(oh.data(), o0.data(), 4 * (nloss + (N + 1) + N)) != 0 && r > 0) ++res.rank_mismatch;
+        if (memcmp(oh.data(), o0.data(), 4 * nout) != 0 && r > 0) ++res.rank_mismatch; /* all poisoned alike first */
         if (r == 0) {
             res.loss = nloss ? oh[0] : 0.0;
             for (size_t q = 0; q < nloss; ++q) {
@@ -1402,7 +1399,8 @@ int main(int argc, char **argv)
     printf("memory per rank: workspace %zu B + shares %zu B; gathering the logits instead would take %zu B\n", r.ws_bytes,
            r.shares_bytes, r.gathered_bytes);
     if (d.report_memory && !d.use_nccl)
-        printf("memory report: the step allocated %lld B (cudaMemGetInfo around a second run); rank 0's step touches %zu B of "
+        printf("memory report: net device memory the step allocated: %lld B (cudaMemGetInfo around a second run); rank 0's "
+               "step touches %zu B of "
                "caller buffers (its shard in place, workspace, shares)\n", r.step_alloc_bytes, r.rank_buffers_bytes);
     if (d.time_iters)
         printf("time: rank 0's step %.3f ms (pipelined in %lld-row chunks: %.3f ms, %.3f without programmatic dependent launch); "

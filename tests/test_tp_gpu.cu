@@ -217,6 +217,30 @@ int main(int argc, char **argv)
         d.in_place = chunk != 16;
         run(chunk ? "tp_ce_launch, pipelined chunks" : "tp_ce_launch, one chunk", d);
     }
+    {
+        tp_demo d = b; /* most 1-row steps have no valid row: their CTAs must still order the steps */
+        d.tp = 1;
+        d.launch_single = 1;
+        d.chunk_rows = 1;
+        d.ignore_frac = 0.8;
+        d.seed = g_seed * 23;
+        d.repeat = 1;
+        d.in_place = 0;
+        run("tp_ce_launch, 1-row chunks, 80% ignored", d);
+    }
+    if (!g_small) {
+        tp_demo d = b; /* more rows than grid y holds twice: chunks of 32767 */
+        d.tp = 1;
+        d.launch_single = 1;
+        d.N = 131075;
+        d.V = 7;
+        d.seed = g_seed * 29;
+        run("tp_ce_launch, 131075 rows", d);
+        d.tp = 3;
+        d.launch_single = 0;
+        d.V = 100;
+        run("simulated, 131075 rows", d);
+    }
     if (!g_small) {
         tp_demo d = b;
         d.tp = 2;
