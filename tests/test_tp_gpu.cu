@@ -228,6 +228,16 @@ int main(int argc, char **argv)
         d.in_place = 0;
         run("tp_ce_launch, 1-row chunks, 80% ignored", d);
     }
+    {
+        tp_demo d = b; /* more ranks than a warp: lf_tp_merge_warp takes the shares 32 at a time */
+        d.tp = 40;
+        d.V = 1000;
+        d.N = 37;
+        d.seed = g_seed * 31;
+        d.opts.label_smoothing = 0.1f;
+        d.opts.class_weights = (const float *)1;
+        run("40 ranks", d);
+    }
     if (!g_small) {
         tp_demo d = b; /* more rows than grid y holds twice: chunks of 32767 */
         d.tp = 1;
