@@ -1,6 +1,6 @@
 /* examples/vocab_parallel_ce.cu — cross-entropy with the vocabulary split over tp ranks (tensor
- * parallelism): each rank reads its [N, V/tp] shard of the logits once, the ranks exchange 12
- * bytes per row (never the logits), and each writes the gradient of its shard.
+ * parallelism): each rank reduces its [N, V/tp] shard of the logits to 12 bytes per row, the
+ * ranks exchange those (never the logits), and each writes the gradient of its shard in place.
  *
  * Build and run (from the repository root; meson does the same, see README.md):
  *     nvcc -O3 -std=c++17 -arch=sm_90 -I. examples/vocab_parallel_ce.cu -o vocab_parallel_ce
@@ -38,9 +38,10 @@
  *   programmatic dependent launch on sm_90): the exchange overlaps a step and the chunk should
  *   still be in L2 for the gradient, so the floor traffic only. Measured on an H100
  *   (bench/RESULTS.md) the per-step cost of a kernel boundary every few microseconds outweighs
- *   the saved re-read at every chunk size tried, hence the default. The issue's target (rank
- *   step <= 0.55x the single-GPU kernel on the full V) needs the L2 reuse without the kernel
- *   boundaries: not reached yet.
+ *   the saved re-read at every chunk size tried, hence the default: a tp = 2 rank's step takes
+ *   0.6-0.7x the single-GPU kernel's time on the full V there. Reading the shard once needs the
+ *   L2 reuse without the kernel boundaries (a persistent kernel waiting on per-chunk flags): not
+ *   built yet.
  *
  * Memory: tp_ce_workspace_bytes (12 B per row + 12 B per row and 32 KB slice) and the shares,
  *   tp_ce_shares_bytes = 12 tp N bytes; nothing of size [N, V]. Gathering the logits to run the
