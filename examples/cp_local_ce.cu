@@ -47,7 +47,6 @@
 #define CE_NO_MAIN
 #include "examples/cross_entropy.cu"
 
-#include <algorithm>
 #include <vector>
 #ifdef LF_HAVE_NCCL
 #include <nccl.h>
@@ -527,8 +526,9 @@ static cp_demo_result cp_demo_run(const cp_demo *d)
     cp_launch_gen(xg, d->dt, (int64_t)nel, d->seed * 31 + 5);
     CP_TRY(cudaGetLastError());
     CP_TRY(cudaMemcpy(labd, lab_full.data(), 8 * T, cudaMemcpyHostToDevice));
+    ce_args cref = ce_args_default(); /* the reference's arguments (the timing reuses them, in place) */
     {
-        ce_args c = ce_args_default();
+        ce_args &c = cref;
         c.logits = xg;
         c.dtype = d->dt;
         c.n_rows = T;
@@ -747,24 +747,7 @@ static cp_demo_result cp_demo_run(const cp_demo *d)
     }
     if (d->time_iters > 0 && !nccl && T > 0) {
         CP_TRY(cudaSetDevice(0));
-        cudaEvent_t e0, e1;
-        CP_TRY(cudaEventCreate(&e0));
-        CP_TRY(cudaEventCreate(&e1));
-        auto time_it = [&](auto &&step, double *ms) -> lf_status {
-            std::vector<float> t;
-            for (int it = 0; it < d->time_iters + 2; ++it) {
-                if (cudaEventRecord(e0) != cudaSuccess) return LF_ERR_DEVICE;
-                const lf_status st = step();
-                if (st != LF_OK) return st;
-                if (cudaEventRecord(e1) != cudaSuccess || cudaEventSynchronize(e1) != cudaSuccess) return LF_ERR_DEVICE;
-                float m = 0.0f;
-                if (cudaEventElapsedTime(&m, e0, e1) != cudaSuccess) return LF_ERR_DEVICE;
-                if (it >= 2) t.push_back(m);
-            }
-            std::sort(t.begin(), t.end());
-            *ms = t[t.size() / 2];
-            return LF_OK;
-        };
+        auto time_it = [&](auto &&step, double *ms) { return ce_time_median(step, d->time_iters, ms); };
         cp_ce_args a0 = args[0];
         a0.grad = xl[0]; /* in place */
         auto local = [&]() -> lf_status {
@@ -780,24 +763,10 @@ static cp_demo_result cp_demo_run(const cp_demo *d)
             return LF_OK;
         };
         if ((res->st = time_it(gather, &res->ms_gather_copy)) != LF_OK) return *res;
-        ce_args c = ce_args_default();
-        c.logits = xg;
-        c.dtype = d->dt;
-        c.n_rows = T;
-        c.vocab = c.stride = V;
-        c.labels = labd;
-        c.labels_i64 = 1;
-        c.opts = d->opts;
-        c.opts.class_weights = cwd[0];
+        ce_args c = cref;
         c.grad = xg;
-        c.grad_stride = V;
-        c.loss = lossref;
-        c.workspace = wsr;
-        c.workspace_bytes = wsrb;
         if ((res->st = time_it([&]() { return ce_launch(&c, 0, &res->cuda); }, &res->ms_full)) != LF_OK) return *res;
         CP_TRY(cudaGetLastError());
-        CP_TRY(cudaEventDestroy(e0));
-        CP_TRY(cudaEventDestroy(e1));
     }
     for (int r = 0; r < cp; ++r) {
         CP_TRY(cudaSetDevice(nccl ? r : 0));

@@ -792,6 +792,44 @@ static lf_status ce_launch(const ce_args *a, cudaStream_t stream, cudaError_t *c
 
 #undef CE_CHECK
 
+/* The median time in ms of `iters` calls of step() (an lf_status-returning callable that
+ * launches on the legacy stream), after two untimed ones: what the other examples' timings use. */
+template <typename F>
+static lf_status ce_time_median(F &&step, int iters, double *ms)
+{
+    cudaEvent_t e0, e1;
+    if (iters < 1 || cudaEventCreate(&e0) != cudaSuccess) return LF_ERR_DEVICE;
+    if (cudaEventCreate(&e1) != cudaSuccess) {
+        cudaEventDestroy(e0);
+        return LF_ERR_DEVICE;
+    }
+    lf_status st = LF_OK;
+    float *t = (float *)malloc(sizeof(float) * (size_t)iters);
+    for (int it = 0; t && st == LF_OK && it < iters + 2; ++it) {
+        float m = 0.0f;
+        if (cudaEventRecord(e0) != cudaSuccess) st = LF_ERR_DEVICE;
+        if (st == LF_OK) st = step();
+        if (st == LF_OK && (cudaEventRecord(e1) != cudaSuccess || cudaEventSynchronize(e1) != cudaSuccess ||
+                            cudaEventElapsedTime(&m, e0, e1) != cudaSuccess))
+            st = LF_ERR_DEVICE;
+        if (st == LF_OK && it >= 2) t[it - 2] = m;
+    }
+    if (!t) st = LF_ERR_DEVICE;
+    if (st == LF_OK) { /* insertion sort: a handful of values */
+        for (int i = 1; i < iters; ++i)
+            for (int j = i; j > 0 && t[j - 1] > t[j]; --j) {
+                const float x = t[j];
+                t[j] = t[j - 1];
+                t[j - 1] = x;
+            }
+        *ms = t[iters / 2];
+    }
+    free(t);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    return st;
+}
+
 /* ============================================================================================
  * 4. main: make data with outliers, run forward-only and forward+backward, check rows against
  *    lf_ref_ce_row, time the fused forward+backward in place.

@@ -54,7 +54,6 @@
 #define CE_NO_MAIN
 #include "examples/cross_entropy.cu"
 
-#include <algorithm>
 #include <vector>
 #ifdef LF_HAVE_NCCL
 #include <nccl.h>
@@ -982,8 +981,9 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
         TPD_TRY(cudaMemcpy(dlossd0, dl.data(), 4 * N, cudaMemcpyHostToDevice));
         TPD_TRY(cudaMemcpy(divd0, &d->divisor_value, 4, cudaMemcpyHostToDevice));
     }
+    ce_args cref = ce_args_default(); /* the reference's arguments (the timing reuses them, in place) */
     {
-        ce_args c = ce_args_default();
+        ce_args &c = cref;
         c.logits = xg;
         c.dtype = d->dt;
         c.n_rows = N;
@@ -1261,24 +1261,7 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
     if (d->time_iters > 0 && !nccl && N > 0) {
         /* timings (the data is overwritten in place: the values no longer matter) */
         TPD_TRY(cudaSetDevice(0));
-        cudaEvent_t e0, e1;
-        TPD_TRY(cudaEventCreate(&e0));
-        TPD_TRY(cudaEventCreate(&e1));
-        auto time_it = [&](auto &&step, double *ms) -> lf_status {
-            std::vector<float> t;
-            for (int it = 0; it < d->time_iters + 2; ++it) {
-                if (cudaEventRecord(e0) != cudaSuccess) return LF_ERR_DEVICE;
-                const lf_status st = step();
-                if (st != LF_OK) return st;
-                if (cudaEventRecord(e1) != cudaSuccess || cudaEventSynchronize(e1) != cudaSuccess) return LF_ERR_DEVICE;
-                float m = 0.0f;
-                if (cudaEventElapsedTime(&m, e0, e1) != cudaSuccess) return LF_ERR_DEVICE;
-                if (it >= 2) t.push_back(m);
-            }
-            std::sort(t.begin(), t.end());
-            *ms = t[t.size() / 2];
-            return LF_OK;
-        };
+        auto time_it = [&](auto &&step, double *ms) { return ce_time_median(step, d->time_iters, ms); };
         for (int r = 0; r < P; ++r) args[r].grad = d->forward_only ? NULL : xs[r];
         args[0].plan = NULL;
         if ((res.st = time_it([&]() { return tp_ce_launch(&args[0], NULL, 0, &res.cuda); }, &res.ms_tp)) != LF_OK) return res;
@@ -1294,25 +1277,10 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
         args[0].no_pdl = 1;
         if ((res.st = time_it([&]() { return tp_ce_launch(&args[0], NULL, 0, &res.cuda); }, &res.ms_tp_chunked_nopdl)) != LF_OK)
             return res;
-        ce_args c = ce_args_default();
-        c.logits = xg;
-        c.dtype = d->dt;
-        c.n_rows = N;
-        c.vocab = c.stride = V;
-        c.labels = labd;
-        c.labels_i64 = d->labels_i64;
-        c.opts = d->opts;
-        c.opts.class_weights = weights ? cwd0 : NULL;
-        c.reduction = d->reduction;
+        ce_args c = cref;
         c.grad = d->forward_only ? NULL : xg;
-        c.grad_stride = V;
-        c.loss = ref_out;
-        c.workspace = wsr;
-        c.workspace_bytes = wsrb;
         if ((res.st = time_it([&]() { return ce_launch(&c, 0, &res.cuda); }, &res.ms_single)) != LF_OK) return res;
         TPD_TRY(cudaGetLastError());
-        TPD_TRY(cudaEventDestroy(e0));
-        TPD_TRY(cudaEventDestroy(e1));
     }
     for (int r = 0; r < P; ++r) {
         TPD_TRY(cudaSetDevice(nccl ? r : 0));
