@@ -715,6 +715,19 @@ static lf_status ce_dispatch(const ce_kparams &p, bool grad, bool full, bool sof
                    : ce_launch_kernel<T, true, false, false>(p, max_cluster, plan, s, e);
 }
 
+/* Whether a gradient buffer overlaps the logits other than in place (the same rows, the same
+ * stride): that would race. n_rows >= 1 rows of `cols` elements. The other examples use it too. */
+static bool ce_grad_overlaps(const void *logits, int64_t stride, const void *grad, int64_t grad_stride, int64_t n_rows,
+                             int64_t cols, lf_dtype dt)
+{
+    const size_t esz = (size_t)lf_dtype_size(dt);
+    const char *x0 = (const char *)logits, *g0 = (const char *)grad;
+    const char *x1 = x0 + ((size_t)(n_rows - 1) * stride + cols) * esz;
+    const char *g1 = g0 + ((size_t)(n_rows - 1) * grad_stride + cols) * esz;
+    const bool same = grad == logits && grad_stride == stride;
+    return !same && g0 < x1 && x0 < g1;
+}
+
 /* Validate, then launch (one kernel; two for reduction mean without a divisor). Returns LF_OK,
  * LF_ERR_* for bad arguments (nothing launched), or LF_ERR_DEVICE with *cuda_err set. */
 static lf_status ce_launch(const ce_args *a, cudaStream_t stream, cudaError_t *cuda_err)
@@ -728,13 +741,7 @@ static lf_status ce_launch(const ce_args *a, cudaStream_t stream, cudaError_t *c
     if ((int)a->reduction < 0 || (int)a->reduction > 2) return LF_ERR_ARG;
     if (a->grad && a->grad_stride < a->vocab) return LF_ERR_SIZE;
     if (a->grad && a->n_rows > 0) {
-        /* In place means the same rows; any other overlap of gradient and logits would race. */
-        const size_t esz = (size_t)lf_dtype_size(a->dtype);
-        const char *x0 = (const char *)a->logits, *g0 = (const char *)a->grad;
-        const char *x1 = x0 + ((size_t)(a->n_rows - 1) * a->stride + a->vocab) * esz;
-        const char *g1 = g0 + ((size_t)(a->n_rows - 1) * a->grad_stride + a->vocab) * esz;
-        const bool same = a->grad == a->logits && a->grad_stride == a->stride;
-        if (!same && g0 < x1 && x0 < g1) return LF_ERR_ARG;
+        if (ce_grad_overlaps(a->logits, a->stride, a->grad, a->grad_stride, a->n_rows, a->vocab, a->dtype)) return LF_ERR_ARG;
     }
     if (a->n_rows == 0) {
         /* nothing to launch; a reduced loss of no rows is 0 */

@@ -505,14 +505,8 @@ static lf_status tp_ce_plan(const tp_ce_args *a, tp_run *run, cudaError_t *cuda_
         if (!a->logits || !a->labels || !a->loss || !a->workspace || !a->shares) return LF_ERR_NULL;
         if (a->workspace_bytes < tp_ce_workspace_bytes(a->n_rows, vs, a->dtype)) return LF_ERR_SIZE;
         if (a->shares_bytes < tp_ce_shares_bytes(a->n_rows, a->tp)) return LF_ERR_SIZE;
-        if (a->grad) { /* in place means the same rows; any other overlap would race */
-            const size_t esz = (size_t)lf_dtype_size(a->dtype);
-            const char *x0 = (const char *)a->logits, *g0 = (const char *)a->grad;
-            const char *x1 = x0 + ((size_t)(a->n_rows - 1) * a->stride + vs) * esz;
-            const char *g1 = g0 + ((size_t)(a->n_rows - 1) * a->grad_stride + vs) * esz;
-            const bool same = a->grad == a->logits && a->grad_stride == a->stride;
-            if (!same && g0 < x1 && x0 < g1) return LF_ERR_ARG;
-        }
+        if (a->grad && ce_grad_overlaps(a->logits, a->stride, a->grad, a->grad_stride, a->n_rows, vs, a->dtype))
+            return LF_ERR_ARG; /* in place means the same rows; any other overlap would race */
     }
     memset(run, 0, sizeof *run);
     tp_kparams &p = run->p;
