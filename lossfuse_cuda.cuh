@@ -54,7 +54,9 @@
  *      edge forms
  *   9. Segmented sums, pair scatter-add, histograms: lf_warp_seg_scan_f32, the fast
  *      lf_atomic_add_aggregated, the deterministic lf_seg_sum_grid (per-sequence sums over
- *      cu_seqlens) and lf_sorted_run_sum_grid (after a stable sort by slot), lf_seq_bad
+ *      cu_seqlens, a warp per sequence) and lf_seg_sum_chunked (the same at the bandwidth limit
+ *      for long buffers: equal token chunks per warp, a small workspace), lf_sorted_run_sum_grid
+ *      (after a stable sort by slot), lf_seq_bad
  *  10. Context parallelism: lf_cp_local_labels_grid (a rank's labels and positions from the
  *      global ids under the zigzag layout, lossfuse.h section 10)
  *  11. Tensor (vocabulary) parallelism: lf_tp_merge_warp (a row's all-gathered 12-byte shares
@@ -1852,7 +1854,11 @@ static __device__ __forceinline__ void lf_kl_edge_grad_xe(TS *out, const TS *xs,
  *                     group. Float atomics: the total is exact to rounding but its bits depend
  *                     on the order the atomics land in.
  *      deterministic  no float atomics. Per-sequence sums: lf_seg_sum_grid, one warp per
- *                     sequence, lanes stride its tokens in order, a fixed butterfly. Scatter-add
+ *                     sequence, lanes stride its tokens in order, a fixed butterfly (no
+ *                     workspace; for short buffers, or inside a kernel that does more); or
+ *                     lf_seg_sum_chunked, equal chunks of tokens per warp and a workspace of
+ *                     0.04 B per token (for 10^7+ tokens: balanced whatever the lengths,
+ *                     bandwidth-bound). Scatter-add
  *                     and histograms: sort the (slot, value) entries by slot with a STABLE sort
  *                     (cub::DeviceRadixSort::SortPairs keeps the input order within a slot),
  *                     then lf_sorted_run_sum_grid sums each slot's run in that order. Bit-
@@ -1860,7 +1866,8 @@ static __device__ __forceinline__ void lf_kl_edge_grad_xe(TS *out, const TS *xs,
  *      lf_warp_seg_scan_f32: the segmented inclusive scan within a warp, for kernels that hold
  *                     one token per lane and want one atomic (or one store) per sequence run.
  *    Accumulation in double where the result is a sum over many values (per-lane partials of
- *    lf_seg_sum_grid and lf_sorted_run_sum_grid); results are float.
+ *    lf_seg_sum_grid, lf_seg_sum_chunked and lf_sorted_run_sum_grid); results are float (or
+ *    double where the function takes an output type).
  * ========================================================================================== */
 
 /* Inclusive segmented scan over the 32 lanes, segments = runs of equal `seg` in lane order:
@@ -1925,6 +1932,234 @@ static __device__ __forceinline__ void lf_seg_sum_grid(const int32_t *cu_seqlens
         }
         a = lf_warp_sum_f64(a);
         if (lane == 0) out[k] = (O)a;
+    }
+}
+
+/* Per-sequence sums at the bandwidth limit, for long packed buffers (10^8 tokens in 10^5
+ * sequences, say). lf_seg_sum_grid gives a whole sequence to one warp: with random lengths
+ * some warps get several times the average, and a long sequence keeps one warp busy after the
+ * others are done. Here the tokens are cut into chunks of LF_SEG_CHUNK (512) and every warp of
+ * the grid takes an equal run of consecutive chunks, whatever the sequences. A chunk is read
+ * once with 16-byte loads: lane l holds tokens 128 i + 4 l + j (i < 4, j < 4).
+ *   The order of the additions, which fixes the bits: the part of a sequence inside a chunk (a
+ *   piece) is summed by each lane in four doubles, one per j, adding its tokens of the piece in
+ *   order of i; then (a0 + a1) + (a2 + a3) and a fixed butterfly. A sequence over chunks c0..c1
+ *   is then lane l adding pieces l, l + 32, ... in order (double), and the butterfly. Inside a
+ *   warp's run of chunks the lanes keep that sum in a register; a sequence that crosses the
+ *   edge of a warp's run leaves its pieces in the workspace, each warp adds how many it left to
+ *   an atomic counter (once), and the warp that completes the count adds them up, writes the
+ *   sum and clears the counter. Bits depend on the data and LF_SEG_CHUNK only: the same for
+ *   any grid, any run, any GPU, and v aligned or not (they differ from lf_seg_sum_grid's,
+ *   which adds in another order).
+ *   Workspace: lf_seg_chunk_ws_bytes(total) bytes (20 B per chunk: 0.04 B per token), zeroed
+ *   once before its first use; every call leaves it ready for the next (graph replays too).
+ *   One workspace per call in flight.
+ *   cu_seqlens must be valid with cu_seqlens[nseq] == total (lf_check_cu_seqlens; lf_seq_bad on
+ *   the device); total < 2^31 (cu_seqlens is int32). Empty sequences give 0; NaN / inf reach
+ *   only the sequences they are in. v: any alignment (16-byte aligned: vector loads); it must
+ *   not change during the call.
+ *   Call from every thread of the grid (no barrier inside). ~64 registers: a kernel that only
+ *   does this runs best with 256-thread CTAs, 4 per SM (bench_packed: 82% of the copy
+ *   bandwidth on an H100, where a plain read of the same bytes reaches 91%; lf_seg_sum_grid
+ *   77%). */
+#ifndef LF_SEG_CHUNK
+#define LF_SEG_CHUNK 512 /* tokens per chunk, a multiple of 128 (32 lanes x groups of 4); it fixes the bits */
+#endif
+
+LF_HD size_t lf_seg_chunk_ws_bytes(int64_t total)
+{
+    const int64_t nch = (total > 0 ? total : 0) / LF_SEG_CHUNK + 1; /* + the chunk at `total` (its empty sequences) */
+    return (size_t)nch * (2 * sizeof(double) + sizeof(unsigned));
+}
+
+template <typename O>
+static __device__ __forceinline__ void lf_seg_sum_chunked(const int32_t *cu_seqlens, int64_t nseq, int64_t total, const float *v,
+                                                          O *out, void *workspace)
+{
+    static_assert(LF_SEG_CHUNK % 128 == 0 && LF_SEG_CHUNK > 0, "LF_SEG_CHUNK: a positive multiple of 128");
+    const int C = LF_SEG_CHUNK, G = LF_SEG_CHUNK / 128; /* groups of 4 tokens per lane */
+    const int lane = (int)(threadIdx.x & 31u);
+    const int64_t warps = ((int64_t)gridDim.x * blockDim.x) >> 5;
+    const int64_t w = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int64_t nch = total / C + 1;
+    double *const head = static_cast<double *>(workspace); /* piece of the sequence entering chunk c */
+    double *const tail = head + nch;                       /* piece of the sequence leaving chunk c */
+    unsigned *const cnt = reinterpret_cast<unsigned *>(tail + nch); /* pieces done, by start chunk */
+    const int64_t c_beg = nch * w / warps, c_end = nch * (w + 1) / warps;
+    if (nseq <= 0 || c_beg >= c_end) return; /* warp-uniform */
+
+    const bool vec = ((uintptr_t)v & 15u) == 0;
+    auto load_chunk = [&](int64_t c, float4 (&x)[G]) {
+        const int64_t b = c * C;
+        if (vec && b + C <= total) {
+            const float4 *p = reinterpret_cast<const float4 *>(v + b) + lane;
+#pragma unroll
+            for (int i = 0; i < G; ++i) x[i] = __ldcs(p + 32 * i);
+        } else { /* the last chunk, or v not 16-byte aligned: the same tokens per lane */
+#pragma unroll
+            for (int i = 0; i < G; ++i) {
+                const int64_t t = b + 128 * i + 4 * lane;
+                x[i].x = t < total ? v[t] : 0.0f;
+                x[i].y = t + 1 < total ? v[t + 1] : 0.0f;
+                x[i].z = t + 2 < total ? v[t + 2] : 0.0f;
+                x[i].w = t + 3 < total ? v[t + 3] : 0.0f;
+            }
+        }
+    };
+
+    float4 x[G];
+    load_chunk(c_beg, x); /* in flight during the search below */
+
+    /* The first sequence with a piece in chunk c_beg: i0 = first index with cu[i0] >= base (a
+     * 32-way search: ~4 dependent loads for 10^5 sequences); the sequence starting exactly
+     * there, or else the one that holds token `base`. The last probe's 32 values are the
+     * first window of cu_seqlens (below). */
+    int64_t k, lo = 0;
+    int32_t pr;
+    {
+        const int64_t base = c_beg * C;
+        int64_t hi = nseq; /* i0 in [lo, hi]; cu[nseq] = total >= base */
+        while (hi - lo >= 32) {
+            const int64_t step = (hi - lo + 31) / 32, q = lo + (int64_t)(lane + 1) * step;
+            const bool ge = q >= hi || cu_seqlens[q] >= base;
+            const int f = __ffs((int)__ballot_sync(0xffffffffu, ge)) - 1; /* lane 31 probes >= hi */
+            const int64_t qf = lo + (int64_t)(f + 1) * step;
+            lo = f == 0 ? lo : lo + (int64_t)f * step + 1;
+            hi = qf < hi ? qf : hi;
+        }
+        pr = lo + lane <= nseq ? cu_seqlens[lo + lane] : INT32_MAX;
+        const bool ge = lo + lane >= hi || pr >= base;
+        const int f = __ffs((int)__ballot_sync(0xffffffffu, ge)) - 1;
+        k = __shfl_sync(0xffffffffu, pr, f) == base ? lo + f : lo + f - 1;
+    }
+    /* cu_seqlens[kw + lane] in `win`, the next 32 in `win_nx` (loaded a window ahead), passed
+     * around by shuffles */
+    int64_t kw = k >= lo ? lo : k;
+    int32_t win = k >= lo ? pr : (kw + lane <= nseq ? cu_seqlens[kw + lane] : INT32_MAX);
+    int32_t win_nx = kw + 32 + lane <= nseq ? cu_seqlens[kw + 32 + lane] : INT32_MAX;
+    auto cu_at = [&](int64_t i) -> int64_t { /* warp-uniform; i >= kw - 1, i <= kw + 32 */
+        if (i - kw >= 32) {
+            kw += 32;
+            win = win_nx;
+            win_nx = kw + 32 + lane <= nseq ? cu_seqlens[kw + 32 + lane] : INT32_MAX;
+        } else if (i < kw) { /* a sequence whose end shifted the window goes on in the next chunk */
+            kw = i;
+            win = kw + lane <= nseq ? cu_seqlens[kw + lane] : INT32_MAX;
+            win_nx = kw + 32 + lane <= nseq ? cu_seqlens[kw + 32 + lane] : INT32_MAX;
+        }
+        return (int64_t)__shfl_sync(0xffffffffu, win, (int)(i - kw));
+    };
+
+
+    double run = 0.0;  /* lane-strided sum of the pieces so far of a sequence inside this warp's chunks */
+    unsigned mine = 0; /* pieces of an edge-crossing sequence this warp has left in the workspace */
+
+    /* The end of a piece of sequence k = [s, e) in chunk c (`a`: this lane's sum of its tokens in
+     * it). Warp-uniform. */
+    auto finish = [&](int64_t c, int64_t s, int64_t e, double (&aj)[4]) {
+        const int64_t b = c * C;
+        const double a = lf_warp_sum_f64((aj[0] + aj[1]) + (aj[2] + aj[3]));
+        aj[0] = aj[1] = aj[2] = aj[3] = 0.0;
+        const bool starts = s >= b, ends = e <= b + C;
+        if (starts && ends) { /* the whole sequence */
+            if (lane == 0) out[k] = (O)a;
+            return;
+        }
+        /* Piece q = c - c0 of a sequence over chunks c0..c1 (e > s here). Its sum is, by
+         * definition, lane l adding the pieces q = l, l + 32, ... in order, then the butterfly.
+         * Inside this warp's chunks the lanes do exactly that in a register; a sequence that
+         * crosses the edge of this warp's chunks leaves its pieces in the workspace, and the
+         * warp with the last of them (one counter update per warp) adds them the same way. */
+        const int64_t c0 = s / C, c1 = (e - 1) / C, q = c - c0;
+        if (c0 >= c_beg && c1 < c_end) {
+            if (lane == (int)(q & 31)) run += a;
+            if (ends) {
+                run = lf_warp_sum_f64(run);
+                if (lane == 0) out[k] = (O)run;
+                run = 0.0;
+            }
+            return;
+        }
+        if (lane == 0) (starts ? tail : head)[c] = a;
+        ++mine;
+        if (!ends && c + 1 < c_end) return; /* not yet this warp's last piece of it */
+        unsigned last = 0;
+        if (lane == 0) {
+            __threadfence();
+            last = atomicAdd(cnt + c0, mine) + mine == (unsigned)(c1 - c0 + 1);
+        }
+        mine = 0;
+        if (__shfl_sync(0xffffffffu, last, 0)) {
+            __threadfence();
+            double t = 0.0;
+            for (int64_t r = lane; r <= c1 - c0; r += 32) t += __ldcg(r == 0 ? tail + c0 : head + c0 + r);
+            t = lf_warp_sum_f64(t);
+            if (lane == 0) {
+                out[k] = (O)t;
+                cnt[c0] = 0; /* ready for the next call */
+            }
+        }
+    };
+
+    for (int64_t c = c_beg; c < c_end; ++c) {
+        const int64_t b = c * C;
+        /* The chunk's pieces in token order, a group of 128 tokens (4 per lane) at a time: a
+         * group inside the current piece is four adds per lane; a group where pieces end adds
+         * its tokens piece by piece (masked) and finishes each. Every lane adds its tokens of
+         * a piece in order of (i, j), from +0 (so the masked-out +0s change no bit). */
+        int64_t s = 0, e = 0;
+        int lo = 0, hi = 0;
+        bool open = k < nseq;
+        if (open) {
+            s = cu_at(k);
+            open = s < b + C;
+        }
+        if (open) {
+            e = cu_at(k + 1);
+            lo = (int)((s > b ? s : b) - b);
+            hi = (int)((e < b + C ? e : b + C) - b);
+        }
+        double aj[4] = {0.0, 0.0, 0.0, 0.0}; /* this lane's sums of its tokens j = 0..3 of each group */
+#pragma unroll
+        for (int i = 0; i < G; ++i) {
+            const int g0 = 128 * i, o = g0 + 4 * lane;
+            if (open && hi >= g0 + 128) { /* the whole group is in the current piece (and lo <= g0) */
+                aj[0] += (double)x[i].x;
+                aj[1] += (double)x[i].y;
+                aj[2] += (double)x[i].z;
+                aj[3] += (double)x[i].w;
+                continue;
+            }
+            while (open && hi < g0 + 128) { /* pieces that end in this group */
+                aj[0] += (double)(o >= lo && o < hi ? x[i].x : 0.0f);
+                aj[1] += (double)(o + 1 >= lo && o + 1 < hi ? x[i].y : 0.0f);
+                aj[2] += (double)(o + 2 >= lo && o + 2 < hi ? x[i].z : 0.0f);
+                aj[3] += (double)(o + 3 >= lo && o + 3 < hi ? x[i].w : 0.0f);
+                finish(c, s, e, aj);
+                ++k;
+                open = k < nseq;
+                if (open) {
+                    s = cu_at(k);
+                    open = s < b + C;
+                }
+                if (open) {
+                    e = cu_at(k + 1);
+                    lo = (int)(s - b);
+                    hi = (int)((e < b + C ? e : b + C) - b);
+                }
+            }
+            if (open) { /* the rest of the group is in the piece that starts in it */
+                aj[0] += (double)(o >= lo ? x[i].x : 0.0f);
+                aj[1] += (double)(o + 1 >= lo ? x[i].y : 0.0f);
+                aj[2] += (double)(o + 2 >= lo ? x[i].z : 0.0f);
+                aj[3] += (double)(o + 3 >= lo ? x[i].w : 0.0f);
+            }
+        }
+        if (open) { /* the piece that reaches the end of the chunk */
+            finish(c, s, e, aj);
+            if (e <= b + C) ++k; /* else it goes on in the next chunk, which starts with it */
+        }
+        if (c + 1 < c_end) load_chunk(c + 1, x);
     }
 }
 

@@ -17,9 +17,12 @@
  *                 the time of one loss under CUDA-graph replay (200 back to back) and of plain
  *                 stream launches (launch_us=). bytes: the inputs read once.
  *   mode=segsum   10^8 fp32 values in 10^5 sequences of random length (some empty), sums per
- *                 sequence: impl=lossfuse_det (lf_seg_sum_grid: a warp per sequence, fixed
- *                 order) and lossfuse_fast (a token per lane, segmented warp scan, one atomic per
- *                 run). Floor: read the values once (4 B each).
+ *                 sequence: impl=lossfuse_chunked (lf_seg_sum_chunked: equal chunks per warp,
+ *                 fixed order, workspace = extra_bytes), lossfuse_det (lf_seg_sum_grid: a warp
+ *                 per sequence, fixed order) and lossfuse_fast (a token per lane, segmented warp
+ *                 scan, one atomic per run); plain_read: a grid-stride read of the same values
+ *                 (16-byte loads, summed and dropped), the ceiling of any of them on this device.
+ *                 Floor: read the values once (4 B each).
  * DPO and segsum: each timed launch is preceded (untimed) by writing a 256 MiB buffer (nothing
  * of the inputs left in L2; DPO also restores the logits from a pristine copy); the median.
  * A benchmark, not a test: it checks nothing but CUDA errors and the launchers' status.
@@ -280,6 +283,14 @@ static void bench_pref(int mode, cudaEvent_t e0, cudaEvent_t e1)
 /* ------------------------------------------------------------------ segment sums ---------- */
 __global__ void seg_det_kernel(const int32_t *cu, int64_t nseq, const float *v, float *out) { lf_seg_sum_grid(cu, nseq, v, out); }
 
+#ifndef SEG_CTAS_PER_SM
+#define SEG_CTAS_PER_SM 4 /* 64 registers, no spills (measured against 2 and 3: bench/RESULTS.md) */
+#endif
+__global__ void __launch_bounds__(256, SEG_CTAS_PER_SM) seg_chunk_kernel(const int32_t *cu, int64_t nseq, int64_t T, const float *v, float *out, void *ws)
+{
+    lf_seg_sum_chunked(cu, nseq, T, v, out, ws);
+}
+
 __global__ void seg_fast_kernel(const int32_t *cu, int64_t nseq, const float *v, int64_t T, float *out)
 {
     const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -298,6 +309,17 @@ __global__ void seg_fill(float *v, int64_t n)
 {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         v[i] = (float)((i * 2654435761u) & 1023) * (1.0f / 512.0f) - 1.0f;
+}
+
+/* the ceiling: read every value once (16-byte loads), nothing else */
+__global__ void plain_read_kernel(const float4 *v, int64_t n4, float *sink)
+{
+    float a = 0.0f;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += (int64_t)gridDim.x * blockDim.x) {
+        const float4 x = __ldcs(v + i);
+        a += (x.x + x.y) + (x.z + x.w);
+    }
+    if (a == 1234.5f) *sink = a; /* never true for this data; keeps the loads */
 }
 
 static void bench_seg(const cudaDeviceProp &prop, void *flush, size_t flush_bytes, cudaEvent_t e0, cudaEvent_t e1)
@@ -319,23 +341,31 @@ static void bench_seg(const cudaDeviceProp &prop, void *flush, size_t flush_byte
     seg_fill<<<1024, 256>>>(v, T);
     CK(cudaGetLastError());
     CK(cudaMemcpy(cud, cu.data(), 4 * (nseq + 1), cudaMemcpyHostToDevice));
-    for (int fast = 0; fast < 2; ++fast) {
+    const size_t wsb = lf_seg_chunk_ws_bytes(T);
+    void *ws;
+    CK(cudaMalloc(&ws, wsb));
+    CK(cudaMemset(ws, 0, wsb));
+    const char *names[4] = {"lossfuse_chunked", "lossfuse_det", "lossfuse_fast", "plain_read"};
+    for (int m = 0; m < 4; ++m) {
         std::vector<float> t;
         for (int it = 0; it < 12; ++it) {
             CK(cudaMemsetAsync(flush, it & 0xff, flush_bytes));
-            if (fast) CK(cudaMemsetAsync(out, 0, 4 * nseq));
+            if (m == 2) CK(cudaMemsetAsync(out, 0, 4 * nseq));
             CK(cudaEventRecord(e0));
-            if (fast) seg_fast_kernel<<<(unsigned)((T + 255) / 256), 256>>>(cud, nseq, v, T, out);
-            else seg_det_kernel<<<(unsigned)(prop.multiProcessorCount * 8), 256>>>(cud, nseq, v, out);
+            if (m == 0) seg_chunk_kernel<<<(unsigned)(prop.multiProcessorCount * SEG_CTAS_PER_SM), 256>>>(cud, nseq, T, v, out, ws);
+            else if (m == 1) seg_det_kernel<<<(unsigned)(prop.multiProcessorCount * 8), 256>>>(cud, nseq, v, out);
+            else if (m == 2) seg_fast_kernel<<<(unsigned)((T + 255) / 256), 256>>>(cud, nseq, v, T, out);
+            else plain_read_kernel<<<(unsigned)(prop.multiProcessorCount * 8), 256>>>((const float4 *)v, T / 4, out);
             CK(cudaGetLastError());
             CK(cudaEventRecord(e1));
             const float ms = time_ms(e0, e1);
             if (it >= 2) t.push_back(ms);
         }
-        printf("RESULT impl=lossfuse_%s mode=segsum N=%lld V=%lld dtype=fp32 ms=%.4f bytes=%zu extra_bytes=0 status=ok\n",
-               fast ? "fast" : "det", (long long)T, (long long)nseq, median(t), (size_t)4 * T);
+        printf("RESULT impl=%s mode=segsum N=%lld V=%lld dtype=fp32 ms=%.4f bytes=%zu extra_bytes=%zu status=ok\n", names[m],
+               (long long)T, (long long)nseq, median(t), (size_t)4 * T, m == 0 ? wsb : (size_t)0);
         fflush(stdout);
     }
+    CK(cudaFree(ws));
     CK(cudaFree(v));
     CK(cudaFree(out));
     CK(cudaFree(cud));

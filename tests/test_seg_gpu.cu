@@ -25,6 +25,12 @@ __global__ void k_seg_sum_grid(const int32_t *cu, int64_t nseq, const float *v, 
     lf_seg_sum_grid(cu, nseq, v, out);
 }
 
+template <typename O>
+__global__ void k_seg_sum_chunked(const int32_t *cu, int64_t nseq, int64_t T, const float *v, O *out, void *ws)
+{
+    lf_seg_sum_chunked(cu, nseq, T, v, out, ws);
+}
+
 /* fast per-sequence sums: one token per lane, a segmented scan, one atomic per run per warp */
 __global__ void k_seg_sum_fast(const int32_t *cu, int64_t nseq, const float *v, int64_t T, float *out)
 {
@@ -103,6 +109,57 @@ static double sum_abs(const std::vector<float> &v, int64_t b, int64_t e)
 
 /* ------------------------------------------------------------------ cases ----------------- */
 
+/* lf_seg_sum_chunked on (cu, v) against the double reference: float and double outputs, grids of
+ * one warp (it walks every chunk), 5 x 96 and 264 x 256 threads, a second call on the same
+ * workspace (it must have cleared its counters), and v at an address that is not 16-byte
+ * aligned (scalar loads): all float results bit-identical. Tolerance: the sum of n values in
+ * double is within (n - 1) 2^-53 sum |v| of the exact one, plus the final rounding to float. */
+static void check_chunked(const std::vector<int32_t> &cu, const std::vector<float> &v, const std::vector<double> &ref)
+{
+    const int64_t nseq = (int64_t)cu.size() - 1, T = cu[nseq];
+    const size_t wsb = lf_seg_chunk_ws_bytes(T);
+    DevBuf cud((nseq + 1) * 4), vd((v.size() + 4) * 4), ws(wsb), of(nseq * 4 * 5 + 4), od(nseq * 8 + 8);
+    CK(cudaMemcpy(cud.p, cu.data(), (nseq + 1) * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(vd.p, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemset(ws.p, 0, wsb));
+    fill_poison(of.p, nseq * 5, LF_F32);
+    fill_bits<uint32_t><<<64, 256>>>((uint32_t *)od.p, 2 * nseq, POISON32);
+    CK(cudaGetLastError());
+    const int32_t *c = (const int32_t *)cud.p;
+    const float *vp = (const float *)vd.p;
+    float *o = (float *)of.p;
+    k_seg_sum_chunked<float><<<1, 32>>>(c, nseq, T, vp, o, ws.p);
+    CK(cudaGetLastError());
+    k_seg_sum_chunked<float><<<5, 96>>>(c, nseq, T, vp, o + nseq, ws.p);
+    CK(cudaGetLastError());
+    k_seg_sum_chunked<float><<<264, 256>>>(c, nseq, T, vp, o + 2 * nseq, ws.p);
+    CK(cudaGetLastError());
+    k_seg_sum_chunked<float><<<264, 256>>>(c, nseq, T, vp, o + 3 * nseq, ws.p);
+    CK(cudaGetLastError());
+    k_seg_sum_chunked<double><<<33, 128>>>(c, nseq, T, vp, (double *)od.p, ws.p);
+    CK(cudaGetLastError());
+    /* v one float further on: no 16-byte loads */
+    DevBuf vm((v.size() + 4) * 4);
+    CK(cudaMemcpy((float *)vm.p + 1, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+    k_seg_sum_chunked<float><<<40, 256>>>(c, nseq, T, (const float *)vm.p + 1, o + 4 * nseq, ws.p);
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+    const std::vector<float> h = fetch(of, nseq * 5);
+    std::vector<double> hd(nseq);
+    CK(cudaMemcpy(hd.data(), od.p, nseq * 8, cudaMemcpyDeviceToHost));
+    int bad = 0, badd = 0, diff = 0;
+    for (int64_t k = 0; k < nseq; ++k) {
+        const double sa = sum_abs(v, cu[k], cu[k + 1]), n = (double)(cu[k + 1] - cu[k]);
+        const double tol = (n + 1.0) * 0x1p-53 * sa;
+        bad += !close(h[k], ref[k], 0x1p-24 * fabs(ref[k]) + tol);
+        badd += !close(hd[k], ref[k], tol + 1e-300);
+        for (int r = 1; r < 5; ++r) diff += memcmp(&h[k], &h[k + r * nseq], 4) != 0;
+    }
+    EXPECT(bad == 0, "%d chunked sums off", bad);
+    EXPECT(badd == 0, "%d chunked double sums off", badd);
+    EXPECT(diff == 0, "%d chunked sums differ between grids / runs / alignments (must be bit-identical)", diff);
+}
+
 static void test_seg(int64_t nseq, int kind, uint64_t *rs)
 {
     snprintf(g_case, sizeof g_case, "segment sums nseq=%lld kind=%d", (long long)nseq, kind);
@@ -154,6 +211,7 @@ static void test_seg(int64_t nseq, int kind, uint64_t *rs)
     EXPECT(bad_det == 0, "%d deterministic sums off", bad_det);
     EXPECT(bad_fast == 0, "%d fast sums off", bad_fast);
     EXPECT(diff == 0, "%d sums differ between grid shapes (must be bit-identical)", diff);
+    check_chunked(cu, v, ref);
     /* a corrupt cu_seqlens is flagged on the device */
     if (nseq >= 3) {
         std::vector<int32_t> bad = cu;
@@ -166,6 +224,47 @@ static void test_seg(int64_t nseq, int kind, uint64_t *rs)
         EXPECT(flag_h == 1, "decreasing cu_seqlens not flagged");
     }
     printf("%-4s %s\n", g_fail == fails ? "ok" : "FAIL", g_case);
+}
+
+/* lf_seg_sum_chunked where the chunk edges are awkward: lengths around multiples of
+ * LF_SEG_CHUNK (1023, 1024, 1025, 2048, ...), empty sequences at chunk edges, at the start and at
+ * the end (T a multiple of the chunk: the extra chunk at T), one sequence over many chunks;
+ * kind 1: one sequence of every token; kind 2: long random lengths (mean ~1000, the benchmark's
+ * shape) with a NaN in one sequence and +inf in another. */
+static void test_chunked_edges(int kind, uint64_t *rs)
+{
+    snprintf(g_case, sizeof g_case, "chunked segment sums kind=%d", kind);
+    const int fails = g_fail;
+    const int64_t C = LF_SEG_CHUNK;
+    std::vector<int32_t> cu(1, 0);
+    auto add = [&](int64_t len) { cu.push_back(cu.back() + (int32_t)len); };
+    if (kind == 0) {
+        add(0); /* empty first */
+        for (int64_t len : {C - 1, (int64_t)1, C, (int64_t)0, C + 1, 2 * C, (int64_t)0, (int64_t)0, C - 2, 5 * C + 3, (int64_t)7, C})
+            add(len);
+        while (cu.back() % C) add(1);
+        add(0); /* empty at T, T a multiple of the chunk */
+        add(0);
+    } else if (kind == 1) {
+        add(g_small ? 200003 : 3 * (1 << 20) + 5);
+    } else {
+        const int64_t n = g_small ? 1000 : 10000;
+        for (int64_t k = 0; k < n; ++k) add((int64_t)(-log(1.0 - rng_u(rs)) * 1000.0));
+    }
+    const int64_t nseq = (int64_t)cu.size() - 1, T = cu[nseq];
+    std::vector<float> v(T > 0 ? T : 1);
+    for (int64_t t = 0; t < T; ++t) {
+        const double r = rng_u(rs);
+        v[t] = (float)((r < 0.01 ? 1e4 : 1.0) * (rng_u(rs) - 0.5) * 8.0);
+    }
+    if (kind == 2) {
+        for (int64_t k = 0, hit = 0; k < nseq && hit < 2; ++k)
+            if (cu[k + 1] - cu[k] > 3 * C) v[cu[k] + 2 * C + 5 * hit] = hit ? INFINITY : NAN, ++hit; /* past the first chunk edge */
+    }
+    std::vector<double> ref(nseq);
+    EXPECT(lf_ref_seg_sum(cu.data(), nseq, v.data(), ref.data()) == LF_OK, "reference failed");
+    check_chunked(cu, v, ref);
+    printf("%-4s %s (T=%lld, nseq=%lld)\n", g_fail == fails ? "ok" : "FAIL", g_case, (long long)T, (long long)nseq);
 }
 
 static void test_scatter(int64_t S, int64_t P, uint64_t *rs)
@@ -285,6 +384,7 @@ int main(int argc, char **argv)
     uint64_t rs = mix64(g_seed);
     for (int64_t nseq : {1, 7, 64, 1000}) test_seg(nseq, 0, &rs);
     test_seg(g_small ? 3000 : 20000, 1, &rs); /* thousands of tiny segments */
+    for (int kind = 0; kind < 3; ++kind) test_chunked_edges(kind, &rs);
     for (int64_t P : {1, 31, 1000, 77777}) test_scatter(P < 100 ? 10 : 2000, g_small && P > 5000 ? 5000 : P, &rs);
     test_hist(5000, 17, &rs);
     test_hist(100000, 1000, &rs);
