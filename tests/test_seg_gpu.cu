@@ -10,7 +10,11 @@
  * 2^-24 |ref| + 1e-12 sum |v|. The fast forms add float partials with float atomics: each of
  * the n additions into a slot rounds relative to a running sum <= sum |v|, so (n + 1) 2^-24
  * sum |v| bounds any order. Deterministic forms must also give the same bits on a second run
- * and with another grid shape.
+ * and with another grid shape. lf_seg_sum_chunked (check_chunked) runs on every packing above
+ * and on packings made for its chunk edges (lengths around multiples of LF_SEG_CHUNK, empty
+ * sequences at chunk edges and at T, one sequence of 3M tokens, 10^7 tokens with NaN / inf):
+ * float and double outputs (tolerance (n + 1) 2^-53 sum |v|, + 2^-24 |ref| for float), four
+ * grids, a reused workspace, v not 16-byte aligned.
  */
 #include "lossfuse_cuda.cuh"
 
