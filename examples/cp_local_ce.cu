@@ -184,14 +184,7 @@ __global__ void cp_outputs_kernel(const cp_ce_args a, cp_ws w)
  * 3. The phases of one rank (all on `stream`; an all-reduce of cp_ce_red_a / _b between)
  * ========================================================================================== */
 
-#define CP_CHECK(call)                                                                              \
-    do {                                                                                            \
-        cudaError_t e_ = (call);                                                                    \
-        if (e_ != cudaSuccess) {                                                                    \
-            if (cuda_err) *cuda_err = e_;                                                           \
-            return LF_ERR_DEVICE;                                                                   \
-        }                                                                                           \
-    } while (0)
+/* CUDA errors: CE_CHECK (examples/cross_entropy.cu) returns LF_ERR_DEVICE and sets *cuda_err */
 
 /* The buffers the group all-reduces (sum, double) after phase A (cp_ce_red_a_count = 2 nseq
  * doubles: counts, then weight sums) and after phase B (nseq + 1 doubles). */
@@ -225,11 +218,11 @@ static lf_status cp_ce_phase_a(const cp_ce_args *a, cudaStream_t s, cudaError_t 
     const int64_t n = a->total / a->cp;
     const cp_ws w = cp_ws_carve(a->workspace, n, a->nseq);
     cp_labels_kernel<<<cp_grid(n > a->nseq ? n : a->nseq + 1), 256, 0, s>>>(*a, w);
-    CP_CHECK(cudaGetLastError());
+    CE_CHECK(cudaGetLastError());
     cp_seq_sum_kernel<<<cp_grid(32 * a->nseq), 256, 0, s>>>(w.cu_local, a->nseq, w.valid, w.red_a);
-    CP_CHECK(cudaGetLastError());
+    CE_CHECK(cudaGetLastError());
     cp_seq_sum_kernel<<<cp_grid(32 * a->nseq), 256, 0, s>>>(w.cu_local, a->nseq, w.wvalid, w.red_a + a->nseq);
-    CP_CHECK(cudaGetLastError());
+    CE_CHECK(cudaGetLastError());
     return LF_OK;
 }
 
@@ -241,7 +234,7 @@ static lf_status cp_ce_phase_b(const cp_ce_args *a, cudaStream_t s, cudaError_t 
     const int64_t n = a->total / a->cp;
     const cp_ws w = cp_ws_carve(a->workspace, n, a->nseq);
     cp_divisor_kernel<<<1, 1, 0, s>>>(w.red_a, a->nseq, w.divisor);
-    CP_CHECK(cudaGetLastError());
+    CE_CHECK(cudaGetLastError());
     ce_args c = ce_args_default();
     c.logits = a->logits;
     c.dtype = a->dtype;
@@ -264,14 +257,14 @@ static lf_status cp_ce_phase_b(const cp_ce_args *a, cudaStream_t s, cudaError_t 
         st = ce_launch(&c, s, cuda_err);
         if (st != LF_OK) return st;
         cp_nll_kernel<<<cp_grid(n), 256, 0, s>>>(n, w.logprob, w.valid);
-        CP_CHECK(cudaGetLastError());
+        CE_CHECK(cudaGetLastError());
     } else {
-        CP_CHECK(cudaMemsetAsync(a->loss, 0, sizeof(float), s));
+        CE_CHECK(cudaMemsetAsync(a->loss, 0, sizeof(float), s));
     }
     cp_seq_sum_kernel<<<cp_grid(32 * a->nseq), 256, 0, s>>>(w.cu_local, a->nseq, w.valid, w.red_b);
-    CP_CHECK(cudaGetLastError());
+    CE_CHECK(cudaGetLastError());
     cp_loss_share_kernel<<<1, 1, 0, s>>>(a->loss, w.red_b + a->nseq);
-    CP_CHECK(cudaGetLastError());
+    CE_CHECK(cudaGetLastError());
     return LF_OK;
 }
 
@@ -282,7 +275,7 @@ static lf_status cp_ce_phase_c(const cp_ce_args *a, cudaStream_t s, cudaError_t 
     if (st != LF_OK) return st;
     const cp_ws w = cp_ws_carve(a->workspace, a->total / a->cp, a->nseq);
     cp_outputs_kernel<<<cp_grid(a->nseq), 256, 0, s>>>(*a, w);
-    CP_CHECK(cudaGetLastError());
+    CE_CHECK(cudaGetLastError());
     return LF_OK;
 }
 
@@ -316,11 +309,11 @@ static lf_status cp_ce_simulate(const cp_ce_args *args, int cp, cudaStream_t s, 
     for (int r = 0; r < cp; ++r)
         if ((st = cp_ce_phase_a(&args[r], s, cuda_err)) != LF_OK) return st;
     cp_sim_allreduce_kernel<<<cp_grid(2 * args[0].nseq), 256, 0, s>>>(ba, cp, (int64_t)cp_ce_red_a_count(&args[0]));
-    CP_CHECK(cudaGetLastError());
+    CE_CHECK(cudaGetLastError());
     for (int r = 0; r < cp; ++r)
         if ((st = cp_ce_phase_b(&args[r], s, cuda_err)) != LF_OK) return st;
     cp_sim_allreduce_kernel<<<cp_grid(args[0].nseq + 1), 256, 0, s>>>(bb, cp, args[0].nseq + 1);
-    CP_CHECK(cudaGetLastError());
+    CE_CHECK(cudaGetLastError());
     for (int r = 0; r < cp; ++r)
         if ((st = cp_ce_phase_c(&args[r], s, cuda_err)) != LF_OK) return st;
     return LF_OK;
@@ -334,7 +327,7 @@ static lf_status cp_ce_nccl(const cp_ce_args *args, int cp, const int *devs, ncc
 {
     lf_status st;
     for (int r = 0; r < cp; ++r) {
-        CP_CHECK(cudaSetDevice(devs[r]));
+        CE_CHECK(cudaSetDevice(devs[r]));
         if ((st = cp_ce_phase_a(&args[r], streams[r], cuda_err)) != LF_OK) return st;
     }
     bool ok = ncclGroupStart() == ncclSuccess;
@@ -343,7 +336,7 @@ static lf_status cp_ce_nccl(const cp_ce_args *args, int cp, const int *devs, ncc
                            comms[r], streams[r]) == ncclSuccess;
     if (ncclGroupEnd() != ncclSuccess || !ok) return LF_ERR_DEVICE; /* the group is closed either way */
     for (int r = 0; r < cp; ++r) {
-        CP_CHECK(cudaSetDevice(devs[r]));
+        CE_CHECK(cudaSetDevice(devs[r]));
         if ((st = cp_ce_phase_b(&args[r], streams[r], cuda_err)) != LF_OK) return st;
     }
     ok = ncclGroupStart() == ncclSuccess;
@@ -352,14 +345,12 @@ static lf_status cp_ce_nccl(const cp_ce_args *args, int cp, const int *devs, ncc
                            comms[r], streams[r]) == ncclSuccess;
     if (ncclGroupEnd() != ncclSuccess || !ok) return LF_ERR_DEVICE;
     for (int r = 0; r < cp; ++r) {
-        CP_CHECK(cudaSetDevice(devs[r]));
+        CE_CHECK(cudaSetDevice(devs[r]));
         if ((st = cp_ce_phase_c(&args[r], streams[r], cuda_err)) != LF_OK) return st;
     }
     return LF_OK;
 }
 #endif
-
-#undef CP_CHECK
 
 /* ============================================================================================
  * 4. A whole check against the unsharded cross-entropy (main, and tests/test_cp_gpu.cu use it),

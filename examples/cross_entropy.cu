@@ -797,7 +797,7 @@ static lf_status ce_launch(const ce_args *a, cudaStream_t stream, cudaError_t *c
     }
 }
 
-#undef CE_CHECK
+/* CE_CHECK stays defined: cp_local_ce.cu and vocab_parallel_ce.cu, which include this file, use it */
 
 /* The median time in ms of `iters` calls of step() (an lf_status-returning callable that
  * launches on the legacy stream), after two untimed ones: what the other examples' timings use. */

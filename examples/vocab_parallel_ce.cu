@@ -477,14 +477,7 @@ typedef struct tp_run {
     int64_t C, K; /* rows per chunk, chunks */
 } tp_run;
 
-#define TP_CHECK(call)                                                                              \
-    do {                                                                                            \
-        cudaError_t e_ = (call);                                                                    \
-        if (e_ != cudaSuccess) {                                                                    \
-            if (cuda_err) *cuda_err = e_;                                                           \
-            return LF_ERR_DEVICE;                                                                   \
-        }                                                                                           \
-    } while (0)
+/* CUDA errors: CE_CHECK (examples/cross_entropy.cu) returns LF_ERR_DEVICE and sets *cuda_err */
 
 /* Validate a rank's arguments and plan its chunks (host only: nothing launched). */
 static lf_status tp_ce_plan(const tp_ce_args *a, tp_run *run, cudaError_t *cuda_err)
@@ -552,8 +545,8 @@ static lf_status tp_ce_plan(const tp_ce_args *a, tp_run *run, cudaError_t *cuda_
     int64_t C = a->chunk_rows > 0 ? a->chunk_rows : 65535;
     {
         int dev = 0, cc = 0;
-        TP_CHECK(cudaGetDevice(&dev));
-        TP_CHECK(cudaDeviceGetAttribute(&cc, cudaDevAttrComputeCapabilityMajor, dev));
+        CE_CHECK(cudaGetDevice(&dev));
+        CE_CHECK(cudaDeviceGetAttribute(&cc, cudaDevAttrComputeCapabilityMajor, dev));
         run->pdl = cc >= 9 && !a->no_pdl;
     }
     if (C < 1) C = 1;
@@ -600,8 +593,8 @@ static lf_status tp_step_launch(const tp_run &run, int64_t kg, int64_t ks, cudaS
         cfg.attrs = &attr;
         cfg.numAttrs = 1;
     }
-    TP_CHECK(cudaLaunchKernelEx(&cfg, kernel, run.p, g0, gC, s0, sC));
-    TP_CHECK(cudaGetLastError());
+    CE_CHECK(cudaLaunchKernelEx(&cfg, kernel, run.p, g0, gC, s0, sC));
+    CE_CHECK(cudaGetLastError());
     return LF_OK;
 }
 
@@ -622,9 +615,9 @@ static lf_status tp_ce_prep(const tp_run &r, cudaStream_t s, cudaError_t *cuda_e
     if (r.p.n_rows == 0) return LF_OK;
     /* the slices' hand-off counters start at zero every launch (their place in the workspace
      * depends on N and the slice count, so nothing left by another configuration can leak in) */
-    TP_CHECK(cudaMemsetAsync(r.p.cnt, 0, sizeof(unsigned int) * (size_t)r.p.n_rows, s));
+    CE_CHECK(cudaMemsetAsync(r.p.cnt, 0, sizeof(unsigned int) * (size_t)r.p.n_rows, s));
     tp_prep_kernel<<<1, 1024, 0, s>>>(r.p, r.want_divisor ? 1 : 0);
-    TP_CHECK(cudaGetLastError());
+    CE_CHECK(cudaGetLastError());
     return LF_OK;
 }
 
@@ -642,12 +635,12 @@ static lf_status tp_ce_reduce(const tp_run &r, cudaStream_t s, cudaError_t *cuda
 {
     if (r.p.reduction == LF_REDUCE_NONE) return LF_OK;
     if (r.p.n_rows == 0) {
-        if (r.p.loss) TP_CHECK(cudaMemsetAsync(r.p.loss, 0, sizeof(float), s));
-        if (r.p.z_out) TP_CHECK(cudaMemsetAsync(r.p.z_out, 0, sizeof(float), s));
+        if (r.p.loss) CE_CHECK(cudaMemsetAsync(r.p.loss, 0, sizeof(float), s));
+        if (r.p.z_out) CE_CHECK(cudaMemsetAsync(r.p.z_out, 0, sizeof(float), s));
         return LF_OK;
     }
     tp_reduce_kernel<<<1, 1024, 0, s>>>(r.p);
-    TP_CHECK(cudaGetLastError());
+    CE_CHECK(cudaGetLastError());
     return LF_OK;
 }
 
@@ -659,8 +652,8 @@ static lf_status tp_ce_exchange(const tp_run &r, int64_t k, tp_exchange *ex, cud
 #ifdef LF_HAVE_NCCL
     const int64_t r0 = k * r.C, C = r.p.n_rows - r0 < r.C ? r.p.n_rows - r0 : r.C;
     float *base = reinterpret_cast<float *>(r.p.shares + r0 * r.p.tp);
-    TP_CHECK(cudaEventRecord(ex->ev_stats, s));
-    TP_CHECK(cudaStreamWaitEvent(ex->comm_stream, ex->ev_stats, 0));
+    CE_CHECK(cudaEventRecord(ex->ev_stats, s));
+    CE_CHECK(cudaStreamWaitEvent(ex->comm_stream, ex->ev_stats, 0));
     if (ncclAllGather(base + 3 * C * r.p.rank, base, (size_t)(3 * C), ncclFloat, ex->comm, ex->comm_stream) != ncclSuccess)
         return LF_ERR_DEVICE;
     return LF_OK;
@@ -672,13 +665,13 @@ static lf_status tp_ce_exchange(const tp_run &r, int64_t k, tp_exchange *ex, cud
 
 static lf_status tp_ce_exchange_done(int64_t k, tp_exchange *ex, cudaError_t *cuda_err)
 {
-    TP_CHECK(cudaEventRecord(ex->ev_ag[k & 1], ex->comm_stream));
+    CE_CHECK(cudaEventRecord(ex->ev_ag[k & 1], ex->comm_stream));
     return LF_OK;
 }
 
 static lf_status tp_ce_wait_exchange(int64_t k, tp_exchange *ex, cudaStream_t s, cudaError_t *cuda_err)
 {
-    TP_CHECK(cudaStreamWaitEvent(s, ex->ev_ag[k & 1], 0));
+    CE_CHECK(cudaStreamWaitEvent(s, ex->ev_ag[k & 1], 0));
     return LF_OK;
 }
 
@@ -755,7 +748,7 @@ static lf_status tp_ce_nccl(const tp_ce_args *args, int tp, const int *devs, tp_
             args[r].chunk_rows != args[0].chunk_rows)
             return LF_ERR_ARG;
     for (int r = 0; r < tp; ++r) {
-        TP_CHECK(cudaSetDevice(devs[r]));
+        CE_CHECK(cudaSetDevice(devs[r]));
         TP_TRY(tp_ce_plan(&args[r], &runs[r], cuda_err));
         if (runs[r].C != runs[0].C) return LF_ERR_ARG;
         TP_TRY(tp_ce_prep(runs[r], streams[r], cuda_err));
@@ -764,7 +757,7 @@ static lf_status tp_ce_nccl(const tp_ce_args *args, int tp, const int *devs, tp_
     for (int64_t j = 0; j < K + TP_LAG; ++j) {
         const int64_t kg = j - TP_LAG, ks = j < K ? j : -1;
         for (int r = 0; r < tp; ++r) {
-            TP_CHECK(cudaSetDevice(devs[r]));
+            CE_CHECK(cudaSetDevice(devs[r]));
             if (kg >= 0) TP_TRY(tp_ce_wait_exchange(kg, &ex[r], streams[r], cuda_err));
             TP_TRY(tp_ce_step(runs[r], kg, ks, streams[r], cuda_err));
         }
@@ -778,12 +771,12 @@ static lf_status tp_ce_nccl(const tp_ce_args *args, int tp, const int *devs, tp_
         if (ncclGroupEnd() != ncclSuccess && st == LF_OK) st = LF_ERR_DEVICE; /* the group is always closed */
         TP_TRY(st);
         for (int r = 0; r < tp; ++r) {
-            TP_CHECK(cudaSetDevice(devs[r]));
+            CE_CHECK(cudaSetDevice(devs[r]));
             TP_TRY(tp_ce_exchange_done(ks, &ex[r], cuda_err));
         }
     }
     for (int r = 0; r < tp; ++r) {
-        TP_CHECK(cudaSetDevice(devs[r]));
+        CE_CHECK(cudaSetDevice(devs[r]));
         TP_TRY(tp_ce_reduce(runs[r], streams[r], cuda_err));
     }
     return LF_OK;
@@ -793,10 +786,10 @@ static lf_status tp_ce_nccl(const tp_ce_args *args, int tp, const int *devs, tp_
 /* Streams and events of an exchange (comm set by the caller). */
 static lf_status tp_exchange_create(tp_exchange *ex, cudaError_t *cuda_err)
 {
-    TP_CHECK(cudaStreamCreateWithFlags(&ex->comm_stream, cudaStreamNonBlocking));
-    TP_CHECK(cudaEventCreateWithFlags(&ex->ev_stats, cudaEventDisableTiming));
-    TP_CHECK(cudaEventCreateWithFlags(&ex->ev_ag[0], cudaEventDisableTiming));
-    TP_CHECK(cudaEventCreateWithFlags(&ex->ev_ag[1], cudaEventDisableTiming));
+    CE_CHECK(cudaStreamCreateWithFlags(&ex->comm_stream, cudaStreamNonBlocking));
+    CE_CHECK(cudaEventCreateWithFlags(&ex->ev_stats, cudaEventDisableTiming));
+    CE_CHECK(cudaEventCreateWithFlags(&ex->ev_ag[0], cudaEventDisableTiming));
+    CE_CHECK(cudaEventCreateWithFlags(&ex->ev_ag[1], cudaEventDisableTiming));
     return LF_OK;
 }
 
