@@ -2014,28 +2014,28 @@ static __device__ __forceinline__ void lf_seg_sum_chunked(const int32_t *cu_seql
      * 32-way search: ~4 dependent loads for 10^5 sequences); the sequence starting exactly
      * there, or else the one that holds token `base`. The last probe's 32 values are the
      * first window of cu_seqlens (below). */
-    int64_t k, lo = 0;
+    int64_t k, slo = 0;
     int32_t pr;
     {
         const int64_t base = c_beg * C;
-        int64_t hi = nseq; /* i0 in [lo, hi]; cu[nseq] = total >= base */
-        while (hi - lo >= 32) {
-            const int64_t step = (hi - lo + 31) / 32, q = lo + (int64_t)(lane + 1) * step;
+        int64_t hi = nseq; /* i0 in [slo, hi]; cu[nseq] = total >= base */
+        while (hi - slo >= 32) {
+            const int64_t step = (hi - slo + 31) / 32, q = slo + (int64_t)(lane + 1) * step;
             const bool ge = q >= hi || cu_seqlens[q] >= base;
             const int f = __ffs((int)__ballot_sync(0xffffffffu, ge)) - 1; /* lane 31 probes >= hi */
-            const int64_t qf = lo + (int64_t)(f + 1) * step;
-            lo = f == 0 ? lo : lo + (int64_t)f * step + 1;
+            const int64_t qf = slo + (int64_t)(f + 1) * step;
+            slo = f == 0 ? slo : slo + (int64_t)f * step + 1;
             hi = qf < hi ? qf : hi;
         }
-        pr = lo + lane <= nseq ? cu_seqlens[lo + lane] : INT32_MAX;
-        const bool ge = lo + lane >= hi || pr >= base;
+        pr = slo + lane <= nseq ? cu_seqlens[slo + lane] : INT32_MAX;
+        const bool ge = slo + lane >= hi || pr >= base;
         const int f = __ffs((int)__ballot_sync(0xffffffffu, ge)) - 1;
-        k = __shfl_sync(0xffffffffu, pr, f) == base ? lo + f : lo + f - 1;
+        k = __shfl_sync(0xffffffffu, pr, f) == base ? slo + f : slo + f - 1;
     }
     /* cu_seqlens[kw + lane] in `win`, the next 32 in `win_nx` (loaded a window ahead), passed
      * around by shuffles */
-    int64_t kw = k >= lo ? lo : k;
-    int32_t win = k >= lo ? pr : (kw + lane <= nseq ? cu_seqlens[kw + lane] : INT32_MAX);
+    int64_t kw = k >= slo ? slo : k;
+    int32_t win = k >= slo ? pr : (kw + lane <= nseq ? cu_seqlens[kw + lane] : INT32_MAX);
     int32_t win_nx = kw + 32 + lane <= nseq ? cu_seqlens[kw + 32 + lane] : INT32_MAX;
     auto cu_at = [&](int64_t i) -> int64_t { /* warp-uniform; i >= kw - 1, i <= kw + 32 */
         if (i - kw >= 32) {
@@ -2050,12 +2050,11 @@ static __device__ __forceinline__ void lf_seg_sum_chunked(const int32_t *cu_seql
         return (int64_t)__shfl_sync(0xffffffffu, win, (int)(i - kw));
     };
 
-
     double run = 0.0;  /* lane-strided sum of the pieces so far of a sequence inside this warp's chunks */
     unsigned mine = 0; /* pieces of an edge-crossing sequence this warp has left in the workspace */
 
-    /* The end of a piece of sequence k = [s, e) in chunk c (`a`: this lane's sum of its tokens in
-     * it). Warp-uniform. */
+    /* The end of a piece of sequence k = [s, e) in chunk c (aj: this lane's sums of its tokens in
+     * it, one per j; cleared here). Warp-uniform. */
     auto finish = [&](int64_t c, int64_t s, int64_t e, double (&aj)[4]) {
         const int64_t b = c * C;
         const double a = lf_warp_sum_f64((aj[0] + aj[1]) + (aj[2] + aj[3]));
@@ -2101,24 +2100,27 @@ static __device__ __forceinline__ void lf_seg_sum_chunked(const int32_t *cu_seql
         }
     };
 
+    /* The piece of sequence k in the chunk at b, if k starts before the chunk ends: its bounds
+     * [lo, hi) relative to b. Warp-uniform. */
+    int64_t s = 0, e = 0;
+    int lo = 0, hi = 0;
+    auto open_piece = [&](int64_t b) -> bool {
+        if (k >= nseq) return false;
+        s = cu_at(k);
+        if (s >= b + C) return false;
+        e = cu_at(k + 1);
+        lo = (int)((s > b ? s : b) - b);
+        hi = (int)((e < b + C ? e : b + C) - b);
+        return true;
+    };
+
     for (int64_t c = c_beg; c < c_end; ++c) {
         const int64_t b = c * C;
         /* The chunk's pieces in token order, a group of 128 tokens (4 per lane) at a time: a
          * group inside the current piece is four adds per lane; a group where pieces end adds
-         * its tokens piece by piece (masked) and finishes each. Every lane adds its tokens of
-         * a piece in order of (i, j), from +0 (so the masked-out +0s change no bit). */
-        int64_t s = 0, e = 0;
-        int lo = 0, hi = 0;
-        bool open = k < nseq;
-        if (open) {
-            s = cu_at(k);
-            open = s < b + C;
-        }
-        if (open) {
-            e = cu_at(k + 1);
-            lo = (int)((s > b ? s : b) - b);
-            hi = (int)((e < b + C ? e : b + C) - b);
-        }
+         * its tokens piece by piece (masked) and finishes each. Each lane adds its tokens j of
+         * a piece into aj[j] in order of i, from +0 (so the masked-out +0s change no bit). */
+        bool open = open_piece(b);
         double aj[4] = {0.0, 0.0, 0.0, 0.0}; /* this lane's sums of its tokens j = 0..3 of each group */
 #pragma unroll
         for (int i = 0; i < G; ++i) {
@@ -2137,16 +2139,7 @@ static __device__ __forceinline__ void lf_seg_sum_chunked(const int32_t *cu_seql
                 aj[3] += (double)(o + 3 >= lo && o + 3 < hi ? x[i].w : 0.0f);
                 finish(c, s, e, aj);
                 ++k;
-                open = k < nseq;
-                if (open) {
-                    s = cu_at(k);
-                    open = s < b + C;
-                }
-                if (open) {
-                    e = cu_at(k + 1);
-                    lo = (int)(s - b);
-                    hi = (int)((e < b + C ? e : b + C) - b);
-                }
+                open = open_piece(b);
             }
             if (open) { /* the rest of the group is in the piece that starts in it */
                 aj[0] += (double)(o >= lo ? x[i].x : 0.0f);
