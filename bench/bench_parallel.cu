@@ -4,7 +4,7 @@
  * logits then computing the loss; same run, checked before timing.
  *
  *   bench_parallel [--shapes 4096x151936,8192x32768] [--tp 2,4] [--cp 2,4] [--iters 20]
- *                  [--chunk-mb 0,8,16]
+ *                  [--chunk-mb 0,8,16] [--nccl]
  *
  *   mode=tpP_rank  impl=lossfuse: one rank's step of tp = P (its [N, V/P] shard: statistics,
  *                  gradient in place; --chunk-mb: pipelined in chunks), the
@@ -25,6 +25,12 @@
  *                  traffic of the all-gather on the receiving side, without the link: a lower
  *                  bound) + the cross-entropy of the whole [T, V]; extra_bytes: the gathered
  *                  logits it must hold.
+ *   --nccl:        instead of all the above, tp = P on P GPUs over NCCL (one process driving them,
+ *                  examples/vocab_parallel_ce.cu's tp_ce_nccl), for every P of --tp up to the GPUs
+ *                  seen: mode=tpP_nccl impl=lossfuse: the whole step, exchange included, per-GPU
+ *                  time (the slowest rank's); impl=lossfuse_chunked: in chunks of a quarter of
+ *                  L2; mode=tp_single: the single-GPU kernel on the full V on GPU 0, same run.
+ *                  ratio= is the issue's target (<= 0.55).
  * --chunk-mb: chunk sizes to try, in MiB of the shard's logits (0: one chunk, the default).
  * bf16, label smoothing off, 10% ignored labels; medians of --iters (in place: the data are
  * gradients after the first iteration, which changes nothing of the work). Every timed run is
@@ -38,16 +44,39 @@
 
 #include "bench/bench_common.cuh"
 
+/* The timed tp configuration: bf16 in place, mean, 10% ignored labels, checked on 8 rows. */
+static tp_demo bench_tp_demo(int P, int64_t N, int64_t V, int iters)
+{
+    tp_demo d;
+    memset(&d, 0, sizeof d);
+    d.tp = P;
+    d.N = N;
+    d.V = V;
+    d.dt = LF_BF16;
+    d.opts = lf_ce_opts_default();
+    d.reduction = LF_REDUCE_MEAN;
+    d.grad_scale = 1.0f;
+    d.in_place = 1;
+    d.labels_i64 = 1;
+    d.ignore_frac = 0.1;
+    d.check_rows = 8;
+    d.seed = 20261123 + (uint64_t)P;
+    d.time_iters = iters;
+    return d;
+}
+
 int main(int argc, char **argv)
 {
     std::string shapes = "4096x151936,8192x32768,4096x262144", tps = "2,4", cps = "2,4", chunks = "0";
     int iters = 20;
+    bool nccl = false;
     for (int i = 1; i < argc; ++i) {
         if (!strcmp(argv[i], "--shapes") && i + 1 < argc) shapes = argv[++i];
         else if (!strcmp(argv[i], "--tp") && i + 1 < argc) tps = argv[++i];
         else if (!strcmp(argv[i], "--cp") && i + 1 < argc) cps = argv[++i];
         else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--chunk-mb") && i + 1 < argc) chunks = argv[++i];
+        else if (!strcmp(argv[i], "--nccl")) nccl = true;
     }
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
@@ -55,6 +84,12 @@ int main(int argc, char **argv)
         return 0;
     }
     bench_device_line();
+#ifndef LF_HAVE_NCCL
+    if (nccl) {
+        printf("bench_parallel --nccl: built without NCCL (LF_HAVE_NCCL)\n");
+        return 0;
+    }
+#endif
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
@@ -69,27 +104,40 @@ int main(int argc, char **argv)
             const int P = atoi(tps.substr(tpos, comma - tpos).c_str());
             tpos = comma + 1;
             if (P < 1) continue;
+            if (nccl) {
+                if (P > ndev) {
+                    printf("bench_parallel --nccl: tp=%d skipped, %d GPU(s) seen\n", P, ndev);
+                    continue;
+                }
+                tp_demo d = bench_tp_demo(P, N, V, iters);
+                d.use_nccl = 1;
+                const tp_demo_result r = tp_demo_run(&d);
+                if (r.st != LF_OK || !r.ok) {
+                    fprintf(stderr, "tp_demo_run N=%lld V=%lld tp=%d nccl: %s (%s), ok=%d\n", (long long)N, (long long)V, P,
+                            lf_status_str(r.st), cudaGetErrorString(r.cuda), r.ok);
+                    return 1;
+                }
+                int64_t v0, v1;
+                lf_tp_shard(V, P, 0, &v0, &v1);
+                const size_t shard_bytes = (size_t)2 * N * (v1 - v0) * 2, full_bytes = (size_t)2 * N * V * 2;
+                printf("RESULT impl=lossfuse mode=tp%d_nccl N=%lld V=%lld dtype=bf16 ms=%.4f bytes=%zu extra_bytes=%zu status=ok "
+                       "ratio=%.3f gpus=%d\n", P, (long long)N, (long long)V, r.ms_tp, shard_bytes, r.ws_bytes + r.shares_bytes,
+                       r.ms_tp / r.ms_single, P);
+                printf("RESULT impl=lossfuse_chunked mode=tp%d_nccl N=%lld V=%lld dtype=bf16 ms=%.4f bytes=%zu status=ok "
+                       "ratio=%.3f chunk_rows=%lld\n", P, (long long)N, (long long)V, r.ms_tp_chunked, shard_bytes,
+                       r.ms_tp_chunked / r.ms_single, (long long)r.chunked_rows);
+                printf("RESULT impl=lossfuse mode=tp_single N=%lld V=%lld dtype=bf16 ms=%.4f bytes=%zu status=ok\n", (long long)N,
+                       (long long)V, r.ms_single, full_bytes);
+                fflush(stdout);
+                continue;
+            }
             size_t cpos = 0;
             while (cpos < chunks.size()) {
             size_t cc = chunks.find(',', cpos);
             if (cc == std::string::npos) cc = chunks.size();
             const double mb = atof(chunks.substr(cpos, cc - cpos).c_str());
             cpos = cc + 1;
-            tp_demo d;
-            memset(&d, 0, sizeof d);
-            d.tp = P;
-            d.N = N;
-            d.V = V;
-            d.dt = LF_BF16;
-            d.opts = lf_ce_opts_default();
-            d.reduction = LF_REDUCE_MEAN;
-            d.grad_scale = 1.0f;
-            d.in_place = 1;
-            d.labels_i64 = 1;
-            d.ignore_frac = 0.1;
-            d.check_rows = 8;
-            d.seed = 20261123 + (uint64_t)P;
-            d.time_iters = iters;
+            tp_demo d = bench_tp_demo(P, N, V, iters);
             int64_t v0, v1;
             lf_tp_shard(V, P, 0, &v0, &v1);
             d.chunk_rows = mb > 0 ? (int64_t)(mb * 1048576.0 / (double)((v1 - v0) * 2)) : 0;
@@ -116,7 +164,7 @@ int main(int argc, char **argv)
             }
         }
         size_t cpos = 0;
-        while (cpos < cps.size()) {
+        while (!nccl && cpos < cps.size()) {
             size_t comma = cps.find(',', cpos);
             if (comma == std::string::npos) comma = cps.size();
             const int C = atoi(cps.substr(cpos, comma - cpos).c_str());

@@ -3,10 +3,13 @@
 # build, GPU test suite, compute-sanitizer (memcheck + racecheck) on the small cases, benchmarks
 # against PyTorch (eager, torch.compile) in the same run, then a short table last.
 #   bench/gpu_check.sh [build] [test] [sanitize] [bench] [peers] [klpeers] [packed] [packedpeers]
-#                      [tp] [tppeers]
+#                      [tp] [tppeers] [nccl] [tpnccl]
 #   (default: all of them; packed: bench_packed, issue 4's DPO / pairwise / segment sums;
 #   packedpeers: their PyTorch peers; tp: bench_parallel, issue 5's vocabulary-parallel rank step vs
-#   the single-GPU kernel and the cp-local loss vs gather-then-loss; tppeers: PyTorch's vocabulary-parallel pattern on one rank's shard)
+#   the single-GPU kernel and the cp-local loss vs gather-then-loss; tppeers: PyTorch's vocabulary-parallel pattern on one rank's shard;
+#   nccl: issue 5's multi-GPU runs over NCCL (test_tp_gpu / test_cp_gpu --nccl, the two examples in
+#   nccl mode) on every GPU seen; tpnccl: bench_parallel --nccl, tp = 2 on two GPUs. Neither is in
+#   the default list: ask for them on a machine of two GPUs or more)
 # (peers: the cross-entropy peers at every bench shape; klpeers: the distillation peers at two
 # shapes, since torch.compile takes ~30 s per shape and mode.) One device call runs at most
 # 10 minutes: split it, e.g. "build test sanitize" then "build bench peers klpeers".
@@ -68,12 +71,28 @@ fi
 if has tp; then
   "$B/bench/bench_parallel" ${BENCH_PARALLEL_ARGS:-} | tee -a "$OUT/bench.log"
 fi
+if has nccl; then
+  ngpu=$(nvidia-smi -L | wc -l)
+  for t in test_tp_gpu test_cp_gpu; do
+    "$B/tests/$t" --nccl >"$OUT/nccl.$t.log" 2>&1
+    rc=$?
+    grep -E "NCCL" "$OUT/nccl.$t.log" | tail -${NCCL_SHOW:-6}
+    summary+=("$t --nccl ($ngpu GPUs): rc=$rc, $(grep "$t:" "$OUT/nccl.$t.log" | tail -1)")
+  done
+  "$B/examples/vocab_parallel_ce" "$ngpu" 4096 151936 nccl >"$OUT/nccl.vocab_parallel_ce.log" 2>&1
+  summary+=("vocab_parallel_ce $ngpu 4096 151936 nccl: rc=$?, $(tail -1 "$OUT/nccl.vocab_parallel_ce.log")")
+  "$B/examples/cp_local_ce" "$ngpu" 16 32768 nccl >"$OUT/nccl.cp_local_ce.log" 2>&1
+  summary+=("cp_local_ce $ngpu 16 32768 nccl: rc=$?, $(tail -1 "$OUT/nccl.cp_local_ce.log")")
+fi
+if has tpnccl; then
+  "$B/bench/bench_parallel" --nccl --tp ${TP_NCCL:-2} ${BENCH_PARALLEL_ARGS:-} | tee -a "$OUT/bench.log"
+fi
 if has tppeers; then
   PYTHONUNBUFFERED=1 timeout ${PEERS_TIMEOUT:-420} python3 bench/torch_peers.py --no-copy --modes tp2_rank,tp4_rank \
     --impls eager_fp32,compile --iters 10 --shapes ${TP_PEERS_SHAPES:-4096x151936,8192x32768} 2>"$OUT/tppeers.err" | tee -a "$OUT/bench.log"
   tail -5 "$OUT/tppeers.err"
 fi
-if has bench || has peers || has klpeers || has packed || has packedpeers || has tp || has tppeers; then
+if has bench || has peers || has klpeers || has packed || has packedpeers || has tp || has tppeers || has tpnccl; then
   python3 bench/report.py "$OUT/bench.log" --md "$OUT/results_table.md" --png "$OUT/results.png" >/dev/null 2>"$OUT/report.err" || tail "$OUT/report.err"
 fi
 echo "================ summary ($(head -1 "$OUT/device.txt"))"

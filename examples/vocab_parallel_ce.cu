@@ -54,6 +54,7 @@
 #define CE_NO_MAIN
 #include "examples/cross_entropy.cu"
 
+#include <algorithm>
 #include <vector>
 #ifdef LF_HAVE_NCCL
 #include <nccl.h>
@@ -801,6 +802,107 @@ static void tp_exchange_destroy(tp_exchange *ex)
     cudaStreamDestroy(ex->comm_stream);
 }
 
+#ifdef LF_HAVE_NCCL
+/* One process driving GPUs 0 .. tp-1, one rank each: communicators (ncclCommInitAll), a compute
+ * stream and an exchange per rank. The destructor waits for the streams and frees it all, so an
+ * early return cannot leak a communicator. */
+struct tp_nccl_ranks {
+    std::vector<int> devs;
+    std::vector<ncclComm_t> comms;
+    std::vector<cudaStream_t> streams;
+    std::vector<tp_exchange> ex;
+    int made = 0; /* ranks whose stream and exchange exist */
+
+    lf_status init(int tp, cudaError_t *cuda_err)
+    {
+        devs.resize(tp);
+        comms.assign(tp, nullptr);
+        streams.assign(tp, nullptr);
+        ex.resize(tp);
+        for (int r = 0; r < tp; ++r) devs[r] = r;
+        if (ncclCommInitAll(comms.data(), tp, devs.data()) != ncclSuccess) {
+            comms.clear();
+            return LF_ERR_DEVICE;
+        }
+        for (int r = 0; r < tp; ++r) {
+            CE_CHECK(cudaSetDevice(r));
+            CE_CHECK(cudaStreamCreateWithFlags(&streams[r], cudaStreamNonBlocking));
+            TP_TRY(tp_exchange_create(&ex[r], cuda_err));
+            ex[r].comm = comms[r];
+            made = r + 1;
+        }
+        return LF_OK;
+    }
+    lf_status run(const tp_ce_args *args, cudaError_t *cuda_err)
+    {
+        return tp_ce_nccl(args, (int)devs.size(), devs.data(), ex.data(), streams.data(), cuda_err);
+    }
+    lf_status sync(cudaError_t *cuda_err)
+    {
+        for (int r = 0; r < made; ++r) {
+            CE_CHECK(cudaSetDevice(devs[r]));
+            CE_CHECK(cudaStreamSynchronize(streams[r]));
+            CE_CHECK(cudaGetLastError());
+        }
+        return LF_OK;
+    }
+    ~tp_nccl_ranks()
+    {
+        for (int r = 0; r < made; ++r) {
+            cudaSetDevice(devs[r]);
+            cudaStreamSynchronize(streams[r]);
+            tp_exchange_destroy(&ex[r]);
+            cudaStreamDestroy(streams[r]);
+        }
+        for (ncclComm_t c : comms)
+            if (c) ncclCommDestroy(c);
+        cudaSetDevice(0);
+    }
+};
+
+/* Per-GPU time of the whole step over NCCL: on each rank's stream an event before the step and
+ * one after; a run's time is the largest of the ranks' elapsed times (a rank that waits in the
+ * all-gather for a slower one counts the wait). Median of `iters` after two warm-up runs. */
+static lf_status tp_time_nccl(tp_nccl_ranks &g, const tp_ce_args *args, int iters, double *ms, cudaError_t *cuda_err)
+{
+    const int P = (int)g.devs.size();
+    std::vector<cudaEvent_t> e0(P, nullptr), e1(P, nullptr);
+    std::vector<float> t;
+    lf_status st = LF_OK;
+    for (int r = 0; r < P && st == LF_OK; ++r) {
+        if (cudaSetDevice(g.devs[r]) != cudaSuccess || cudaEventCreate(&e0[r]) != cudaSuccess || cudaEventCreate(&e1[r]) != cudaSuccess)
+            st = LF_ERR_DEVICE;
+    }
+    for (int it = 0; st == LF_OK && it < iters + 2; ++it) {
+        for (int r = 0; r < P && st == LF_OK; ++r)
+            if (cudaSetDevice(g.devs[r]) != cudaSuccess || cudaEventRecord(e0[r], g.streams[r]) != cudaSuccess) st = LF_ERR_DEVICE;
+        if (st == LF_OK) st = g.run(args, cuda_err);
+        for (int r = 0; r < P && st == LF_OK; ++r)
+            if (cudaSetDevice(g.devs[r]) != cudaSuccess || cudaEventRecord(e1[r], g.streams[r]) != cudaSuccess) st = LF_ERR_DEVICE;
+        float worst = 0.0f;
+        for (int r = 0; r < P && st == LF_OK; ++r) {
+            float m = 0.0f;
+            if (cudaSetDevice(g.devs[r]) != cudaSuccess || cudaEventSynchronize(e1[r]) != cudaSuccess ||
+                cudaEventElapsedTime(&m, e0[r], e1[r]) != cudaSuccess)
+                st = LF_ERR_DEVICE;
+            worst = m > worst ? m : worst;
+        }
+        if (st == LF_OK && it >= 2) t.push_back(worst);
+    }
+    if (st == LF_OK && cuda_err && (*cuda_err = cudaGetLastError()) != cudaSuccess) st = LF_ERR_DEVICE;
+    for (int r = 0; r < P; ++r) {
+        cudaSetDevice(g.devs[r]);
+        if (e0[r]) cudaEventDestroy(e0[r]);
+        if (e1[r]) cudaEventDestroy(e1[r]);
+    }
+    cudaSetDevice(0);
+    if (st != LF_OK) return st;
+    std::sort(t.begin(), t.end());
+    *ms = t[t.size() / 2];
+    return LF_OK;
+}
+#endif
+
 /* ============================================================================================
  * 5. Demo and check: tp shards of one batch against the single-GPU cross-entropy of the full
  *    vocabulary (tp_demo_run; the GPU tests call it with many configurations)
@@ -830,11 +932,13 @@ typedef struct tp_demo {
     uint64_t seed;
     int report_memory;    /* opt-in: run the sharded step once more between two cudaMemGetInfo
                            * readings (what it allocates beyond the caller's buffers: nothing) */
-    int time_iters;       /* simulation only: then time rank 0's step alone (tp_ce_launch, no
-                           * exchange: the per-GPU work) as configured, the same pipelined in
-                           * chunks of a quarter of L2 (with and without programmatic dependent
-                           * launch), and the single-GPU kernel on the full V; medians of
-                           * time_iters, in place */
+    int time_iters;       /* > 0: also time, medians of time_iters, in place. Simulation: rank
+                           * 0's step alone (tp_ce_launch, no exchange: the per-GPU work) as
+                           * configured, the same pipelined in chunks of a quarter of L2 (with and
+                           * without programmatic dependent launch). NCCL: the whole step on every
+                           * GPU at once, exchange included (per-GPU time: the slowest rank's),
+                           * as configured and in chunks of a quarter of L2. Both: the single-GPU
+                           * kernel on the full V (on GPU 0) */
 } tp_demo;
 
 typedef struct tp_demo_result {
@@ -1066,6 +1170,10 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
         a.chunk_rows = d->chunk_rows;
         a.plan = r == 0 ? &res.plan : NULL;
     }
+#ifdef LF_HAVE_NCCL
+    tp_nccl_ranks ranks; /* made once, used by every run and the timing below */
+    if (nccl && (res.st = ranks.init(P, &res.cuda)) != LF_OK) return res;
+#endif
     /* poison every output (NaN in every dtype), then run (twice with repeat) */
     std::vector<std::vector<char>> first_grad(P);
     std::vector<float> first_loss;
@@ -1083,30 +1191,8 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
         }
         if (nccl) {
 #ifdef LF_HAVE_NCCL
-            std::vector<int> devs(P);
-            std::vector<ncclComm_t> comms(P);
-            std::vector<cudaStream_t> streams(P);
-            std::vector<tp_exchange> ex(P);
-            for (int r = 0; r < P; ++r) devs[r] = r;
-            if (ncclCommInitAll(comms.data(), P, devs.data()) != ncclSuccess) {
-                res.st = LF_ERR_DEVICE;
-                return res;
-            }
-            for (int r = 0; r < P; ++r) {
-                TPD_TRY(cudaSetDevice(r));
-                TPD_TRY(cudaStreamCreate(&streams[r]));
-                if ((res.st = tp_exchange_create(&ex[r], &res.cuda)) != LF_OK) return res;
-                ex[r].comm = comms[r];
-            }
-            res.st = tp_ce_nccl(args.data(), P, devs.data(), ex.data(), streams.data(), &res.cuda);
-            for (int r = 0; r < P; ++r) {
-                TPD_TRY(cudaSetDevice(r));
-                TPD_TRY(cudaStreamSynchronize(streams[r]));
-                tp_exchange_destroy(&ex[r]);
-                TPD_TRY(cudaStreamDestroy(streams[r]));
-                ncclCommDestroy(comms[r]);
-            }
-            if (res.st != LF_OK) return res;
+            if ((res.st = ranks.run(args.data(), &res.cuda)) != LF_OK) return res;
+            if ((res.st = ranks.sync(&res.cuda)) != LF_OK) return res;
 #else
             res.st = LF_ERR_ARG; /* built without NCCL */
             return res;
@@ -1269,6 +1355,27 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
         if ((res.st = time_it([&]() { return ce_launch(&c, 0, &res.cuda); }, &res.ms_single)) != LF_OK) return res;
         TPD_TRY(cudaGetLastError());
     }
+#ifdef LF_HAVE_NCCL
+    if (d->time_iters > 0 && nccl && N > 0) {
+        /* the whole step on every GPU at once, the exchange included (default plan, then chunks of
+         * a quarter of L2), and the single-GPU kernel on the full V on GPU 0; in place */
+        for (int r = 0; r < P; ++r) args[r].grad = d->forward_only ? NULL : xs[r];
+        args[0].plan = NULL;
+        if ((res.st = tp_time_nccl(ranks, args.data(), d->time_iters, &res.ms_tp, &res.cuda)) != LF_OK) return res;
+        int l2 = 0;
+        TPD_TRY(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
+        res.chunked_rows = (int64_t)l2 / 4 / ((v01 - v00 > 0 ? v01 - v00 : 1) * esz);
+        if (res.chunked_rows < 1) res.chunked_rows = 1;
+        for (int r = 0; r < P; ++r) args[r].chunk_rows = res.chunked_rows;
+        if ((res.st = tp_time_nccl(ranks, args.data(), d->time_iters, &res.ms_tp_chunked, &res.cuda)) != LF_OK) return res;
+        TPD_TRY(cudaSetDevice(0));
+        ce_args c = cref;
+        c.grad = d->forward_only ? NULL : xg;
+        if ((res.st = ce_time_median([&]() { return ce_launch(&c, 0, &res.cuda); }, d->time_iters, &res.ms_single)) != LF_OK)
+            return res;
+        TPD_TRY(cudaGetLastError());
+    }
+#endif
     for (int r = 0; r < P; ++r) {
         TPD_TRY(cudaSetDevice(nccl ? r : 0));
         for (void *q : {xs[r], gs[r], (void *)outs[r], (void *)errs[r], ws[r], lbd[r], (void *)cwd[r], dls[r]})
