@@ -4,7 +4,7 @@
  * logits then computing the loss; same run, checked before timing.
  *
  *   bench_parallel [--shapes 4096x151936,8192x32768] [--tp 2,4] [--cp 2,4] [--iters 20]
- *                  [--chunk-mb 0,8,16] [--nccl]
+ *                  [--chunk-mb 0,8,16] [--nccl] [--lsa MB:lag:hints:ctas,...]
  *
  *   mode=tpP_rank  impl=lossfuse: one rank's step of tp = P (its [N, V/P] shard: statistics,
  *                  gradient in place; --chunk-mb: pipelined in chunks), the
@@ -30,6 +30,10 @@
  *                  seen: mode=tpP_nccl impl=lossfuse: the whole step, exchange included, per-GPU
  *                  time (the slowest rank's); impl=lossfuse_chunked: in chunks of a quarter of
  *                  L2; mode=tp_single: the single-GPU kernel on the full V on GPU 0, same run.
+ *                  impl=lossfuse_readonce (NCCL >= 2.28): the read-once schedule over symmetric
+ *                  windows with its defaults; _Xmb_lagL_hH_cC: with chunks of X MiB of the shard,
+ *                  lag L, L2 hints H (1 on, -1 off), C CTAs per SM (--lsa X:L:H:C,...; 0 = the
+ *                  default); wait_frac: the share of the CTAs' time spent waiting for a chunk.
  *                  ratio= is the issue's target (<= 0.55).
  * --chunk-mb: chunk sizes to try, in MiB of the shard's logits (0: one chunk, the default).
  * bf16, label smoothing off, 10% ignored labels; medians of --iters (in place: the data are
@@ -67,7 +71,7 @@ static tp_demo bench_tp_demo(int P, int64_t N, int64_t V, int iters)
 
 int main(int argc, char **argv)
 {
-    std::string shapes = "4096x151936,8192x32768,4096x262144", tps = "2,4", cps = "2,4", chunks = "0";
+    std::string shapes = "4096x151936,8192x32768,4096x262144", tps = "2,4", cps = "2,4", chunks = "0", lsa_cfgs = "0:0:0:0";
     int iters = 20;
     bool nccl = false;
     for (int i = 1; i < argc; ++i) {
@@ -77,6 +81,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--chunk-mb") && i + 1 < argc) chunks = argv[++i];
         else if (!strcmp(argv[i], "--nccl")) nccl = true;
+        else if (!strcmp(argv[i], "--lsa") && i + 1 < argc) lsa_cfgs = argv[++i];
     }
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
@@ -129,6 +134,40 @@ int main(int argc, char **argv)
                 printf("RESULT impl=lossfuse mode=tp_single N=%lld V=%lld dtype=bf16 ms=%.4f bytes=%zu status=ok\n", (long long)N,
                        (long long)V, r.ms_single, full_bytes);
                 fflush(stdout);
+#ifdef TP_HAVE_LSA
+                /* the read-once schedule, each configuration of --lsa MB:lag:hints:ctas_per_sm (0: default) */
+                for (size_t cpos = 0; cpos < lsa_cfgs.size();) {
+                    size_t cc = lsa_cfgs.find(',', cpos);
+                    if (cc == std::string::npos) cc = lsa_cfgs.size();
+                    double mb = 0.0;
+                    int lag = 0, hints = 0, per_sm = 0;
+                    sscanf(lsa_cfgs.substr(cpos, cc - cpos).c_str(), "%lf:%d:%d:%d", &mb, &lag, &hints, &per_sm);
+                    cpos = cc + 1;
+                    tp_demo e = bench_tp_demo(P, N, V, iters);
+                    e.use_nccl = 1;
+                    e.lsa = 1;
+                    e.lsa_lag = lag;
+                    e.lsa_hints = hints;
+                    e.lsa_ctas_per_sm = per_sm;
+                    e.lsa_prof = 1;
+                    e.chunk_rows = mb > 0 ? (int64_t)(mb * 1048576.0 / (double)((v1 - v0) * 2)) : 0;
+                    if (mb > 0 && e.chunk_rows < 1) e.chunk_rows = 1;
+                    const tp_demo_result q = tp_demo_run(&e);
+                    if (q.st != LF_OK || !q.ok) {
+                        fprintf(stderr, "tp_demo_run N=%lld V=%lld tp=%d read-once %g:%d:%d:%d: %s (%s), ok=%d\n", (long long)N,
+                                (long long)V, P, mb, lag, hints, per_sm, lf_status_str(q.st), cudaGetErrorString(q.cuda), q.ok);
+                        return 1;
+                    }
+                    char impl[96];
+                    snprintf(impl, sizeof impl, "lossfuse_readonce_%gmb_lag%d_h%d_c%d", mb, lag, hints, per_sm);
+                    if (mb == 0 && lag == 0 && hints == 0 && per_sm == 0) snprintf(impl, sizeof impl, "lossfuse_readonce");
+                    printf("RESULT impl=%s mode=tp%d_nccl N=%lld V=%lld dtype=bf16 ms=%.4f bytes=%zu status=ok ratio=%.3f "
+                           "chunk_rows=%lld chunks=%lld grid=%d wait_frac=%.3f single_ms=%.4f\n", impl, P, (long long)N,
+                           (long long)V, q.ms_tp, shard_bytes, q.ms_tp / q.ms_single, (long long)q.plan.chunk_rows,
+                           (long long)q.plan.chunks, q.lsa_grid, q.lsa_wait_frac, q.ms_single);
+                    fflush(stdout);
+                }
+#endif
                 continue;
             }
             size_t cpos = 0;

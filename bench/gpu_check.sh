@@ -73,19 +73,25 @@ if has tp; then
 fi
 if has nccl; then
   ngpu=$(nvidia-smi -L | wc -l)
-  for t in test_tp_gpu test_cp_gpu; do
-    "$B/tests/$t" --nccl >"$OUT/nccl.$t.log" 2>&1
+  for t in ${NCCL_TESTS:-test_tp_gpu test_cp_gpu}; do
+    timeout 400 "$B/tests/$t" --nccl >"$OUT/nccl.$t.log" 2>&1
     rc=$?
     grep -E "NCCL" "$OUT/nccl.$t.log" | tail -${NCCL_SHOW:-6}
     summary+=("$t --nccl ($ngpu GPUs): rc=$rc, $(grep "$t:" "$OUT/nccl.$t.log" | tail -1)")
   done
-  "$B/examples/vocab_parallel_ce" "$ngpu" 4096 151936 nccl >"$OUT/nccl.vocab_parallel_ce.log" 2>&1
-  summary+=("vocab_parallel_ce $ngpu 4096 151936 nccl: rc=$?, $(tail -1 "$OUT/nccl.vocab_parallel_ce.log")")
-  "$B/examples/cp_local_ce" "$ngpu" 16 32768 nccl >"$OUT/nccl.cp_local_ce.log" 2>&1
+  for m in nccl lsa; do
+    timeout 120 "$B/examples/vocab_parallel_ce" "$ngpu" 4096 151936 $m >"$OUT/$m.vocab_parallel_ce.log" 2>&1
+    summary+=("vocab_parallel_ce $ngpu 4096 151936 $m: rc=$?, $(tail -1 "$OUT/$m.vocab_parallel_ce.log")")
+  done
+  timeout 120 "$B/examples/cp_local_ce" "$ngpu" 16 32768 nccl >"$OUT/nccl.cp_local_ce.log" 2>&1
   summary+=("cp_local_ce $ngpu 16 32768 nccl: rc=$?, $(tail -1 "$OUT/nccl.cp_local_ce.log")")
+  if [ -n "${NCCL_MEMCHECK:-1}" ]; then
+    timeout ${SANITIZE_TIMEOUT:-200} compute-sanitizer --tool memcheck --error-exitcode 9 "$B/tests/test_tp_gpu" --small --nccl >"$OUT/memcheck.nccl.log" 2>&1
+    summary+=("compute-sanitizer memcheck (test_tp_gpu --small --nccl): rc=$?, $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.nccl.log" | tail -1), $(grep "test_tp_gpu:" "$OUT/memcheck.nccl.log" | tail -1)")
+  fi
 fi
 if has tpnccl; then
-  "$B/bench/bench_parallel" --nccl --tp ${TP_NCCL:-2} ${BENCH_PARALLEL_ARGS:-} | tee -a "$OUT/bench.log"
+  timeout 300 "$B/bench/bench_parallel" --nccl --tp ${TP_NCCL:-2} --lsa ${TP_LSA:-0:0:0:0,12:4:0:0,8:4:-1:0} ${BENCH_PARALLEL_ARGS:-} | tee -a "$OUT/bench.log"
 fi
 if has tppeers; then
   PYTHONUNBUFFERED=1 timeout ${PEERS_TIMEOUT:-420} python3 bench/torch_peers.py --no-copy --modes tp2_rank,tp4_rank \

@@ -5,13 +5,15 @@
  * Build and run (from the repository root; meson does the same, see README.md):
  *     nvcc -O3 -std=c++17 -arch=sm_90 -I. examples/vocab_parallel_ce.cu -o vocab_parallel_ce
  *     nvcc -O3 -std=c++17 -arch=sm_90 -I. -DLF_HAVE_NCCL examples/vocab_parallel_ce.cu -lnccl -o vocab_parallel_ce
- *     ./vocab_parallel_ce [tp=2] [N=2048] [V=151936] [sim|nccl] [mem]
+ *     ./vocab_parallel_ce [tp=2] [N=2048] [V=151936] [sim|nccl|lsa] [mem]
  *   sim  (default): the tp ranks simulated in one process on one GPU (each shard its own buffer),
  *        checked against the single-GPU cross-entropy (examples/cross_entropy.cu) on the full
  *        vocabulary;
  *   nccl (built with -DLF_HAVE_NCCL): one process drives every visible GPU, one rank each, the
  *        exchange through ncclAllGather; checked the same way. With one process per GPU, each
  *        process calls tp_ce_launch for its rank with its communicator (ncclCommInitRank).
+ *   lsa  (NCCL 2.28 or later, GPUs of one NVLink domain): as nccl, on the read-once schedule:
+ *        the shares go straight into every rank's symmetric window (see "Read once" below).
  *   mem  (opt-in): also report the net device memory a step allocates (free memory before and
  *        after a second run: it allocates nothing, every buffer is the caller's) and the
  *        caller's buffers it touches.
@@ -39,9 +41,12 @@
  *   still be in L2 for the gradient, so the floor traffic only. Measured on an H100
  *   (bench/RESULTS.md) the per-step cost of a kernel boundary every few microseconds outweighs
  *   the saved re-read at every chunk size tried, hence the default: a tp = 2 rank's step takes
- *   0.6-0.7x the single-GPU kernel's time on the full V there. Reading the shard once needs the
- *   L2 reuse without the kernel boundaries (a persistent kernel waiting on per-chunk flags): not
- *   built yet.
+ *   0.6-0.7x the single-GPU kernel's time on the full V there.
+ * Read once (an exchange with a window, tp_lsa_*): one persistent kernel takes the chunks'
+ *   statistics and gradient items in a pipelined order; each row's share is stored straight
+ *   into every rank's NCCL symmetric window over NVLink and a chunk's gradient waits on per-chunk
+ *   flags (section 2, tp_lsa), so the gradient finds its chunk in L2 with no kernel boundary and
+ *   no collective kernel. Needs NCCL >= 2.28 and every rank in one NVLink domain.
  *
  * Memory: tp_ce_workspace_bytes (12 B per row + 12 B per row and 32 KB slice) and the shares,
  *   tp_ce_shares_bytes = 12 tp N bytes; nothing of size [N, V]. Gathering the logits to run the
@@ -58,6 +63,13 @@
 #include <vector>
 #ifdef LF_HAVE_NCCL
 #include <nccl.h>
+#if __has_include(<nccl_device.h>) && NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
+#pragma GCC diagnostic push /* NCCL's device headers do not build clean under -Wextra */
+#pragma GCC diagnostic ignored "-Wunused-parameter"
+#include <nccl_device.h>
+#pragma GCC diagnostic pop
+#define TP_HAVE_LSA 1 /* NCCL's symmetric windows and device pointers: the read-once schedule */
+#endif
 #endif
 
 /* ============================================================================================
@@ -69,6 +81,9 @@
 #endif
 #ifndef TP_THREADS
 #define TP_THREADS 256
+#endif
+#ifndef TP_LSA_HINTS
+#define TP_LSA_HINTS 1 /* the read-once schedule's default L2 policy (tp_ce_args.lsa_hints = 0) */
 #endif
 #ifndef TP_SLICE_VECS
 #define TP_SLICE_VECS 2048 /* 16-byte vectors per CTA slice: 32 KB of shared memory */
@@ -110,6 +125,10 @@ typedef struct tp_ce_args {
                            * more than 65535 rows go in chunks of at most 32767: grid y); n:
                            * chunks of n rows, pipelined (see above) */
     int no_pdl;           /* 1: launch the steps without programmatic dependent launch */
+    int lsa_lag;          /* read-once schedule (an exchange with a window): the gradient of chunk
+                           * k is handed out after the statistics of chunk k + lsa_lag; 0: 6 */
+    int lsa_ctas_per_sm;  /* its CTAs per multiprocessor (0: as many as fit) */
+    int lsa_hints;        /* its L2 policy: 0 default, 1 evict_last / evict_first, -1 none */
     tp_plan *plan;        /* optional host out */
 } tp_ce_args;
 
@@ -142,7 +161,9 @@ static int tp_nsplit(int64_t shard_cols, lf_dtype dt)
 static size_t tp_ce_workspace_bytes(int64_t n_rows, int64_t shard_cols, lf_dtype dt)
 {
     const size_t n = (size_t)(n_rows > 0 ? n_rows : 0);
-    return sizeof(tp_ws_header) + 2 * 4 * n + 12 * n * (size_t)tp_nsplit(shard_cols, dt) + 4 * n;
+    /* header, per-row loss and z, slice partials, hand-off counters; the read-once schedule's
+     * work counter and per-chunk counts (at most N chunks) */
+    return sizeof(tp_ws_header) + 2 * 4 * n + 12 * n * (size_t)tp_nsplit(shard_cols, dt) + 4 * n + 4 * (n + 1);
 }
 
 static size_t tp_ce_shares_bytes(int64_t n_rows, int tp) { return sizeof(lf_tp_share) * (size_t)(n_rows > 0 ? n_rows : 0) * tp; }
@@ -233,23 +254,103 @@ static __device__ __forceinline__ void tp_pdl_wait(void)
 #endif
 }
 
+/* The read-once schedule over NCCL's symmetric memory (tp_persist_kernel, section 3's
+ * tp_ce_launch_lsa). Every rank registers one window (ncclCommWindowRegister, symmetric: the
+ * same layout on every rank) holding, for each of two launch parities, the all-gathered shares
+ * [N tp] and one flag per chunk and rank [K tp]. A rank writes each row's share straight into
+ * every rank's window (NVLink stores through ncclGetPeerPointer), and the last of a chunk's
+ * statistics items sets the chunk's flag of this rank in every window to the launch's
+ * generation; a gradient item of chunk k waits until its own window's flags of chunk k, one per
+ * rank, reach the generation. No collective kernel runs: NCCL maps the memory, the kernel moves
+ * 12 bytes per row and rank, and the gradient reads the chunk while it is still in L2.
+ * Two parities: rank q can be one launch ahead (its next launch's shares land in the other
+ * half), never two (its launch after that needs this rank's shares of the next launch). */
+typedef struct tp_lsa {
+    char *const *peers;  /* [tp] device array: each rank's window base, as this GPU maps it */
+    char *local;         /* this rank's window base */
+    size_t shares_off;   /* this launch's shares [N tp] (of this parity) */
+    size_t flags_off;    /* this launch's flags [K tp] (of this parity) */
+    unsigned gen;        /* this launch's generation (>= 1) */
+    int64_t C, K;        /* rows per chunk, chunks */
+    int lag;             /* a chunk's gradient items come after the statistics of chunk k + lag */
+    unsigned *ticket;    /* work counter (zeroed before the launch) */
+    unsigned *done;      /* [K] finished statistics items per chunk (zeroed before the launch) */
+    int hints;           /* 1: the statistics read with L2 evict_last, the gradient's re-read with
+                          * evict_first (the chunk should stay in L2 between the two, and go after) */
+    unsigned long long *prof; /* optional [2]: += nanoseconds warp 0s spent waiting, waits */
+} tp_lsa;
+
+/* A slice into shared memory like lf_piece_load, with an L2 eviction policy on every copy. */
+static __device__ __forceinline__ uint64_t tp_policy(bool keep)
+{
+    uint64_t pol;
+    if (keep) asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
+    else asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    return pol;
+}
+template <typename T>
+static __device__ __forceinline__ void tp_piece_load_hint(uint4 *buf, const T *row, const lf_row_span &sp, int vbeg, int vend,
+                                                          uint64_t pol)
+{
+    const uint4 *body = reinterpret_cast<const uint4 *>(row + sp.head);
+    for (int v = vbeg + (int)threadIdx.x; v < vend; v += TP_THREADS) {
+        const uint32_t d = (uint32_t)__cvta_generic_to_shared(buf + (v - vbeg));
+        asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(d), "l"(body + v), "l"(pol) : "memory");
+    }
+}
+
+static __device__ __forceinline__ unsigned tp_ld_acquire_sys(const unsigned *a)
+{
+    unsigned v;
+    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(a) : "memory");
+    return v;
+}
+static __device__ __forceinline__ void tp_st_release_sys(unsigned *a, unsigned v)
+{
+    asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(a), "r"(v) : "memory");
+}
+
+/* By the 32 lanes of warp 0, before the row's shares are merged: lane q waits until the flags of
+ * chunk k of ranks q, q + 32, ... (the ranks whose shares it then loads, lf_tp_merge_warp)
+ * reach this launch's generation; the acquire orders its share loads after them. */
+static __device__ __forceinline__ void tp_lsa_wait(const tp_lsa &L, int64_t k, int P)
+{
+    const unsigned *f = reinterpret_cast<const unsigned *>(L.local + L.flags_off) + k * P;
+    unsigned long long t0 = 0;
+    bool waited = false;
+    if (L.prof) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    for (int q = (int)(threadIdx.x & 31); q < P; q += 32)
+        while ((int)(tp_ld_acquire_sys(f + q) - L.gen) < 0) {
+            waited = true;
+            __nanosleep(32);
+        }
+    __syncwarp();
+    if (L.prof && __any_sync(0xffffffffu, waited) && (threadIdx.x & 31) == 0) {
+        unsigned long long t1;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+        atomicAdd(L.prof, t1 - t0);
+        atomicAdd(L.prof + 1, 1ull);
+    }
+}
+
 /* Statistics: this CTA takes slice `split` of row r0 + i of a chunk of C rows, staged in shared
  * memory; a row's CTAs leave their partial (m, s, sum w z), and the last of them merges the
  * partials in slice order into the row's share lf_tp_share (lossfuse.h section 11), stored at
  * shares[r0 tp + rank C + i], where the chunk's all-gather expects it.
  *   FULL: label smoothing (sum w z is needed)   SOFTCAP: the tanh cap is on */
 template <typename T, bool FULL, bool SOFTCAP>
-static __device__ __forceinline__ void tp_stats_cta(const tp_kparams &p, int64_t r0, int64_t C, int64_t i, int split,
-                                                    uint4 *tp_smem, lf_row_stats *red)
+static __device__ __forceinline__ bool tp_stats_cta(const tp_kparams &p, int64_t r0, int64_t C, int64_t i, int split,
+                                                    uint4 *tp_smem, lf_row_stats *red, const tp_lsa *L = nullptr)
 {
     const int64_t row = r0 + i;
     const int64_t y = tp_label(p, row);
-    if (tp_status(p, y) != 0) return; /* no share: the gradient pass zeroes the row */
+    if (tp_status(p, y) != 0) return false; /* no share: the gradient pass zeroes the row */
     const T *x = (const T *)p.logits + row * p.stride;
     const lf_row_span sp = lf_row_span_make(x, p.vs);
     int sb, se;
     lf_row_slice(sp, split, p.nsplit, &sb, &se);
-    lf_piece_load<TP_THREADS>(tp_smem, x, sp, sb, se);
+    if (L && L->hints) tp_piece_load_hint(tp_smem, x, sp, sb, se, tp_policy(true));
+    else lf_piece_load<TP_THREADS>(tp_smem, x, sp, sb, se);
     lf_cp_async_commit();
     const float *cw = p.class_w ? p.class_w + p.v0 : nullptr; /* the shard's weights, local index */
     lf_row_stats st = lf_row_stats_init();
@@ -262,7 +363,7 @@ static __device__ __forceinline__ void tp_stats_cta(const tp_kparams &p, int64_t
         st.lse = lf_block_lse<TP_THREADS>(st.lse, reinterpret_cast<lf_lse *>(red));
         st.wz = 0.0f;
     }
-    if (threadIdx.x != 0) return;
+    if (threadIdx.x != 0) return false;
     tp_pdl_wait(); /* the prep's weight sums; the previous steps' hand-offs */
     if (p.nsplit > 1) {
         float *mine = p.part + (row * p.nsplit + split) * 3;
@@ -270,7 +371,7 @@ static __device__ __forceinline__ void tp_stats_cta(const tp_kparams &p, int64_t
         mine[1] = st.lse.s;
         mine[2] = st.wz;
         __threadfence(); /* the partial is visible before the count says so */
-        if (atomicAdd(p.cnt + row, 1u) != (unsigned)(p.nsplit - 1)) return; /* not the row's last */
+        if (atomicAdd(p.cnt + row, 1u) != (unsigned)(p.nsplit - 1)) return false; /* not the row's last */
         __threadfence();
         lf_lse m = lf_lse_init();
         float wz = 0.0f;
@@ -290,8 +391,13 @@ static __device__ __forceinline__ void tp_stats_cta(const tp_kparams &p, int64_t
     const bool has_y = y >= p.v0 && y < p.v0 + p.vs;
     const float zy = has_y ? lf_xform_apply<SOFTCAP>(lf_elem<T>::to_f32(x[y - p.v0]), p.xf) : 0.0f;
     const float wy = p.class_w ? __ldg(p.class_w + y) : 1.0f;
-    p.shares[r0 * p.tp + (int64_t)p.rank * C + i] =
-        lf_tp_share_from(st.lse.m, st.lse.s, has_y, zy, wy, st.wz, p.ws->Wr[p.rank], p.V, p.eps);
+    const lf_tp_share sh = lf_tp_share_from(st.lse.m, st.lse.s, has_y, zy, wy, st.wz, p.ws->Wr[p.rank], p.V, p.eps);
+    const int64_t at = r0 * p.tp + (int64_t)p.rank * C + i;
+    if (L) /* into every rank's window (this one's included) */
+        for (int q = 0; q < p.tp; ++q) reinterpret_cast<lf_tp_share *>(L->peers[q] + L->shares_off)[at] = sh;
+    else
+        p.shares[at] = sh;
+    return true;
 }
 
 /* The row's loss outputs from its merged shares (one thread). Returns the lse; *coef gets the
@@ -351,7 +457,8 @@ static __device__ void tp_row_skip(const tp_kparams &p, int64_t row, int status)
  * only (GRAD = false) only slice 0 works: the outputs. */
 template <typename T, bool GRAD, bool FULL, bool SOFTCAP>
 static __device__ __forceinline__ void tp_grad_cta(const tp_kparams &p, int64_t r0, int64_t C, int64_t i, int split,
-                                                   uint4 *tp_smem, lf_grad_coef &coef_s)
+                                                   uint4 *tp_smem, lf_grad_coef &coef_s, const tp_lsa *L = nullptr,
+                                                   int64_t k = 0)
 {
     const int64_t row = r0 + i;
     if (!GRAD && split != 0) return;
@@ -366,19 +473,26 @@ static __device__ __forceinline__ void tp_grad_cta(const tp_kparams &p, int64_t 
     }
     if (!GRAD) {
         tp_pdl_wait();
-        if (threadIdx.x < 32) tp_row_finish(p, row, y, r0, C, true, nullptr);
+        if (threadIdx.x < 32) {
+            if (L) tp_lsa_wait(*L, k, p.tp);
+            tp_row_finish(p, row, y, r0, C, true, nullptr);
+        }
         return;
     }
     const lf_row_span sp = lf_row_span_make(x, p.vs);
     int sb, se;
     lf_row_slice(sp, split, p.nsplit, &sb, &se);
-    lf_piece_load<TP_THREADS>(tp_smem, x, sp, sb, se);
+    if (L && L->hints) tp_piece_load_hint(tp_smem, x, sp, sb, se, tp_policy(false));
+    else lf_piece_load<TP_THREADS>(tp_smem, x, sp, sb, se);
     lf_cp_async_commit();
     /* the edge elements and the label element: loaded before anything of the row is written
      * (in place), each by the thread that will write it */
     const lf_edge edge = split == 0 ? lf_row_edge_load<T>(x, sp) : lf_edge{0.0f, -1};
     tp_pdl_wait(); /* the shares (statistics two steps ago, then the exchange) */
-    if (threadIdx.x < 32) tp_row_finish(p, row, y, r0, C, split == 0, &coef_s); /* lane 0 sets coef_s */
+    if (threadIdx.x < 32) {
+        if (L) tp_lsa_wait(*L, k, p.tp); /* the shares of chunk k from every rank */
+        tp_row_finish(p, row, y, r0, C, split == 0, &coef_s); /* lane 0 sets coef_s */
+    }
     __syncthreads();
     const lf_grad_coef coef = coef_s;
     lf_cp_async_wait<0>();
@@ -432,6 +546,58 @@ __global__ void __launch_bounds__(TP_THREADS) tp_step_kernel(const tp_kparams p,
     if (threadIdx.x == 0) tp_pdl_wait();
 }
 
+/* The read-once schedule (see tp_lsa): one launch, CTAs taking work items from a counter in
+ * this order: the statistics of chunk 0 .. lag - 1, then for each k the statistics of chunk
+ * k + lag and the gradient of chunk k (its rows in reverse order, a row's slices together). A
+ * gradient item waits only for items handed out before it (this rank's statistics of its chunk)
+ * and for the other ranks' statistics, which never wait: no deadlock, whatever the grid and
+ * whatever else runs on the GPU. The last statistics item of a chunk publishes the chunk. */
+template <typename T, bool GRAD, bool FULL, bool SOFTCAP>
+__global__ void __launch_bounds__(TP_THREADS) tp_persist_kernel(const tp_kparams p, const tp_lsa L)
+{
+    extern __shared__ uint4 tp_smem[];
+    __shared__ lf_row_stats red[TP_THREADS / 32];
+    __shared__ lf_grad_coef coef_s;
+    __shared__ unsigned tk_s[2];
+    const int ns = p.nsplit;
+    const int64_t total = 2 * p.n_rows * (int64_t)ns;
+    int64_t j = 0, seg0 = 0; /* the cursor: step j, phase ph (0 statistics of chunk j, 1 gradient
+                              * of chunk j - lag), its first item seg0 */
+    int ph = 0;
+    unsigned next = 0;
+    if (threadIdx.x == 0) next = atomicAdd(L.ticket, 1u);
+    for (int it = 0;; ++it) {
+        if (threadIdx.x == 0) tk_s[it & 1] = next;
+        __syncthreads();
+        const int64_t t = tk_s[it & 1];
+        if (t >= total) break;
+        if (threadIdx.x == 0) next = atomicAdd(L.ticket, 1u); /* the next item, while this one runs */
+        int64_t kc, rows;
+        for (;;) {
+            kc = ph == 0 ? j : j - L.lag;
+            rows = (kc >= 0 && kc < L.K) ? (p.n_rows - kc * L.C < L.C ? p.n_rows - kc * L.C : L.C) : 0;
+            if (t < seg0 + rows * ns) break;
+            seg0 += rows * ns;
+            if (ph == 0) ph = 1;
+            else { ph = 0; ++j; }
+        }
+        const int64_t u = t - seg0, r0 = kc * L.C;
+        if (ph == 0) {
+            const bool wrote = tp_stats_cta<T, FULL, SOFTCAP>(p, r0, rows, u / ns, (int)(u % ns), tp_smem, red, &L);
+            if (threadIdx.x == 0) {
+                if (wrote) __threadfence_system(); /* its shares (remote stores) before the count */
+                if (atomicAdd(L.done + kc, 1u) == (unsigned)(rows * ns - 1)) { /* the chunk's last item */
+                    __threadfence_system();
+                    for (int q = 0; q < p.tp; ++q)
+                        tp_st_release_sys(reinterpret_cast<unsigned *>(L.peers[q] + L.flags_off) + kc * p.tp + p.rank, L.gen);
+                }
+            }
+        } else {
+            tp_grad_cta<T, GRAD, FULL, SOFTCAP>(p, r0, rows, rows - 1 - u / ns, (int)(u % ns), tp_smem, coef_s, &L, kc);
+        }
+    }
+}
+
 /* The batch loss: the per-row values summed in double in a fixed order (one CTA). */
 __global__ void __launch_bounds__(1024) tp_reduce_kernel(const tp_kparams p)
 {
@@ -468,7 +634,25 @@ typedef struct tp_exchange {
 #endif
     cudaStream_t comm_stream;  /* the all-gathers run here, overlapping the next statistics */
     cudaEvent_t ev_stats, ev_ag[2];
+    /* the read-once schedule (tp_lsa_create): this rank's symmetric window and every rank's
+     * base as this GPU maps it; lsa = 1: launches use it (else the all-gathers) */
+    int lsa;
+    char *win_buf;
+    char **peers;
+    int64_t lsa_rows;          /* the most rows a launch may have */
+    unsigned gen;              /* launches so far */
+    unsigned long long *prof;  /* optional device [2]: waits of the read-once kernel (tp_lsa) */
+    int grid;                  /* CTAs of the last read-once launch */
+#ifdef TP_HAVE_LSA
+    ncclWindow_t win;
+#endif
 } tp_exchange;
+
+/* The window's layout for lsa_rows rows and tp ranks: per parity, the shares [N tp], then per
+ * parity the flags [K <= N][tp]. */
+static size_t tp_lsa_shares_bytes(int64_t rows, int tp) { return ((size_t)rows * tp * sizeof(lf_tp_share) + 255) & ~(size_t)255; }
+static size_t tp_lsa_flags_bytes(int64_t rows, int tp) { return ((size_t)rows * tp * 4 + 255) & ~(size_t)255; }
+static size_t tp_lsa_window_bytes(int64_t rows, int tp) { return 2 * tp_lsa_shares_bytes(rows, tp) + 2 * tp_lsa_flags_bytes(rows, tp); }
 
 typedef struct tp_run {
     tp_kparams p;
@@ -481,7 +665,7 @@ typedef struct tp_run {
 /* CUDA errors: CE_CHECK (examples/cross_entropy.cu) returns LF_ERR_DEVICE and sets *cuda_err */
 
 /* Validate a rank's arguments and plan its chunks (host only: nothing launched). */
-static lf_status tp_ce_plan(const tp_ce_args *a, tp_run *run, cudaError_t *cuda_err)
+static lf_status tp_ce_plan(const tp_ce_args *a, tp_run *run, cudaError_t *cuda_err, bool need_shares = true)
 {
     if (cuda_err) *cuda_err = cudaSuccess;
     if (!a || !run) return LF_ERR_NULL;
@@ -496,9 +680,9 @@ static lf_status tp_ce_plan(const tp_ce_args *a, tp_run *run, cudaError_t *cuda_
     if (a->dtype != LF_F32 && a->dtype != LF_BF16 && a->dtype != LF_F16) return LF_ERR_ARG;
     if ((int)a->reduction < 0 || (int)a->reduction > 2) return LF_ERR_ARG;
     if (a->n_rows > 0) {
-        if (!a->logits || !a->labels || !a->loss || !a->workspace || !a->shares) return LF_ERR_NULL;
+        if (!a->logits || !a->labels || !a->loss || !a->workspace || (need_shares && !a->shares)) return LF_ERR_NULL;
         if (a->workspace_bytes < tp_ce_workspace_bytes(a->n_rows, vs, a->dtype)) return LF_ERR_SIZE;
-        if (a->shares_bytes < tp_ce_shares_bytes(a->n_rows, a->tp)) return LF_ERR_SIZE;
+        if (need_shares && a->shares_bytes < tp_ce_shares_bytes(a->n_rows, a->tp)) return LF_ERR_SIZE;
         if (a->grad && ce_grad_overlaps(a->logits, a->stride, a->grad, a->grad_stride, a->n_rows, vs, a->dtype))
             return LF_ERR_ARG; /* in place means the same rows; any other overlap would race */
     }
@@ -686,6 +870,85 @@ static lf_status tp_ce_wait_exchange(int64_t k, tp_exchange *ex, cudaStream_t s,
  * exchange of chunk k (enqueued after step k) has all of step k + 1 to finish. */
 #define TP_LAG 2
 
+/* The read-once schedule's launch (ex->lsa): prep, one tp_persist_kernel, the reduction. Rows
+ * per chunk: a->chunk_rows, or what makes a chunk an eighth of L2; the gradient of chunk k is
+ * handed out after the statistics of chunk k + lag, while chunk k should still be in L2. Every
+ * rank must launch the same sequence (the generations must agree). */
+template <typename T, bool GRAD, bool FULL, bool SOFTCAP>
+static lf_status tp_persist_launch(const tp_run &r, const tp_lsa &L, int per_sm, cudaStream_t s, int *grid_out,
+                                   cudaError_t *cuda_err)
+{
+    auto kernel = tp_persist_kernel<T, GRAD, FULL, SOFTCAP>;
+    int dev = 0, sms = 0, occ = 0;
+    CE_CHECK(cudaGetDevice(&dev));
+    CE_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    CE_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, TP_THREADS, TP_SLICE_VECS * 16));
+    if (per_sm > 0 && per_sm < occ) occ = per_sm;
+    const int64_t items = 2 * r.p.n_rows * (int64_t)r.p.nsplit;
+    int64_t grid = (int64_t)(occ > 0 ? occ : 1) * sms;
+    if (grid > items) grid = items;
+    *grid_out = (int)grid;
+    kernel<<<(unsigned)grid, TP_THREADS, TP_SLICE_VECS * 16, s>>>(r.p, L);
+    CE_CHECK(cudaGetLastError());
+    return LF_OK;
+}
+
+template <typename T>
+static lf_status tp_persist_dispatch(const tp_run &r, const tp_lsa &L, int n, cudaStream_t s, int *g, cudaError_t *e)
+{
+    if (!r.grad) {
+        if (r.full) return r.softcap ? tp_persist_launch<T, false, true, true>(r, L, n, s, g, e) : tp_persist_launch<T, false, true, false>(r, L, n, s, g, e);
+        return r.softcap ? tp_persist_launch<T, false, false, true>(r, L, n, s, g, e) : tp_persist_launch<T, false, false, false>(r, L, n, s, g, e);
+    }
+    if (r.full) return r.softcap ? tp_persist_launch<T, true, true, true>(r, L, n, s, g, e) : tp_persist_launch<T, true, true, false>(r, L, n, s, g, e);
+    return r.softcap ? tp_persist_launch<T, true, false, true>(r, L, n, s, g, e) : tp_persist_launch<T, true, false, false>(r, L, n, s, g, e);
+}
+
+static lf_status tp_ce_launch_lsa(const tp_ce_args *a, tp_exchange *ex, cudaStream_t stream, cudaError_t *cuda_err)
+{
+    tp_run r;
+    TP_TRY(tp_ce_plan(a, &r, cuda_err, false));
+    if (!ex->peers || !ex->win_buf) return LF_ERR_ARG;
+    if (a->n_rows > ex->lsa_rows) return LF_ERR_SIZE;
+    const int64_t N = a->n_rows;
+    if (2 * N * (int64_t)r.p.nsplit >= ((int64_t)1 << 32) - 1) return LF_ERR_SIZE; /* 32-bit work counter */
+    int dev = 0, l2 = 0;
+    CE_CHECK(cudaGetDevice(&dev));
+    CE_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
+    const int64_t row_bytes = (r.p.vs > 0 ? r.p.vs : 1) * (int64_t)lf_dtype_size(a->dtype);
+    int64_t C = a->chunk_rows > 0 ? a->chunk_rows : (int64_t)l2 / 8 / row_bytes;
+    if (C < 1) C = 1;
+    if (C > N) C = N > 0 ? N : 1;
+    tp_lsa L;
+    L.peers = ex->peers;
+    L.local = ex->win_buf;
+    L.gen = ++ex->gen;
+    const int par = (int)(L.gen & 1u);
+    L.shares_off = par * tp_lsa_shares_bytes(ex->lsa_rows, a->tp);
+    L.flags_off = 2 * tp_lsa_shares_bytes(ex->lsa_rows, a->tp) + par * tp_lsa_flags_bytes(ex->lsa_rows, a->tp);
+    L.C = C;
+    L.K = (N + C - 1) / C;
+    L.lag = a->lsa_lag > 0 ? a->lsa_lag : 6; /* H200 x2, 8 MB chunks: lag 2 / 4 / 6 waited 27 / 5 / 2% */
+    L.ticket = r.p.cnt + N;
+    L.done = L.ticket + 1;
+    L.hints = a->lsa_hints > 0 ? 1 : a->lsa_hints < 0 ? 0 : TP_LSA_HINTS;
+    L.prof = ex->prof;
+    r.p.shares = reinterpret_cast<lf_tp_share *>(ex->win_buf + L.shares_off); /* the gradient reads them here */
+    if (a->plan) {
+        a->plan->chunk_rows = C;
+        a->plan->chunks = L.K;
+    }
+    TP_TRY(tp_ce_prep(r, stream, cuda_err));
+    if (N > 0) {
+        CE_CHECK(cudaMemsetAsync(L.ticket, 0, sizeof(unsigned) * (size_t)(L.K + 1), stream));
+        const int n = a->lsa_ctas_per_sm;
+        if (r.dt == LF_F32) TP_TRY(tp_persist_dispatch<float>(r, L, n, stream, &ex->grid, cuda_err));
+        else if (r.dt == LF_BF16) TP_TRY(tp_persist_dispatch<__nv_bfloat16>(r, L, n, stream, &ex->grid, cuda_err));
+        else TP_TRY(tp_persist_dispatch<__half>(r, L, n, stream, &ex->grid, cuda_err));
+    }
+    return tp_ce_reduce(r, stream, cuda_err);
+}
+
 /* One rank's whole step on `stream` (one process per GPU; or ex == NULL: no exchange, the other
  * ranks' shares already in place). Launches: prep, then for j = 0 .. K + 1 one step kernel
  * (gradient of chunk j - 2, statistics of chunk j) with, around it, the wait for the exchange
@@ -695,6 +958,7 @@ static lf_status tp_ce_wait_exchange(int64_t k, tp_exchange *ex, cudaStream_t s,
  * LF_ERR_* for bad arguments (nothing launched), or LF_ERR_DEVICE with *cuda_err set. */
 static lf_status tp_ce_launch(const tp_ce_args *a, tp_exchange *ex, cudaStream_t stream, cudaError_t *cuda_err)
 {
+    if (ex && ex->lsa) return tp_ce_launch_lsa(a, ex, stream, cuda_err);
     tp_run r;
     TP_TRY(tp_ce_plan(a, &r, cuda_err));
     TP_TRY(tp_ce_prep(r, stream, cuda_err));
@@ -746,8 +1010,15 @@ static lf_status tp_ce_nccl(const tp_ce_args *args, int tp, const int *devs, tp_
     std::vector<tp_run> runs(tp);
     for (int r = 0; r < tp; ++r) /* mismatched collectives would hang: check the ranks agree */
         if (args[r].tp != tp || args[r].rank != r || args[r].n_rows != args[0].n_rows || args[r].vocab != args[0].vocab ||
-            args[r].chunk_rows != args[0].chunk_rows)
+            args[r].chunk_rows != args[0].chunk_rows || ex[r].lsa != ex[0].lsa)
             return LF_ERR_ARG;
+    if (ex[0].lsa) { /* no collective to group: each rank's launches, one GPU after the other */
+        for (int r = 0; r < tp; ++r) {
+            CE_CHECK(cudaSetDevice(devs[r]));
+            TP_TRY(tp_ce_launch_lsa(&args[r], &ex[r], streams[r], cuda_err));
+        }
+        return LF_OK;
+    }
     for (int r = 0; r < tp; ++r) {
         CE_CHECK(cudaSetDevice(devs[r]));
         TP_TRY(tp_ce_plan(&args[r], &runs[r], cuda_err));
@@ -784,9 +1055,20 @@ static lf_status tp_ce_nccl(const tp_ce_args *args, int tp, const int *devs, tp_
 }
 #endif
 
-/* Streams and events of an exchange (comm set by the caller). */
+/* Streams and events of an exchange (comm set by the caller); the all-gather exchange until
+ * tp_lsa_create gives it a window. */
 static lf_status tp_exchange_create(tp_exchange *ex, cudaError_t *cuda_err)
 {
+    ex->lsa = 0;
+    ex->win_buf = nullptr;
+    ex->peers = nullptr;
+    ex->lsa_rows = 0;
+    ex->gen = 0;
+    ex->prof = nullptr;
+    ex->grid = 0;
+#ifdef TP_HAVE_LSA
+    ex->win = nullptr;
+#endif
     CE_CHECK(cudaStreamCreateWithFlags(&ex->comm_stream, cudaStreamNonBlocking));
     CE_CHECK(cudaEventCreateWithFlags(&ex->ev_stats, cudaEventDisableTiming));
     CE_CHECK(cudaEventCreateWithFlags(&ex->ev_ag[0], cudaEventDisableTiming));
@@ -802,6 +1084,81 @@ static void tp_exchange_destroy(tp_exchange *ex)
     cudaStreamDestroy(ex->comm_stream);
 }
 
+#ifdef TP_HAVE_LSA
+__global__ void tp_lsa_peers_kernel(ncclWindow_t w, int P, char **out)
+{
+    for (int q = threadIdx.x; q < P; q += blockDim.x) out[q] = (char *)ncclGetPeerPointer(w, 0, q);
+}
+
+/* The read-once schedule's window, in two parts. tp_lsa_alloc (per rank, on its device):
+ * the symmetric buffer (ncclMemAlloc), zeroed. Then every rank calls ncclCommWindowRegister
+ * (a collective: inside one ncclGroupStart / End when one thread drives several ranks; see
+ * tp_nccl_ranks). tp_lsa_finish (per rank): checks that every rank's memory is reachable by
+ * loads and stores (one NVLink domain: NCCL's LSA team is the whole communicator) and maps the
+ * peers' bases; on LF_ERR_ARG the caller keeps the all-gather exchange. */
+static lf_status tp_lsa_alloc(tp_exchange *ex, int tp, int64_t rows, cudaError_t *cuda_err)
+{
+    ex->lsa_rows = rows > 0 ? rows : 1;
+    const size_t bytes = tp_lsa_window_bytes(ex->lsa_rows, tp);
+    if (ncclMemAlloc((void **)&ex->win_buf, bytes) != ncclSuccess) return LF_ERR_DEVICE;
+    CE_CHECK(cudaMemset(ex->win_buf, 0, bytes));
+    CE_CHECK(cudaDeviceSynchronize());
+    return LF_OK;
+}
+
+static lf_status tp_lsa_register(tp_exchange *ex, int tp)
+{
+    if (tp == 1) return LF_OK; /* one rank: its own buffer is the whole window */
+    return ncclCommWindowRegister(ex->comm, ex->win_buf, tp_lsa_window_bytes(ex->lsa_rows, tp), &ex->win,
+                                  NCCL_WIN_COLL_SYMMETRIC) == ncclSuccess ? LF_OK : LF_ERR_DEVICE;
+}
+
+static lf_status tp_lsa_finish(tp_exchange *ex, int tp, cudaError_t *cuda_err)
+{
+    if (tp > 1 && (!ex->win || ncclTeamLsa(ex->comm).nRanks != tp)) return LF_ERR_ARG;
+    CE_CHECK(cudaMalloc(&ex->peers, sizeof(char *) * (size_t)tp));
+    if (tp > 1) {
+        tp_lsa_peers_kernel<<<1, 64>>>(ex->win, tp, ex->peers);
+        CE_CHECK(cudaGetLastError());
+        CE_CHECK(cudaDeviceSynchronize());
+    }
+    /* this rank's own window by its ordinary address (no detour through the peer mapping) */
+    int me = 0;
+    if (ncclCommUserRank(ex->comm, &me) != ncclSuccess || me < 0 || me >= tp) return LF_ERR_DEVICE;
+    CE_CHECK(cudaMemcpy(ex->peers + me, &ex->win_buf, sizeof(char *), cudaMemcpyHostToDevice));
+    ex->gen = 0;
+    ex->lsa = 1;
+    return LF_OK;
+}
+
+/* Per rank, after every rank's stream is idle; ncclCommWindowDeregister is collective like the
+ * registration (group it the same way). */
+static void tp_lsa_release(tp_exchange *ex)
+{
+    if (ex->peers) cudaFree(ex->peers);
+    if (ex->win_buf) ncclMemFree(ex->win_buf);
+    ex->peers = nullptr;
+    ex->win_buf = nullptr;
+    ex->lsa = 0;
+}
+
+/* One process per GPU: every rank calls these (ex->comm set, tp_exchange_create done). After
+ * tp_lsa_create, tp_ce_launch(a, ex, ...) runs the read-once schedule for up to `rows` rows. */
+static inline lf_status tp_lsa_create(tp_exchange *ex, int tp, int64_t rows, cudaError_t *cuda_err)
+{
+    TP_TRY(tp_lsa_alloc(ex, tp, rows, cuda_err));
+    TP_TRY(tp_lsa_register(ex, tp));
+    return tp_lsa_finish(ex, tp, cuda_err);
+}
+
+static inline void tp_lsa_destroy(tp_exchange *ex)
+{
+    if (ex->win) ncclCommWindowDeregister(ex->comm, ex->win);
+    ex->win = nullptr;
+    tp_lsa_release(ex);
+}
+#endif
+
 #ifdef LF_HAVE_NCCL
 /* One process driving GPUs 0 .. tp-1, one rank each: communicators (ncclCommInitAll), a compute
  * stream and an exchange per rank. The destructor waits for the streams and frees it all, so an
@@ -813,12 +1170,17 @@ struct tp_nccl_ranks {
     std::vector<tp_exchange> ex;
     int made = 0; /* ranks whose stream and exchange exist */
 
-    lf_status init(int tp, cudaError_t *cuda_err)
+    bool windows = false; /* every rank's tp_lsa window registered */
+
+    /* lsa_rows > 0: also the read-once schedule's windows for up to lsa_rows rows (then
+     * ex[r].lsa = 1); LF_ERR_ARG from tp_lsa_finish (GPUs not in one NVLink domain) leaves the
+     * all-gathers. */
+    lf_status init(int tp, cudaError_t *cuda_err, int64_t lsa_rows = 0)
     {
         devs.resize(tp);
         comms.assign(tp, nullptr);
         streams.assign(tp, nullptr);
-        ex.resize(tp);
+        ex.assign(tp, tp_exchange{});
         for (int r = 0; r < tp; ++r) devs[r] = r;
         if (ncclCommInitAll(comms.data(), tp, devs.data()) != ncclSuccess) {
             comms.clear();
@@ -826,12 +1188,45 @@ struct tp_nccl_ranks {
         }
         for (int r = 0; r < tp; ++r) {
             CE_CHECK(cudaSetDevice(r));
-            CE_CHECK(cudaStreamCreateWithFlags(&streams[r], cudaStreamNonBlocking));
+            /* a blocking stream: it waits for work on the legacy default stream (the callers'
+             * cudaMemset / cudaMemcpy of the inputs) */
+            CE_CHECK(cudaStreamCreate(&streams[r]));
             TP_TRY(tp_exchange_create(&ex[r], cuda_err));
             ex[r].comm = comms[r];
             made = r + 1;
         }
+        if (lsa_rows <= 0) return LF_OK;
+#ifdef TP_HAVE_LSA
+        if (tp == 1) { /* one rank: as a process of its own would (tp_lsa_create) */
+            CE_CHECK(cudaSetDevice(0));
+            return tp_lsa_create(&ex[0], 1, lsa_rows, cuda_err);
+        }
+        for (int r = 0; r < tp; ++r) {
+            CE_CHECK(cudaSetDevice(r));
+            TP_TRY(tp_lsa_alloc(&ex[r], tp, lsa_rows, cuda_err));
+        }
+        lf_status st = LF_OK;
+        if (ncclGroupStart() != ncclSuccess) return LF_ERR_DEVICE;
+        for (int r = 0; r < tp && st == LF_OK; ++r) {
+            if (cudaSetDevice(r) != cudaSuccess) st = LF_ERR_DEVICE;
+            else st = tp_lsa_register(&ex[r], tp);
+        }
+        if (ncclGroupEnd() != ncclSuccess && st == LF_OK) st = LF_ERR_DEVICE;
+        TP_TRY(st);
+        windows = true;
+        for (int r = 0; r < tp; ++r) {
+            CE_CHECK(cudaSetDevice(r));
+            TP_TRY(tp_lsa_finish(&ex[r], tp, cuda_err));
+        }
         return LF_OK;
+#else
+        return LF_ERR_ARG; /* this NCCL has no symmetric windows (2.28 or later needed) */
+#endif
+    }
+    /* every rank's exchange on the read-once schedule (1) or the all-gathers (0) */
+    void use_lsa(int on)
+    {
+        for (int r = 0; r < made; ++r) ex[r].lsa = on && ex[r].peers ? 1 : 0;
     }
     lf_status run(const tp_ce_args *args, cudaError_t *cuda_err)
     {
@@ -851,6 +1246,24 @@ struct tp_nccl_ranks {
         for (int r = 0; r < made; ++r) {
             cudaSetDevice(devs[r]);
             cudaStreamSynchronize(streams[r]);
+        }
+#ifdef TP_HAVE_LSA
+        if (windows) {
+            ncclGroupStart();
+            for (int r = 0; r < made; ++r) {
+                cudaSetDevice(devs[r]);
+                if (ex[r].win) ncclCommWindowDeregister(comms[r], ex[r].win);
+            }
+            ncclGroupEnd();
+        }
+        for (int r = 0; r < (int)ex.size(); ++r) {
+            cudaSetDevice(devs[r]);
+            if (ex.size() == 1) tp_lsa_destroy(&ex[r]);
+            else tp_lsa_release(&ex[r]);
+        }
+#endif
+        for (int r = 0; r < made; ++r) {
+            cudaSetDevice(devs[r]);
             tp_exchange_destroy(&ex[r]);
             cudaStreamDestroy(streams[r]);
         }
@@ -929,6 +1342,9 @@ typedef struct tp_demo {
                            * the simulation driver */
     int64_t check_rows;   /* 0: every row; else this many rows (first, last, spread) */
     int use_nccl;
+    int lsa;              /* with use_nccl: the read-once schedule over NCCL symmetric windows */
+    int lsa_lag, lsa_ctas_per_sm, lsa_hints; /* its knobs (tp_ce_args; 0: defaults) */
+    int lsa_prof;         /* with time_iters: also measure the time its CTAs wait (lsa_wait_frac) */
     uint64_t seed;
     int report_memory;    /* opt-in: run the sharded step once more between two cudaMemGetInfo
                            * readings (what it allocates beyond the caller's buffers: nothing) */
@@ -953,6 +1369,9 @@ typedef struct tp_demo_result {
     long long step_alloc_bytes;   /* with report_memory: device memory the step took (free before - after) */
     size_t rank_buffers_bytes;    /* what rank 0's step touches: shard, gradient, workspace, shares */
     int64_t chunked_rows;                                          /* the chunks of ms_tp_chunked */
+    double lsa_wait_frac;         /* with lsa_prof: the share of a CTA's time spent waiting for chunks,
+                                   * mean over CTAs and ranks */
+    int lsa_grid;
     int ok;
 } tp_demo_result;
 
@@ -1168,11 +1587,14 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
         a.workspace = ws[r];
         a.workspace_bytes = wsb;
         a.chunk_rows = d->chunk_rows;
+        a.lsa_lag = d->lsa_lag;
+        a.lsa_ctas_per_sm = d->lsa_ctas_per_sm;
+        a.lsa_hints = d->lsa_hints;
         a.plan = r == 0 ? &res.plan : NULL;
     }
 #ifdef LF_HAVE_NCCL
     tp_nccl_ranks ranks; /* made once, used by every run and the timing below */
-    if (nccl && (res.st = ranks.init(P, &res.cuda)) != LF_OK) return res;
+    if (nccl && (res.st = ranks.init(P, &res.cuda, d->lsa ? N : 0)) != LF_OK) return res;
 #endif
     /* poison every output (NaN in every dtype), then run (twice with repeat) */
     std::vector<std::vector<char>> first_grad(P);
@@ -1361,13 +1783,37 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
          * a quarter of L2), and the single-GPU kernel on the full V on GPU 0; in place */
         for (int r = 0; r < P; ++r) args[r].grad = d->forward_only ? NULL : xs[r];
         args[0].plan = NULL;
+        std::vector<unsigned long long *> prof(P, nullptr);
+        if (d->lsa && d->lsa_prof)
+            for (int r = 0; r < P; ++r) {
+                TPD_TRY(cudaSetDevice(r));
+                TPD_TRY(cudaMalloc(&prof[r], 16));
+                TPD_TRY(cudaMemset(prof[r], 0, 16));
+                ranks.ex[r].prof = prof[r];
+            }
         if ((res.st = tp_time_nccl(ranks, args.data(), d->time_iters, &res.ms_tp, &res.cuda)) != LF_OK) return res;
-        int l2 = 0;
-        TPD_TRY(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
-        res.chunked_rows = (int64_t)l2 / 4 / ((v01 - v00 > 0 ? v01 - v00 : 1) * esz);
-        if (res.chunked_rows < 1) res.chunked_rows = 1;
-        for (int r = 0; r < P; ++r) args[r].chunk_rows = res.chunked_rows;
-        if ((res.st = tp_time_nccl(ranks, args.data(), d->time_iters, &res.ms_tp_chunked, &res.cuda)) != LF_OK) return res;
+        res.lsa_grid = ranks.ex[0].grid;
+        if (d->lsa && d->lsa_prof) {
+            double ns = 0.0, cta_ns = 0.0;
+            for (int r = 0; r < P; ++r) {
+                unsigned long long h[2];
+                TPD_TRY(cudaSetDevice(r));
+                TPD_TRY(cudaMemcpy(h, prof[r], 16, cudaMemcpyDeviceToHost));
+                TPD_TRY(cudaFree(prof[r]));
+                ranks.ex[r].prof = nullptr;
+                ns += (double)h[0];
+                cta_ns += (double)ranks.ex[r].grid * (d->time_iters + 2) * res.ms_tp * 1e6;
+            }
+            res.lsa_wait_frac = cta_ns > 0.0 ? ns / cta_ns : 0.0;
+        }
+        if (!d->lsa) { /* the all-gathers pipelined in chunks (the read-once schedule is chunked already) */
+            int l2 = 0;
+            TPD_TRY(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
+            res.chunked_rows = (int64_t)l2 / 4 / ((v01 - v00 > 0 ? v01 - v00 : 1) * esz);
+            if (res.chunked_rows < 1) res.chunked_rows = 1;
+            for (int r = 0; r < P; ++r) args[r].chunk_rows = res.chunked_rows;
+            if ((res.st = tp_time_nccl(ranks, args.data(), d->time_iters, &res.ms_tp_chunked, &res.cuda)) != LF_OK) return res;
+        }
         TPD_TRY(cudaSetDevice(0));
         ce_args c = cref;
         c.grad = d->forward_only ? NULL : xg;
@@ -1399,7 +1845,8 @@ int main(int argc, char **argv)
     d.tp = argc > 1 ? atoi(argv[1]) : 2;
     d.N = argc > 2 ? atoll(argv[2]) : 2048;
     d.V = argc > 3 ? atoll(argv[3]) : 151936;
-    d.use_nccl = argc > 4 && !strcmp(argv[4], "nccl");
+    d.use_nccl = argc > 4 && (!strcmp(argv[4], "nccl") || !strcmp(argv[4], "lsa"));
+    d.lsa = argc > 4 && !strcmp(argv[4], "lsa");
     d.report_memory = argc > 5 && !strcmp(argv[5], "mem");
     d.dt = LF_BF16;
     d.opts = lf_ce_opts_default();
@@ -1448,7 +1895,8 @@ int main(int argc, char **argv)
     cudaDeviceProp prop;
     if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return 1;
     printf("device: %s  tp=%d (%s)  N=%lld  V=%lld bf16, smoothing 0.1, z-loss 1e-4, 10%% ignored, in place\n", prop.name, d.tp,
-           d.use_nccl ? "NCCL, one GPU per rank" : "simulated on one GPU", (long long)d.N, (long long)d.V);
+           d.lsa ? "NCCL symmetric windows, read once, one GPU per rank" : d.use_nccl ? "NCCL all-gather, one GPU per rank" : "simulated on one GPU",
+           (long long)d.N, (long long)d.V);
     const tp_demo_result r = tp_demo_run(&d);
     if (r.st != LF_OK) {
         fprintf(stderr, "tp_demo_run: %s (%s)\n", lf_status_str(r.st), cudaGetErrorString(r.cuda));

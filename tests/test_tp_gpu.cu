@@ -5,7 +5,8 @@
  *   test_tp_gpu            tp in {1, 2, 3, 4} x dtypes x options x layouts, and the large cases
  *   test_tp_gpu --small    fewer, smaller cases (for compute-sanitizer)
  *   test_tp_gpu --seed S   reproduce a run
- *   test_tp_gpu --nccl     also the NCCL path, one GPU per rank, for every tp <= the GPUs seen
+ *   test_tp_gpu --nccl     also the NCCL paths (all-gathers; read-once over symmetric windows), one
+ *                          GPU per rank, for every tp <= the GPUs seen, over a matrix of options
  * Exit: 0 all passed, 1 a check failed, 77 no CUDA device (meson counts it as skipped).
  *
  * Each case (tp_demo_run) draws logits with outliers (and optionally -inf entries, NaN rows),
@@ -274,13 +275,107 @@ int main(int argc, char **argv)
 #ifdef LF_HAVE_NCCL
     if (with_nccl)
         for (int tp = 1; tp <= ndev && tp <= 8; tp *= 2) {
-            tp_demo d = b;
-            d.tp = tp;
-            d.seed = g_seed + 1000 + (uint64_t)tp;
-            d.use_nccl = 1;
-            d.opts.label_smoothing = 0.1f;
-            d.chunk_rows = 16;
-            run("NCCL", d);
+            /* both exchanges (the all-gathers; the read-once schedule over symmetric windows)
+             * over the options and layouts that change what crosses between the ranks */
+            for (int lsa = 0; lsa <= 1; ++lsa) {
+#ifndef TP_HAVE_LSA
+                if (lsa) {
+                    printf("skip NCCL read-once cases: this NCCL has no symmetric windows\n");
+                    break;
+                }
+#endif
+                const char *nm = lsa ? "NCCL read-once" : "NCCL all-gather";
+                char name[96];
+                tp_demo d = b;
+                d.tp = tp;
+                d.use_nccl = 1;
+                d.lsa = lsa;
+                d.seed = g_seed + 1000 + (uint64_t)(16 * tp + 2 * lsa);
+                d.opts.label_smoothing = 0.1f;
+                d.opts.z_loss = 1e-4f;
+                d.repeat = 1; /* two launches: both parities of the window */
+                snprintf(name, sizeof name, "%s, smoothing, z-loss, repeat", nm);
+                run(name, d);
+                d.chunk_rows = 16;
+                d.lsa_lag = 3;
+                d.seed += 100;
+                snprintf(name, sizeof name, "%s, 16-row chunks, lag 3", nm);
+                run(name, d);
+                if (lsa) { /* the most waiting: the gradient right behind its statistics, few CTAs */
+                    d.chunk_rows = 5;
+                    d.lsa_lag = 1;
+                    d.lsa_ctas_per_sm = 1;
+                    d.lsa_hints = -1;
+                    d.seed += 100;
+                    snprintf(name, sizeof name, "%s, 5-row chunks, lag 1, 1 CTA per SM, no L2 hints", nm);
+                    run(name, d);
+                }
+                d = b;
+                d.tp = tp;
+                d.use_nccl = 1;
+                d.lsa = lsa;
+                d.seed = g_seed + 2000 + (uint64_t)(16 * tp + 2 * lsa);
+                d.dt = LF_F32;
+                d.reduction = LF_REDUCE_NONE;
+                d.use_dloss = 1;
+                d.in_place = 0;
+                d.pad = 3;
+                d.chunk_rows = 1;
+                d.labels_i64 = 0;
+                snprintf(name, sizeof name, "%s, fp32, none, upstream, padded, 1-row chunks", nm);
+                run(name, d);
+                d = b;
+                d.tp = tp;
+                d.use_nccl = 1;
+                d.lsa = lsa;
+                d.seed = g_seed + 3000 + (uint64_t)(16 * tp + 2 * lsa);
+                d.dt = LF_F16;
+                d.opts.softcap = 30.0f;
+                d.opts.logit_scale = 0.5f;
+                d.opts.class_weights = (const float *)1; /* random weights */
+                d.neg_inf = 1;
+                d.nan_rows = 1;
+                snprintf(name, sizeof name, "%s, fp16, softcap, scale, weights, -inf, NaN", nm);
+                run(name, d);
+                d = b;
+                d.tp = tp;
+                d.use_nccl = 1;
+                d.lsa = lsa;
+                d.seed = g_seed + 4000 + (uint64_t)(16 * tp + 2 * lsa);
+                d.forward_only = 1;
+                d.use_divisor = 1;
+                d.divisor_value = 123.0f;
+                snprintf(name, sizeof name, "%s, forward only, device divisor", nm);
+                run(name, d);
+                d = b;
+                d.tp = tp;
+                d.use_nccl = 1;
+                d.lsa = lsa;
+                d.seed = g_seed + 5000 + (uint64_t)(16 * tp + 2 * lsa);
+                d.all_ignored = 1;
+                snprintf(name, sizeof name, "%s, all ignored", nm);
+                run(name, d);
+                d.all_ignored = 0;
+                d.N = 1;
+                snprintf(name, sizeof name, "%s, one row", nm);
+                run(name, d);
+                d.N = 0;
+                snprintf(name, sizeof name, "%s, no rows", nm);
+                run(name, d);
+                if (!g_small) {
+                    d = b;
+                    d.tp = tp;
+                    d.use_nccl = 1;
+                    d.lsa = lsa;
+                    d.seed = g_seed + 6000 + (uint64_t)(16 * tp + 2 * lsa);
+                    d.N = 4096;
+                    d.V = 151936;
+                    d.check_rows = 64;
+                    d.repeat = 1;
+                    snprintf(name, sizeof name, "%s, Qwen vocabulary, repeat", nm);
+                    run(name, d);
+                }
+            }
         }
 #else
     if (with_nccl) printf("skip NCCL cases: built without LF_HAVE_NCCL\n");
