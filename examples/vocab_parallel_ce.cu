@@ -46,7 +46,10 @@
  *   statistics and gradient items in a pipelined order; each row's share is stored straight
  *   into every rank's NCCL symmetric window over NVLink and a chunk's gradient waits on per-chunk
  *   flags (section 2, tp_lsa), so the gradient finds its chunk in L2 with no kernel boundary and
- *   no collective kernel. Needs NCCL >= 2.28 and every rank in one NVLink domain.
+ *   no collective kernel. Needs NCCL >= 2.28 and every rank in one NVLink domain. Measured on two
+ *   H200s: 0-5% faster than the two passes with the all-gather; the waits cost ~2% at lag 6, but
+ *   two thirds of the gradient's re-read still come from DRAM (the chunks in flight outgrow what
+ *   L2 keeps; bench/RESULTS.md has the numbers and the next step).
  *
  * Memory: tp_ce_workspace_bytes (12 B per row + 12 B per row and 32 KB slice) and the shares,
  *   tp_ce_shares_bytes = 12 tp N bytes; nothing of size [N, V]. Gathering the logits to run the
