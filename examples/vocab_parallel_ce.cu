@@ -1226,11 +1226,6 @@ struct tp_nccl_ranks {
         return LF_ERR_ARG; /* this NCCL has no symmetric windows (2.28 or later needed) */
 #endif
     }
-    /* every rank's exchange on the read-once schedule (1) or the all-gathers (0) */
-    void use_lsa(int on)
-    {
-        for (int r = 0; r < made; ++r) ex[r].lsa = on && ex[r].peers ? 1 : 0;
-    }
     lf_status run(const tp_ce_args *args, cudaError_t *cuda_err)
     {
         return tp_ce_nccl(args, (int)devs.size(), devs.data(), ex.data(), streams.data(), cuda_err);
