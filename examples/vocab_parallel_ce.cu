@@ -50,6 +50,15 @@
  *   H200s: 0-5% faster than the two passes with the all-gather; the waits cost ~2% at lag 6, but
  *   two thirds of the gradient's re-read still come from DRAM (the chunks in flight outgrow what
  *   L2 keeps; bench/RESULTS.md has the numbers and the next step).
+ *   KNOWN DEFECTS (found by review after the last GPU run; fixed on branch tp-lsa-fixes, not yet
+ *   run on GPUs), so treat this schedule as experimental:
+ *   - with chunk_rows = 0 the rows per chunk come from each rank's own shard width: when
+ *     V % tp != 0 ranks can disagree, which hangs or mixes up shares. Pass chunk_rows.
+ *   - a launch in which every row is ignored does not wait on the other ranks; with no host sync
+ *     around it, a rank can run two launches ahead and overwrite shares a slower rank still
+ *     reads. Synchronise the ranks around such launches.
+ *   - tp_ce_nccl checks each rank's arguments just before launching it: a bad argument on a later
+ *     rank leaves the earlier ranks' kernels waiting forever.
  *
  * Memory: tp_ce_workspace_bytes (12 B per row + 12 B per row and 32 KB slice) and the shares,
  *   tp_ce_shares_bytes = 12 tp N bytes; nothing of size [N, V]. Gathering the logits to run the
