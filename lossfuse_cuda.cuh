@@ -35,16 +35,18 @@
  *   2. Warp reductions (lf_warp_*): results broadcast to all 32 lanes
  *   3. Block reductions (lf_block_*): caller-owned scratch, results broadcast to all threads;
  *      lf_block_lse_fast (one barrier) and its halves lf_block_lse_post / _merge around a
- *      shared-memory mbarrier (lf_mbar_init / _arrive / _wait)
+ *      shared-memory mbarrier (lf_mbar_init / _arrive / _wait; sm_90: _arrive_tx, _init_fence)
  *   4. Vectorized row access: lf_row_span (head / 16-byte body / tail), 16-byte loads/stores
- *   5. Shared-memory pieces and the online-softmax row pass: cp.async, lf_row_slice,
+ *   5. Shared-memory pieces and the online-softmax row pass: cp.async, lf_bulk_load (sm_90:
+ *      the copy engine, one instruction per row slice), lf_row_slice,
  *      lf_piece_load, lf_row_edge_load (or _issue + lf_edge_resolve), lf_piece_stats (every
  *      option), lf_piece_stats_fast (no softcap / class weights: about half the instructions,
  *      lazy argmax), lf_edge_stats
  *   6. Cross-entropy gradient writer: lf_grad_coef_make, lf_ce_grad_elem, lf_ce_label_grad,
  *      lf_piece_grad_store, lf_piece_grad_fast (coefficient folded into the exponent),
  *      lf_edge_grad_store, lf_row_zero
- *   7. Clusters (sm_90): lf_cluster_row_stats, lf_cluster_sync (= lf_cluster_arrive + _wait)
+ *   7. Clusters (sm_90): lf_cluster_row_stats, lf_cluster_sync (= lf_cluster_arrive + _wait), and
+ *      the barrier-free exchange lf_cluster_stats_post / _collect (mbarriers, one per row set)
  *   8. Dual-softmax row pass (student and teacher rows, any dtype each) and the KL-family
  *      gradient: lf_dual_span, lf_dual_piece_load, lf_dual_piece_stats (pass 1), lf_block_dual
  *      (or the one-barrier lf_block_dual_acc),
@@ -345,42 +347,54 @@ static __device__ __forceinline__ lf_row_stats lf_warp_row_stats(lf_row_stats v)
  *    before the same scratch is passed to another call, the caller owes one more __syncthreads
  *    (a thread may still be reading it). Every thread reads the warp partials in the same order,
  *    so every thread holds the bit-identical result.
+ *    Warp groups: with blockDim = (THREADS, G) the G groups (threadIdx.y) can run collectives of
+ *    their own, each on its own scratch, by passing bar = 1 + threadIdx.y (a named barrier of
+ *    THREADS threads, lf_block_bar) instead of the default 0 (__syncthreads); the barrier owed
+ *    before reusing scratch is then that named barrier. Ids 1..15.
  * ========================================================================================== */
 
+/* The barrier of a block collective: 0 = __syncthreads; k in 1..15 = named barrier k of THREADS
+ * threads (all the threads of one group must arrive, and only they). */
+template <int THREADS> static __device__ __forceinline__ void lf_block_bar(int bar)
+{
+    if (bar == 0) __syncthreads();
+    else asm volatile("bar.sync %0, %1;" ::"r"(bar), "n"(THREADS) : "memory");
+}
+
 template <int THREADS, typename S, typename Op>
-static __device__ __forceinline__ S lf_impl_block_allreduce(S v, S *scratch, Op op)
+static __device__ __forceinline__ S lf_impl_block_allreduce(S v, S *scratch, Op op, int bar)
 {
     static_assert(THREADS % 32 == 0 && THREADS >= 32 && THREADS <= 1024, "THREADS: multiple of 32 in [32, 1024]");
     v = lf_impl_warp_allreduce(v, op);
     if (THREADS == 32) return v;
     if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = v;
-    __syncthreads();
+    lf_block_bar<THREADS>(bar);
     S r = scratch[0];
 #pragma unroll
     for (int w = 1; w < THREADS / 32; ++w) r = op(r, scratch[w]);
     return r;
 }
 
-template <int THREADS> static __device__ __forceinline__ float lf_block_sum_f32(float v, float *scratch)
+template <int THREADS> static __device__ __forceinline__ float lf_block_sum_f32(float v, float *scratch, int bar = 0)
 {
-    return lf_impl_block_allreduce<THREADS>(v, scratch, lf_impl_op_sum());
+    return lf_impl_block_allreduce<THREADS>(v, scratch, lf_impl_op_sum(), bar);
 }
-template <int THREADS> static __device__ __forceinline__ double lf_block_sum_f64(double v, double *scratch)
+template <int THREADS> static __device__ __forceinline__ double lf_block_sum_f64(double v, double *scratch, int bar = 0)
 {
-    return lf_impl_block_allreduce<THREADS>(v, scratch, lf_impl_op_sum());
+    return lf_impl_block_allreduce<THREADS>(v, scratch, lf_impl_op_sum(), bar);
 }
-template <int THREADS> static __device__ __forceinline__ float lf_block_max_f32(float v, float *scratch)
+template <int THREADS> static __device__ __forceinline__ float lf_block_max_f32(float v, float *scratch, int bar = 0)
 {
-    return lf_impl_block_allreduce<THREADS>(v, scratch, lf_impl_op_max());
+    return lf_impl_block_allreduce<THREADS>(v, scratch, lf_impl_op_max(), bar);
 }
-template <int THREADS> static __device__ __forceinline__ lf_lse lf_block_lse(lf_lse v, lf_lse *scratch)
+template <int THREADS> static __device__ __forceinline__ lf_lse lf_block_lse(lf_lse v, lf_lse *scratch, int bar = 0)
 {
-    return lf_impl_block_allreduce<THREADS>(v, scratch, lf_impl_op_lse());
+    return lf_impl_block_allreduce<THREADS>(v, scratch, lf_impl_op_lse(), bar);
 }
 template <int THREADS>
-static __device__ __forceinline__ lf_row_stats lf_block_row_stats(lf_row_stats v, lf_row_stats *scratch)
+static __device__ __forceinline__ lf_row_stats lf_block_row_stats(lf_row_stats v, lf_row_stats *scratch, int bar = 0)
 {
-    return lf_impl_block_allreduce<THREADS>(v, scratch, lf_impl_op_stats());
+    return lf_impl_block_allreduce<THREADS>(v, scratch, lf_impl_op_stats(), bar);
 }
 
 /* lf_block_lse_fast (= lf_block_lse_post, __syncthreads, lf_block_lse_merge).
@@ -465,10 +479,10 @@ static __device__ __forceinline__ lf_lse lf_block_lse_merge(float *xmax, int32_t
  * (lf_mbar_*; examples/cross_entropy.cu does this for the forward-only statistics). */
 template <int THREADS, bool FULL>
 static __device__ __forceinline__ lf_lse lf_block_lse_fast(lf_lse v, float *xmax, int32_t *xidx, float *xsum,
-                                                           float *scratch)
+                                                           float *scratch, int bar = 0)
 {
     lf_block_lse_post<THREADS, FULL>(v, FULL ? *xmax : 0.0f, FULL ? *xidx : 0, FULL ? *xsum : 0.0f, scratch);
-    __syncthreads();
+    lf_block_bar<THREADS>(bar);
     return lf_block_lse_merge<THREADS, FULL>(xmax, xidx, xsum, scratch);
 }
 
@@ -497,6 +511,32 @@ static __device__ __forceinline__ void lf_mbar_wait(uint64_t *bar, unsigned pari
                      : "r"(a), "r"(parity)
                      : "memory");
     } while (!done);
+}
+
+/* sm_90 (trap below): lf_mbar_arrive that also adds `bytes` to the transaction count of the
+ * current phase, which then completes only when that many bytes of bulk copies issued on this
+ * barrier (lf_bulk_load) have landed as well. Bytes outstanding on one phase: < 2^20. */
+static __device__ __forceinline__ void lf_mbar_arrive_tx(uint64_t *bar, uint32_t bytes)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(bar);
+    asm volatile("{\n\t.reg .b64 st;\n\tmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n\t}" ::"r"(a), "r"(bytes)
+                 : "memory");
+#else
+    (void)bar;
+    (void)bytes;
+    __trap();
+#endif
+}
+
+/* After lf_mbar_init and before the barrier that publishes the mbarriers: makes the
+ * initialisation visible to the bulk-copy engine and to the other CTAs of a cluster (sm_90;
+ * nothing to do below). */
+static __device__ __forceinline__ void lf_mbar_init_fence(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
 }
 
 /* ============================================================================================
@@ -561,6 +601,30 @@ static __device__ __forceinline__ void lf_cp_async_commit(void) { asm volatile("
 template <int N> static __device__ __forceinline__ void lf_cp_async_wait(void)
 {
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+/* Bulk copy global -> shared by the copy engine (sm_90; trap below): `bytes` (a multiple of 16,
+ * < 2^20) from a 16-byte aligned global address to a 16-byte aligned shared address, issued by
+ * ONE thread, completing on `bar` (an lf_mbar_arrive_tx of the same phase declares the bytes).
+ * No register or instruction per element: a whole row slice is one instruction, so the threads
+ * compute while the next rows stream in. Usage (one stage of a ring; all threads wait):
+ *     if (threadIdx.x == 0) { lf_mbar_arrive_tx(&full[s], n * 16); lf_bulk_load(buf[s], src, n * 16, &full[s]); }
+ *     lf_mbar_wait(&full[s], phase);                      // the bytes are visible to every thread
+ * Before the buffer is loaded again every thread must be done reading it (a barrier). */
+static __device__ __forceinline__ void lf_bulk_load(void *smem, const void *gmem, uint32_t bytes, uint64_t *bar)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const uint32_t s = (uint32_t)__cvta_generic_to_shared(smem), b = (uint32_t)__cvta_generic_to_shared(bar);
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(s),
+                 "l"(gmem), "r"(bytes), "r"(b)
+                 : "memory");
+#else
+    (void)smem;
+    (void)gmem;
+    (void)bytes;
+    (void)bar;
+    __trap();
+#endif
 }
 
 /* The share of a row's body that CTA `rank` of `nranks` (a cluster) takes: vectors
@@ -1075,6 +1139,80 @@ static __device__ __forceinline__ void lf_cluster_sync(void)
     lf_cluster_wait();
 }
 
+/* The same merge without a cluster barrier (sm_90): each CTA posts its statistics into slot
+ * [rank] of every CTA's exchange array and arrives on every CTA's mbarrier; each CTA then waits
+ * for its own mbarrier only. A CTA waits for the data it needs and no longer for the slowest CTA
+ * to reach a barrier; nothing waits for the reads of the slots to finish either.
+ *     __shared__ lf_row_stats xs[2][16];    // yours, two sets used by alternate rows
+ *     __shared__ uint64_t xbar[2];          // lf_mbar_init(&xbar[k], nranks) by one thread, then
+ *                                            // lf_mbar_init_fence and a cluster barrier
+ *     lf_cluster_stats_post(st, xs[q], &xbar[q], rank, nranks);        // after a block reduction
+ *     st = lf_cluster_stats_collect<FULL>(xs[q], &xbar[q], phase[q], nranks); phase[q] ^= 1; q ^= 1;
+ *     ...
+ *     lf_cluster_sync();                    // once, before the kernel exits
+ * The post is made by threads 0 .. nranks-1 (thread d writes to CTA d) from `cta`, which must hold
+ * the same value in each of them. Two sets are enough when a CTA barrier lies between every
+ * collect and the next post (the block reduction that precedes a post): a CTA posts to a set
+ * again only after it has collected the next row, which needs the posts of every CTA, each made
+ * after that CTA has finished reading the set. Every thread of every CTA gets the bit-identical
+ * result: lanes 0 .. nranks-1 of every warp merge the ranks' values in the same butterfly.
+ * FULL = false merges only the lse state (m, s, u); the rest is that of rank 0. */
+static __device__ __forceinline__ void lf_cluster_stats_post(const lf_row_stats &cta, lf_row_stats *xs, uint64_t *bar,
+                                                             int rank, int nranks)
+{
+    static_assert(sizeof(lf_row_stats) % 4 == 0, "lf_row_stats is stored to remote CTAs word by word");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const int d = (int)threadIdx.x;
+    if (d >= nranks) return;
+    uint32_t words[sizeof(lf_row_stats) / 4];
+    memcpy(words, &cta, sizeof cta);
+    const uint32_t slot = (uint32_t)__cvta_generic_to_shared(xs + rank), b = (uint32_t)__cvta_generic_to_shared(bar);
+    uint32_t rslot, rb;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rslot) : "r"(slot), "r"(d));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rb) : "r"(b), "r"(d));
+#pragma unroll
+    for (int i = 0; i < (int)(sizeof(lf_row_stats) / 4); ++i)
+        asm volatile("st.shared::cluster.u32 [%0], %1;" ::"r"(rslot + 4u * i), "r"(words[i]) : "memory");
+    /* release at cluster scope: the stores above are visible to whoever acquires this phase */
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(rb) : "memory");
+#else
+    (void)cta;
+    (void)xs;
+    (void)bar;
+    (void)rank;
+    (void)nranks;
+#endif
+}
+
+template <bool FULL>
+static __device__ __forceinline__ lf_row_stats lf_cluster_stats_collect(const lf_row_stats *xs, uint64_t *bar,
+                                                                        unsigned parity, int nranks)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const uint32_t b = (uint32_t)__cvta_generic_to_shared(bar);
+    uint32_t done;
+    do {
+        asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\t"
+                     "selp.u32 %0, 1, 0, p;\n\t}"
+                     : "=r"(done)
+                     : "r"(b), "r"(parity)
+                     : "memory");
+    } while (!done);
+    const int lane = (int)(threadIdx.x & 31u);
+    lf_row_stats v = lf_row_stats_init();
+    if (lane < nranks) v = xs[lane];
+    if (FULL) return lf_warp_row_stats(v);
+    lf_row_stats r = xs[0];
+    r.lse = lf_warp_lse(v.lse);
+    return r;
+#else
+    (void)bar;
+    (void)parity;
+    (void)nranks;
+    return xs[0];
+#endif
+}
+
 /* ============================================================================================
  * 8. Dual-softmax row pass and the KL-family gradient (student s, teacher t; lossfuse.h §3b, §8)
  *
@@ -1546,7 +1684,7 @@ struct lf_impl_op_sum2 {
 /* Block merge of the threads' lf_dual (section 3's barrier rule; scratch: THREADS/32). */
 template <int THREADS> static __device__ __forceinline__ lf_dual lf_block_dual(lf_dual v, lf_dual *scratch)
 {
-    return lf_impl_block_allreduce<THREADS>(v, scratch, lf_impl_op_dual());
+    return lf_impl_block_allreduce<THREADS>(v, scratch, lf_impl_op_dual(), 0);
 }
 /* The same merge in a cheaper form, on the threads' lf_dual_acc (w units), one barrier:
  * each warp takes its maxima (shuffles), moves its lanes' sums onto them (one EX2 per side)
@@ -1601,7 +1739,7 @@ static __device__ __forceinline__ lf_dual_acc lf_block_dual_acc(lf_dual_acc a, f
 /* Block sum of two floats at once (pass 2's pair of sums). */
 template <int THREADS> static __device__ __forceinline__ float2 lf_block_sum2_f32(float2 v, float2 *scratch)
 {
-    return lf_impl_block_allreduce<THREADS>(v, scratch, lf_impl_op_sum2());
+    return lf_impl_block_allreduce<THREADS>(v, scratch, lf_impl_op_sum2(), 0);
 }
 
 /* ---- the per-row coefficients, pass 2, the gradient ---- */

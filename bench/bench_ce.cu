@@ -1,7 +1,7 @@
 /* bench/bench_ce.cu — times examples/cross_entropy.cu against the bytes-moved floor.
  *
  *   bench_ce [--shapes 4096x32768,16384x262144,...] [--iters 20] [--variants] [--clusters 0,1,2,4]
- *            [--tag _name]
+ *            [--stages 2,3,4] [--modes fwdbwd,fwd] [--tag _name]
  *
  * Prints machine-readable lines that bench/report.py turns into the table and chart:
  *   DEVICE name=...
@@ -10,8 +10,11 @@
  * fwdbwd: fused forward+backward, gradient in place over the logits, reduction mean (floor:
  * read bf16 logits once + write the gradient once = 4 B/elem). fwd: forward-only token
  * statistics (logprob, lse, entropy, argmax, accuracy; floor 2 B/elem).
- * --variants adds impl=lossfuse_nocluster (max_cluster = 1: CTAs re-read their pieces) so the
- * design choice stays measured; --clusters 0,1,2,4,8 times each cluster cap (lossfuse_cN).
+ * impl=lossfuse is the automatic plan (row-resident on sm_90). --variants adds
+ * impl=lossfuse_streamed (the streaming schedule, its automatic cluster plan) and
+ * lossfuse_nocluster (streamed, max_cluster = 1: CTAs re-read their pieces), so the design
+ * choices stay measured; --clusters 0,1,2,4,8 times each cluster cap of the automatic plan
+ * (lossfuse_cN); --stages 2,3,4 each stage count of the row-resident schedule (lossfuse_sN).
  * --tag appends to every impl name (bench/tune.sh builds variants with other tile macros).
  * Each RESULT line also says the plan chosen (cluster size, pieces per slice, CTAs).
  * Each timed launch is preceded (untimed) by restoring the logits from a pristine copy and by
@@ -28,15 +31,31 @@ int main(int argc, char **argv)
     std::string shapes = "4096x32768,4096x131072,4096x151936,4096x262144,16384x32768,16384x131072,16384x151936,16384x262144";
     int iters = 20;
     std::string tag; /* appended to impl names: for binaries built with other CE_* tile macros */
-    std::vector<int> variants = {0}; /* max_cluster per variant: 0 = automatic */
+    struct variant { int max_cluster, schedule, stages; std::string name; };
+    std::vector<variant> variants = {{0, CE_SCHED_AUTO, 0, "lossfuse"}};
+    bool do_mode[2] = {true, true};
     for (int i = 1; i < argc; ++i) {
         if (!strcmp(argv[i], "--shapes") && i + 1 < argc) shapes = argv[++i];
         else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--variants")) variants = {0, 1};
-        else if (!strcmp(argv[i], "--tag") && i + 1 < argc) tag = argv[++i];
+        else if (!strcmp(argv[i], "--variants")) {
+            variants.push_back({0, CE_SCHED_STREAM, 0, "lossfuse_streamed"});
+            variants.push_back({1, CE_SCHED_STREAM, 0, "lossfuse_nocluster"});
+        } else if (!strcmp(argv[i], "--tag") && i + 1 < argc) tag = argv[++i];
         else if (!strcmp(argv[i], "--clusters") && i + 1 < argc) { /* e.g. 0,1,2,4,8 */
             variants.clear();
-            for (char *t = strtok(argv[++i], ","); t; t = strtok(NULL, ",")) variants.push_back(atoi(t));
+            for (char *t = strtok(argv[++i], ","); t; t = strtok(NULL, ",")) {
+                const int mc = atoi(t);
+                variants.push_back({mc, CE_SCHED_AUTO, 0, mc == 0 ? "lossfuse" : "lossfuse_c" + std::to_string(mc)});
+            }
+        } else if (!strcmp(argv[i], "--stages") && i + 1 < argc) { /* e.g. 2,3,4 */
+            for (char *t = strtok(argv[++i], ","); t; t = strtok(NULL, ","))
+                variants.push_back({0, CE_SCHED_RESIDENT, atoi(t), std::string("lossfuse_s") + t});
+        } else if (!strcmp(argv[i], "--modes") && i + 1 < argc) { /* fwdbwd, fwd or both */
+            do_mode[0] = do_mode[1] = false;
+            for (char *t = strtok(argv[++i], ","); t; t = strtok(NULL, ",")) {
+                if (!strcmp(t, "fwdbwd")) do_mode[0] = true;
+                if (!strcmp(t, "fwd")) do_mode[1] = true;
+            }
         }
     }
     int ndev = 0;
@@ -96,14 +115,14 @@ int main(int argc, char **argv)
         a.workspace_bytes = wsb;
         a.n_errors = cnt + 1;
 
-        for (int mc : variants) {
-            char impl[96];
-            if (mc == 0) snprintf(impl, sizeof impl, "lossfuse%s", tag.c_str());
-            else if (mc == 1) snprintf(impl, sizeof impl, "lossfuse_nocluster%s", tag.c_str());
-            else snprintf(impl, sizeof impl, "lossfuse_c%d%s", mc, tag.c_str());
+        for (const variant &va : variants) {
+            const std::string impl = va.name + tag;
             for (int mode = 0; mode < 2; ++mode) { /* 0 fwdbwd, 1 fwd */
+                if (!do_mode[mode]) continue;
                 ce_args b = a;
-                b.max_cluster = mc;
+                b.max_cluster = va.max_cluster;
+                b.schedule = va.schedule;
+                b.stages = va.stages;
                 ce_plan plan;
                 b.plan = &plan;
                 if (mode == 0) {
@@ -138,8 +157,10 @@ int main(int argc, char **argv)
                 CK(cudaGetLastError());
                 const size_t floor_bytes = mode == 0 ? 2 * bytes : bytes;
                 printf("RESULT impl=%s mode=%s N=%lld V=%lld dtype=bf16 ms=%.4f bytes=%zu extra_bytes=%zu status=ok "
-                       "cluster=%d pieces=%d ctas=%d\n", impl, mode == 0 ? "fwdbwd" : "fwd", (long long)N, (long long)V,
-                       median(t), floor_bytes, wsb, plan.cluster, plan.pieces, plan.ctas);
+                       "schedule=%s cluster=%d pieces=%d stages=%d ctas=%d\n", impl.c_str(), mode == 0 ? "fwdbwd" : "fwd",
+                       (long long)N, (long long)V, median(t), floor_bytes, wsb,
+                       plan.schedule == CE_SCHED_RESIDENT ? "resident" : "streamed", plan.cluster, plan.pieces, plan.stages,
+                       plan.ctas);
                 fflush(stdout);
             }
         }

@@ -53,6 +53,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <algorithm>
+
 /* ============================================================================================
  * 1. API
  * ========================================================================================== */
@@ -80,15 +82,32 @@ typedef struct ce_args {
     unsigned int *n_errors;  /* optional: += rows with a bad label */
     void *workspace;      /* ce_workspace_bytes(n_rows) bytes, zeroed once before first use */
     size_t workspace_bytes;
-    int max_cluster;      /* 0: automatic (<= 4 with a gradient, none forward only); n: at most n
-                           * CTAs per cluster (1: none); the device's limit applies either way */
+    int max_cluster;      /* 0: automatic; n: at most n CTAs per cluster (1: none); the device's
+                           * limit applies either way */
+    int schedule;         /* CE_SCHED_AUTO (0), _STREAM or _RESIDENT: see ce_schedule */
+    int stages;           /* row-resident schedule: shared-memory stages per CTA, 2..8; 0 automatic */
     struct ce_plan *plan; /* optional host out: the launch configuration chosen */
 } ce_args;
 
+/* How rows reach shared memory (the kernels' comments say more).
+ *   CE_SCHED_STREAM   any GPU: persistent CTAs (three per SM) stream 32 KB pieces with per-thread
+ *                     cp.async; a row larger than a piece is split over a cluster (sm_90) and/or
+ *                     streamed in pieces whose gradients re-read them (from L2 when still there).
+ *   CE_SCHED_RESIDENT sm_90: one CTA per SM holds whole row slices in a ring of stages filled by
+ *                     the copy engine (one bulk copy per slice); rows too wide for three stages
+ *                     are split over a cluster. Each element is read from HBM exactly once.
+ *   CE_SCHED_AUTO     the fused forward + backward resident where the device and the shape
+ *                     allow it (sm_90, a slice of at least CE_RES_MIN_SLICE bytes), else
+ *                     streamed; forward only always streamed (it needs no residency, and
+ *                     measured faster so: bench/RESULTS.md). */
+enum ce_schedule { CE_SCHED_AUTO = 0, CE_SCHED_STREAM = 1, CE_SCHED_RESIDENT = 2 };
+
 /* What ce_launch chose (for benchmarks, tests, and the curious). */
 typedef struct ce_plan {
+    int schedule;  /* CE_SCHED_STREAM or CE_SCHED_RESIDENT */
     int cluster;   /* CTAs per cluster sharing a row (1: none) */
     int pieces;    /* pieces per CTA slice; 1 = each row read from HBM once */
+    int stages;    /* resident: row slices staged per CTA (0 when streamed) */
     int clusters;  /* persistent clusters (or CTAs) launched */
     int ctas;      /* CTAs launched */
 } ce_plan;
@@ -173,18 +192,153 @@ static __device__ __forceinline__ float ce_mean_divisor(const ce_kparams &p)
     return p.divisor ? *p.divisor : p.ws->divisor;
 }
 
-/* The default mean divisor, sum of w_y over valid rows, in a fixed order (one CTA): launched
- * before the main kernel only for reduction mean without a caller-provided divisor. */
-__global__ void __launch_bounds__(1024) ce_divisor_kernel(const ce_kparams p)
+/* Programmatic dependent launch (sm_90): a kernel launched with the programmatic-serialization
+ * attribute may start while the kernel before it in the stream still runs (once that one has
+ * called ce_pdl_trigger); ce_pdl_wait then waits until it has finished and its writes are
+ * visible. Both are no-ops below sm_90 and for a kernel launched without the attribute. */
+static __device__ __forceinline__ void ce_pdl_trigger(void)
 {
-    __shared__ double scratch[1024 / 32];
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void ce_pdl_wait(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+/* The default mean divisor, sum of w_y over valid rows, in a fixed order (one CTA): launched
+ * before the main kernel only for reduction mean without a caller-provided divisor. It lets the
+ * row-resident kernel start at once (that one waits for it only where it first reads the
+ * divisor): 256 threads, so that both fit on one SM. */
+#define CE_DIV_THREADS 256
+__global__ void __launch_bounds__(CE_DIV_THREADS) ce_divisor_kernel(const ce_kparams p)
+{
+    __shared__ double scratch[CE_DIV_THREADS / 32];
+    ce_pdl_trigger();
     double acc = 0.0;
-    for (int64_t i = threadIdx.x; i < p.n_rows; i += 1024) {
+    for (int64_t i = threadIdx.x; i < p.n_rows; i += CE_DIV_THREADS) {
         const int64_t y = ce_label(p, i);
         if (y != p.ignore_index && y >= 0 && y < p.vocab) acc += p.class_w ? (double)p.class_w[y] : 1.0;
     }
-    acc = lf_block_sum_f64<1024>(acc, scratch);
+    acc = lf_block_sum_f64<CE_DIV_THREADS>(acc, scratch);
     if (threadIdx.x == 0) p.ws->divisor = (float)acc;
+}
+
+/* The outputs of a valid row, by one thread: per-row values, and the row's loss (and z term)
+ * where the reduction finds them. x_y is the label's raw logit. */
+template <bool FULL, bool SOFTCAP>
+static __device__ __forceinline__ void ce_row_outputs(const ce_kparams &p, int64_t row, int64_t y, const lf_row_stats &rs,
+                                                      float x_y)
+{
+    const float lse = lf_lse_final(rs.lse);
+    const float w_y = p.class_w ? __ldg(p.class_w + y) : 1.0f;
+    const float wsum = (FULL && p.class_w) ? rs.w : (float)p.vocab;
+    const float z_y = lf_xform_apply<SOFTCAP>(x_y, p.xf);
+    /* lse - z_y as (m - z_y) + log(s): exact when the label is the max, even at |x| ~ 1e4 */
+    const float nll = (rs.lse.m - z_y) + logf(rs.lse.s);
+    const float smooth = (FULL && p.eps > 0.0f) ? (wsum * lse - rs.wz) / (float)p.vocab : 0.0f;
+    const float zterm = p.lam * lse * lse;
+    float loss = (1.0f - p.eps) * w_y * nll + p.eps * smooth + zterm;
+    if (!(fabsf(lse) < LF_INF_F)) loss = NAN;
+    if (p.logprob) p.logprob[row] = -nll;
+    if (p.lse) p.lse[row] = lse;
+    if (FULL && p.entropy) p.entropy[row] = lf_lse_entropy(rs.lse);
+    if (FULL && p.argmax) p.argmax[row] = rs.am.i;
+    if (FULL && p.n_correct && rs.am.i == (int32_t)y) atomicAdd(p.n_correct, 1u);
+    if (p.reduction == LF_REDUCE_NONE) {
+        p.loss[row] = loss;
+        if (p.z_out) p.z_out[row] = zterm;
+    } else {
+        p.ws_loss[row] = loss;
+        p.ws_z[row] = zterm;
+    }
+}
+
+/* The outputs of an ignored row (status 1) or a bad label (status 2, counted), by one thread. */
+static __device__ __forceinline__ void ce_row_outputs_zero(const ce_kparams &p, int64_t row, int status)
+{
+    if (status == 2 && p.n_errors) atomicAdd(p.n_errors, 1u);
+    if (p.logprob) p.logprob[row] = 0.0f;
+    if (p.lse) p.lse[row] = 0.0f;
+    if (p.entropy) p.entropy[row] = 0.0f;
+    if (p.argmax) p.argmax[row] = -1;
+    if (p.reduction == LF_REDUCE_NONE) {
+        p.loss[row] = 0.0f;
+        if (p.z_out) p.z_out[row] = 0.0f;
+    } else {
+        p.ws_loss[row] = 0.0f;
+        p.ws_z[row] = 0.0f;
+    }
+}
+
+/* Last-CTA-done batch sum (sum / mean), called by every thread of each of the `ncount` CTAs that
+ * wrote per-row losses, after their last write: each publishes its rows and counts itself; the CTA
+ * that completes the count sums all rows in a fixed order, so the total never depends on timing.
+ * fin: THREADS/32 doubles of scratch; bar: the threads' barrier (lf_block_bar). */
+template <int THREADS>
+static __device__ __forceinline__ void ce_batch_reduce(const ce_kparams &p, unsigned long long ncount, double *fin,
+                                                       int *is_last, int bar = 0)
+{
+    if (threadIdx.x == 0) {
+        __threadfence();
+        *is_last = atomicAdd(&p.ws->rows_done, 1ull) == ncount - 1;
+    }
+    lf_block_bar<THREADS>(bar);
+    if (!*is_last) return;
+    __threadfence();
+    double a = 0.0, bz = 0.0;
+    for (int64_t i = threadIdx.x; i < p.n_rows; i += THREADS) {
+        a += (double)__ldcg(p.ws_loss + i); /* L2 reads: other SMs wrote these */
+        bz += (double)__ldcg(p.ws_z + i);
+    }
+    a = lf_block_sum_f64<THREADS>(a, fin, bar);
+    lf_block_bar<THREADS>(bar); /* fin is reused below */
+    bz = lf_block_sum_f64<THREADS>(bz, fin, bar);
+    if (threadIdx.x == 0) {
+        if (p.reduction == LF_REDUCE_MEAN) {
+            const double d = (double)ce_mean_divisor(p);
+            a = d == 0.0 ? a * 0.0 : a / d; /* 0, or NaN when a row is NaN: never hidden */
+            bz = d == 0.0 ? bz * 0.0 : bz / d;
+        }
+        p.loss[0] = (float)a;
+        if (p.z_out) p.z_out[0] = (float)bz;
+        p.ws->rows_done = 0; /* ready for the next launch (or graph replay) */
+    }
+}
+
+/* Whether this thread holds the label's raw logit, and then *x_y: as its edge element (head or
+ * tail; only in the piece that carries the edges, edge_piece) or in its staged vectors [pb, pe)
+ * of buffer b (thread t holds vectors pb + t + k*THREADS at b[t + k*THREADS]). */
+template <int THREADS, typename T>
+static __device__ __forceinline__ bool ce_label_held(const uint4 *b, const lf_row_span &sp, int pb, int pe,
+                                                     const lf_edge &edge, bool edge_piece, int64_t y, float *x_y)
+{
+    const int PV = lf_elem<T>::per_vec;
+    const int64_t yb = y - sp.head;
+    if (yb < 0 || yb >= (int64_t)sp.nvec * PV) {
+        if (!edge_piece || edge.j != (int32_t)y) return false;
+        *x_y = edge.x;
+        return true;
+    }
+    const int vy = (int)(yb / PV);
+    if (vy < pb || vy >= pe || (int)threadIdx.x != (vy - pb) % THREADS) return false;
+    *x_y = lf_elem<T>::get(b[vy - pb], (int)(yb % PV));
+    return true;
+}
+
+/* The label element's gradient, written by the thread that has just written its dense value
+ * (program order of one thread: no barrier), from the staged x_y. */
+template <int THREADS, typename T, bool FULL, bool SOFTCAP>
+static __device__ __forceinline__ void ce_label_grad_patch(T *out, const uint4 *b, const lf_row_span &sp, int pb, int pe,
+                                                           const lf_edge &edge, bool edge_piece, int64_t y,
+                                                           const lf_grad_coef &coef, const ce_kparams &p)
+{
+    float x_y;
+    if (ce_label_held<THREADS, T>(b, sp, pb, pe, edge, edge_piece, y, &x_y))
+        out[y] = lf_elem<T>::from_f32(lf_ce_label_grad<FULL, SOFTCAP>(x_y, (int32_t)y, coef, p.xf, p.class_w));
 }
 
 /* One job = one piece of one row for this CTA. Everything the row needs that comes from a
@@ -322,32 +476,6 @@ __global__ void __launch_bounds__(CE_THREADS, CE_CTAS_PER_SM) ce_kernel(const ce
     pend.edge.x = 0.0f;
     float fast_k = 0.0f;
 
-    /* The row's outputs, by one thread. */
-    auto row_outputs = [&](int64_t row, int64_t y, const lf_row_stats &rs, float x_y) {
-        const float lse = lf_lse_final(rs.lse);
-        const float w_y = p.class_w ? __ldg(p.class_w + y) : 1.0f;
-        const float wsum = (FULL && p.class_w) ? rs.w : (float)V;
-        const float z_y = lf_xform_apply<SOFTCAP>(x_y, p.xf);
-        /* lse - z_y as (m - z_y) + log(s): exact when the label is the max, even at |x| ~ 1e4 */
-        const float nll = (rs.lse.m - z_y) + logf(rs.lse.s);
-        const float smooth = (FULL && p.eps > 0.0f) ? (wsum * lse - rs.wz) / (float)V : 0.0f;
-        const float zterm = p.lam * lse * lse;
-        float loss = (1.0f - p.eps) * w_y * nll + p.eps * smooth + zterm;
-        if (!(fabsf(lse) < LF_INF_F)) loss = NAN;
-        if (p.logprob) p.logprob[row] = -nll;
-        if (p.lse) p.lse[row] = lse;
-        if (FULL && p.entropy) p.entropy[row] = lf_lse_entropy(rs.lse);
-        if (FULL && p.argmax) p.argmax[row] = rs.am.i;
-        if (FULL && p.n_correct && rs.am.i == (int32_t)y) atomicAdd(p.n_correct, 1u);
-        if (p.reduction == LF_REDUCE_NONE) {
-            p.loss[row] = loss;
-            if (p.z_out) p.z_out[row] = zterm;
-        } else {
-            p.ws_loss[row] = loss;
-            p.ws_z[row] = zterm;
-        }
-    };
-
     /* A NaN or +inf in the row (s is NaN): the first NaN, if any, is the argmax (lf_argmax's
      * rule). Rare: scan the CTA's slice in global memory. Called by all threads alike. */
     auto nan_argmax = [&](int64_t row, const lf_edge &edge, int slot, lf_argmax &am) {
@@ -381,7 +509,7 @@ __global__ void __launch_bounds__(CE_THREADS, CE_CTAS_PER_SM) ce_kernel(const ce
             __syncthreads(); /* all have read am_nan[q] before thread 0 resets it below */
         }
         if (threadIdx.x == 0) {
-            row_outputs(pend.row, pend.y, rs, xy_s[q]);
+            ce_row_outputs<FULL, SOFTCAP>(p, pend.row, pend.y, rs, xy_s[q]);
             /* every thread has arrived (so is past this row's atomics), and the slot's next row
              * is three rows on: reset it now */
             am_key[q] = lf_argmax_key(-LF_INF_F);
@@ -413,20 +541,7 @@ __global__ void __launch_bounds__(CE_THREADS, CE_CTAS_PER_SM) ce_kernel(const ce
         if (cur.status) {
             if (cur.k == 0) {
                 if (GRAD) lf_row_zero<CE_THREADS>(out, V, rank, nranks);
-                if (rank == 0 && threadIdx.x == 0) {
-                    if (cur.status == 2 && p.n_errors) atomicAdd(p.n_errors, 1u);
-                    if (p.logprob) p.logprob[row] = 0.0f;
-                    if (p.lse) p.lse[row] = 0.0f;
-                    if (p.entropy) p.entropy[row] = 0.0f;
-                    if (p.argmax) p.argmax[row] = -1;
-                    if (p.reduction == LF_REDUCE_NONE) {
-                        p.loss[row] = 0.0f;
-                        if (p.z_out) p.z_out[row] = 0.0f;
-                    } else {
-                        p.ws_loss[row] = 0.0f;
-                        p.ws_z[row] = 0.0f;
-                    }
-                }
+                if (rank == 0 && threadIdx.x == 0) ce_row_outputs_zero(p, row, cur.status);
             }
         } else {
             int pb, pe;
@@ -448,16 +563,8 @@ __global__ void __launch_bounds__(CE_THREADS, CE_CTAS_PER_SM) ce_kernel(const ce
                      * warp 0 waits a memory latency per row) measured 8-11% slower; with the
                      * gradient the reverse was measured (thread 0's load 8-15% faster than this
                      * block; bench/RESULTS.md), so GRAD kernels keep the load. */
-                    const int PV = lf_elem<T>::per_vec;
-                    const int64_t yb = cur.y - cur.sp.head;
-                    if (yb < 0 || yb >= (int64_t)cur.sp.nvec * PV) {
-                        if (piece == 0 && cur.edge.j == (int32_t)cur.y) xy_s[par] = cur.edge.x;
-                    } else {
-                        const int vy = (int)(yb / PV);
-                        if (vy >= pb && vy < pe && (int)threadIdx.x == (vy - pb) % CE_THREADS) {
-                            xy_s[par] = lf_elem<T>::get(b[vy - pb], (int)(yb % PV));
-                        }
-                    }
+                    float xv;
+                    if (ce_label_held<CE_THREADS, T>(b, cur.sp, pb, pe, cur.edge, piece == 0, cur.y, &xv)) xy_s[par] = xv;
                 }
                 if (piece == npieces - 1) {
                     lf_argmax cand = st.am;
@@ -514,7 +621,7 @@ __global__ void __launch_bounds__(CE_THREADS, CE_CTAS_PER_SM) ce_kernel(const ce
                         }
                         /* the row's outputs: thread 0 (forward only: of the CTA that holds the label) */
                         if (threadIdx.x == 0 && rank == (GRAD ? 0 : lf_row_owner_rank<T>(cur.y, cur.sp, nranks)))
-                            row_outputs(row, cur.y, st, GRAD ? cur.x_y : xy_s[rpar]);
+                            ce_row_outputs<FULL, SOFTCAP>(p, row, cur.y, st, GRAD ? cur.x_y : xy_s[rpar]);
                     }
                     write_now = GRAD; /* the last piece is still here */
                 }
@@ -530,20 +637,9 @@ __global__ void __launch_bounds__(CE_THREADS, CE_CTAS_PER_SM) ce_kernel(const ce
                 } else {
                     lf_piece_grad_store<CE_THREADS, FULL, SOFTCAP>(out, vec_ok, b, cur.sp, pb, pe, coef, p.xf, p.class_w);
                 }
-                /* The label element: the thread that has just written its dense value overwrites
-                 * it (program order of one thread: no barrier), with x_y from the staged piece. */
-                const int PV = lf_elem<T>::per_vec;
-                const int64_t yb = cur.y - cur.sp.head;
-                if (yb < 0 || yb >= (int64_t)cur.sp.nvec * PV) {
-                    if (piece == 0 && rank == 0 && cur.edge.j == (int32_t)cur.y)
-                        out[cur.y] = lf_elem<T>::from_f32(lf_ce_label_grad<FULL, SOFTCAP>(cur.edge.x, (int32_t)cur.y, coef, p.xf, p.class_w));
-                } else {
-                    const int vy = (int)(yb / PV);
-                    if (vy >= pb && vy < pe && (int)threadIdx.x == (vy - pb) % CE_THREADS) {
-                        const float x_y = lf_elem<T>::get(b[vy - pb], (int)(yb % PV));
-                        out[cur.y] = lf_elem<T>::from_f32(lf_ce_label_grad<FULL, SOFTCAP>(x_y, (int32_t)cur.y, coef, p.xf, p.class_w));
-                    }
-                }
+                /* the label element, with x_y from the staged piece */
+                ce_label_grad_patch<CE_THREADS, T, FULL, SOFTCAP>(out, b, cur.sp, pb, pe, cur.edge, piece == 0 && rank == 0, cur.y,
+                                                                 coef, p);
             }
         }
         if (defer && pending && pend.jj < jj) finish_pending(); /* posted a job ago */
@@ -554,33 +650,234 @@ __global__ void __launch_bounds__(CE_THREADS, CE_CTAS_PER_SM) ce_kernel(const ce
     if (nranks > 1) lf_cluster_sync(); /* no CTA leaves while another may still read its xchg */
     if (rank != 0 || p.reduction == LF_REDUCE_NONE) return;
 
-    /* Last-cluster-done: publish this cluster's rows, then count it. The CTA that completes the
-     * count sums all rows in a fixed order, so the total never depends on timing. */
-    if (threadIdx.x == 0) {
-        __threadfence();
-        is_last = atomicAdd(&p.ws->rows_done, 1ull) == (unsigned long long)(nclusters - 1);
+    /* Rank 0 of each cluster wrote its rows' losses (the others wrote none): it counts. */
+    ce_batch_reduce<CE_THREADS>(p, (unsigned long long)nclusters, fin, &is_last);
+}
+
+/* ---- The row-resident schedule (sm_90) ----------------------------------------------------
+ * Each CTA (or CTA of a cluster: its slice of the row) holds a ring of `nstages` shared-memory
+ * stages, each one whole row slice, loaded by ONE bulk copy (lf_bulk_load: the copy engine, no
+ * per-thread copies or address arithmetic) that completes on the stage's mbarrier. So every
+ * element is read from HBM once, then from shared memory two or three times, never from L2.
+ *   Two warp groups (blockDim = (CE_RES_GROUP, 2)) take alternate rows of the CTA and share the
+ * ring: while one reduces, waits on its barriers or exchanges statistics with the cluster, the
+ * other computes, so the SM's pipes stay busy although each group's row pass is a chain of
+ * dependent phases (measured: one group of 512 threads left a third of the time idle). Each group
+ * reduces with its own named barrier (lf_block_* with bar = 1 + group) and, in a cluster,
+ * exchanges its rows' statistics with the same group of the other CTAs through its own mbarriers
+ * (lf_cluster_stats_post / _collect): no cluster barrier per row.
+ *   Per row: wait for the stage, statistics, block merge (+ cluster merge), gradient from the
+ * stage, a group barrier, then the group's thread 0 reloads the stage with the row nstages
+ * further on (its label was loaded at the row's start). A stage is used by both groups in turn,
+ * so before waiting on its mbarrier a group checks the stage's ticket (stage_k: the local row it
+ * was last loaded with): a parity wait must not start before the stage's previous use has
+ * completed, or it would return at once on that older phase.
+ *   One CTA per SM (the ring takes most of the shared memory); a cluster takes consecutive
+ * blockIdx.x and processes the same rows; every CTA counts itself for the batch sum. */
+#ifndef CE_RES_GROUP
+#define CE_RES_GROUP 256 /* threads per warp group; two groups per CTA */
+#endif
+#define CE_RES_THREADS (2 * CE_RES_GROUP)
+#ifndef CE_RES_MIN_STAGES
+#define CE_RES_MIN_STAGES 3 /* the automatic plan needs this many stages of a row slice */
+#endif
+#ifndef CE_RES_MIN_SLICE
+#define CE_RES_MIN_SLICE 8192 /* bytes: smaller rows stay with the streaming schedule */
+#endif
+#define CE_RES_MAX_STAGES 8
+
+template <typename T, bool GRAD, bool FULL, bool SOFTCAP>
+__global__ void __launch_bounds__(CE_RES_THREADS, 1)
+    ce_resident_kernel(const ce_kparams p, int nranks, int nstages, int stage_vecs, int nclusters)
+{
+    constexpr int TH = CE_RES_GROUP; /* the collectives run per group */
+    extern __shared__ uint4 ce_smem[]; /* [nstages][stage_vecs] */
+    __shared__ uint64_t full[CE_RES_MAX_STAGES];   /* a stage's slice has landed (phase per use) */
+    __shared__ int64_t stage_y[CE_RES_MAX_STAGES];  /* the label of the row in the stage */
+    __shared__ int64_t stage_k[CE_RES_MAX_STAGES];  /* the ticket: local row last loaded, -1 none */
+    __shared__ lf_row_stats red[2][CE_SLOTS][TH / 32];
+    __shared__ lf_row_stats xs[2][2][16];           /* cluster exchange: per group, two sets */
+    __shared__ uint64_t xbar[2][2];
+    __shared__ unsigned am_key[2][CE_SLOTS];
+    __shared__ int am_nan[2][CE_SLOTS];
+    __shared__ float xy_s[2][CE_SLOTS];
+    __shared__ double fin[TH / 32];
+    __shared__ int is_last;
+
+    const int grp = (int)threadIdx.y, bar = 1 + grp;
+    const int rank = (int)(blockIdx.x % nranks);
+    const int64_t cid = blockIdx.x / nranks, N = p.n_rows, V = p.vocab;
+    const int64_t my_rows = cid < N ? (N - 1 - cid) / nclusters + 1 : 0;
+    if (threadIdx.x == 0 && grp == 0) {
+        for (int q = 0; q < nstages; ++q) {
+            lf_mbar_init(&full[q], 1);
+            stage_k[q] = -1;
+        }
+        for (int g = 0; g < 2; ++g) {
+            lf_mbar_init(&xbar[g][0], (unsigned)nranks);
+            lf_mbar_init(&xbar[g][1], (unsigned)nranks);
+        }
+        lf_mbar_init_fence();
+    }
+    if (threadIdx.x < CE_SLOTS) {
+        am_key[grp][threadIdx.x] = lf_argmax_key(-LF_INF_F);
+        am_nan[grp][threadIdx.x] = INT_MAX;
     }
     __syncthreads();
-    if (!is_last) return;
-    __threadfence();
-    double a = 0.0, bz = 0.0;
-    for (int64_t i = threadIdx.x; i < N; i += CE_THREADS) {
-        a += (double)__ldcg(p.ws_loss + i); /* L2 reads: other SMs wrote these */
-        bz += (double)__ldcg(p.ws_z + i);
-    }
-    a = lf_block_sum_f64<CE_THREADS>(a, fin);
-    __syncthreads(); /* fin is reused below */
-    bz = lf_block_sum_f64<CE_THREADS>(bz, fin);
-    if (threadIdx.x == 0) {
-        if (p.reduction == LF_REDUCE_MEAN) {
-            const double d = (double)ce_mean_divisor(p);
-            a = d == 0.0 ? a * 0.0 : a / d; /* 0, or NaN when a row is NaN: never hidden */
-            bz = d == 0.0 ? bz * 0.0 : bz / d;
+    if (nranks > 1) lf_cluster_sync(); /* every CTA's mbarriers exist before any post */
+
+    /* 1 / the mean's divisor: read at the first row that needs it (the divisor kernel may still be
+     * running: programmatic dependent launch, see ce_launch_resident) */
+    float inv_div = GRAD && p.reduction == LF_REDUCE_MEAN ? -1.0f : 1.0f;
+    const float dl_all = (GRAD && p.dloss && p.reduction != LF_REDUCE_NONE) ? p.dloss[0] : 1.0f;
+
+    /* Load local row kk (label y) into stage q: by one thread. */
+    auto load = [&](int q, int64_t kk, int64_t y) {
+        const int64_t row = cid + kk * nclusters;
+        stage_y[q] = y; /* published by the arrive (release) */
+        *(volatile int64_t *)&stage_k[q] = kk;
+        uint32_t bytes = 0;
+        const T *x = (const T *)p.logits + row * p.stride;
+        const lf_row_span sp = lf_row_span_make(x, V);
+        int sb = 0, se = 0;
+        if (y != p.ignore_index && y >= 0 && y < V) {
+            lf_row_slice(sp, rank, nranks, &sb, &se);
+            bytes = (uint32_t)(se - sb) * 16u;
         }
-        p.loss[0] = (float)a;
-        if (p.z_out) p.z_out[0] = (float)bz;
-        p.ws->rows_done = 0; /* ready for the next launch (or graph replay) */
+        if (bytes == 0) {
+            lf_mbar_arrive(&full[q]);
+        } else {
+            lf_mbar_arrive_tx(&full[q], bytes);
+            lf_bulk_load(ce_smem + (size_t)q * stage_vecs, reinterpret_cast<const uint4 *>(x + sp.head) + sb, bytes, &full[q]);
+        }
+    };
+    if (threadIdx.x == 0 && grp == 0)
+        for (int q = 0; q < nstages && q < my_rows; ++q) load(q, q, ce_label(p, cid + q * nclusters));
+
+    const bool fast = !SOFTCAP && p.class_w == nullptr;
+    const bool fast_grad = fast && p.eps == 0.0f;
+    unsigned x_phase = 0; /* bit q: parity of xbar[grp][q]'s next phase */
+    int xq = 0, par = 0;
+    int q = grp;          /* stage of local row k: k mod nstages (nstages >= 2) */
+    unsigned use_par = 0; /* parity of k / nstages: the stage's phase for row k */
+    for (int64_t k = grp; k < my_rows; k += 2) {
+        const int64_t row = cid + k * nclusters;
+        const T *x = (const T *)p.logits + row * p.stride;
+        T *out = GRAD ? (T *)p.grad + row * p.grad_stride : nullptr;
+        const lf_row_span sp = lf_row_span_make(x, V);
+        /* loads consumed after the statistics pass (nothing waits for them before) */
+        lf_edge_raw eraw;
+        eraw.j = -1;
+        eraw.bits = 0u;
+        if (rank == 0) eraw = lf_row_edge_issue(x, sp);
+        const float dl = (GRAD && p.dloss && p.reduction == LF_REDUCE_NONE) ? p.dloss[row] : 1.0f;
+        const int64_t k_next = k + nstages; /* the row this stage takes next */
+        const int64_t y_next = (threadIdx.x == 0 && k_next < my_rows) ? ce_label(p, cid + k_next * nclusters) : 0;
+
+        while (*(volatile int64_t *)&stage_k[q] != k) { /* the stage's previous use is over */
+        }
+        lf_mbar_wait(&full[q], use_par);
+        const int64_t y = stage_y[q];
+        const int status = y == p.ignore_index ? 1 : (y < 0 || y >= V) ? 2 : 0;
+        const uint4 *b = ce_smem + (size_t)q * stage_vecs;
+        if (status) {
+            if (GRAD) lf_row_zero<TH, T>(out, V, rank, nranks);
+            if (rank == 0 && threadIdx.x == 0) ce_row_outputs_zero(p, row, status);
+        } else {
+            int sb, se;
+            lf_row_slice(sp, rank, nranks, &sb, &se);
+            lf_row_stats st = lf_row_stats_init();
+            lf_lazy_argmax la = lf_lazy_argmax_init();
+            if (fast) lf_piece_stats_fast<TH, T, FULL>(st, la, &am_key[grp][par], b, sp, sb, se, p.xf, p.eps > 0.0f);
+            else lf_piece_stats<TH, T, FULL, SOFTCAP>(st, b, sp, sb, se, p.xf, p.class_w);
+            const lf_edge edge = lf_edge_resolve<T>(eraw);
+            lf_edge_stats<FULL, SOFTCAP>(st, edge, p.xf, p.class_w);
+            {
+                float xv; /* the label's logit, from the thread that holds it; read after the barrier */
+                if (ce_label_held<TH, T>(b, sp, sb, se, edge, true, y, &xv)) xy_s[grp][par] = xv;
+            }
+            /* the block merge (the group's barrier) */
+            if (fast) {
+                lf_argmax cand = st.am;
+                if (FULL && (la.v > cand.v || (la.v == cand.v && la.i >= 0 && (cand.i < 0 || la.i < cand.i)))) {
+                    cand.v = la.v; /* the thread's candidate: its edge element (exact) or its body's */
+                    cand.i = la.i;
+                }
+                /* the next slot is free (its last row was three rows ago) and first used after
+                 * the barrier below: reset it */
+                const int nx = par == CE_SLOTS - 1 ? 0 : par + 1;
+                if (FULL && threadIdx.x == 0) {
+                    am_key[grp][nx] = lf_argmax_key(-LF_INF_F);
+                    am_nan[grp][nx] = INT_MAX;
+                }
+                st.lse = lf_block_lse_fast<TH, FULL>(st.lse, &cand.v, &cand.i, &st.wz, reinterpret_cast<float *>(red[grp][par]), bar);
+                if (FULL && st.lse.s != st.lse.s) { /* a NaN or +inf: the first NaN is the argmax */
+                    int32_t found = INT_MAX;
+                    if (edge.j >= 0 && edge.x != edge.x) found = edge.j;
+                    const int32_t j = lf_piece_find<TH, T>(b, sp, sb, se, 0.0f, true);
+                    if (j >= 0) found = min(found, j);
+                    if (found != INT_MAX) atomicMin(&am_nan[grp][par], found);
+                    lf_block_bar<TH>(bar);
+                    if (am_nan[grp][par] != INT_MAX) {
+                        cand.v = NAN;
+                        cand.i = am_nan[grp][par];
+                    }
+                }
+                if (FULL) st.am = cand;
+            } else if (FULL) {
+                st = lf_block_row_stats<TH>(st, red[grp][par], bar);
+            } else {
+                st.lse = lf_block_lse<TH>(st.lse, reinterpret_cast<lf_lse *>(red[grp][par]), bar);
+            }
+            if (nranks > 1) {
+                lf_cluster_stats_post(st, xs[grp][xq], &xbar[grp][xq], rank, nranks);
+                st = lf_cluster_stats_collect<FULL>(xs[grp][xq], &xbar[grp][xq], (x_phase >> xq) & 1u, nranks);
+                x_phase ^= 1u << xq;
+                xq ^= 1;
+            }
+            const int rpar = par;
+            par = par == CE_SLOTS - 1 ? 0 : par + 1;
+            if (GRAD) {
+                const float lse = lf_lse_final(st.lse);
+                const float w_y = p.class_w ? __ldg(p.class_w + y) : 1.0f;
+                const float wsum = (FULL && p.class_w) ? st.w : (float)V;
+                const float g = p.grad_scale * (p.reduction == LF_REDUCE_NONE ? dl : dl_all);
+                if (inv_div < 0.0f) {
+                    ce_pdl_wait();
+                    const float d = ce_mean_divisor(p);
+                    inv_div = d == 0.0f ? 0.0f : 1.0f / d;
+                }
+                const lf_grad_coef coef = lf_grad_coef_make(g * inv_div, lse, p.eps, p.lam, w_y, wsum, V, p.xf);
+                const bool vec_ok = ((uintptr_t)out & 15u) == (uintptr_t)sp.phase;
+                if (rank == 0) lf_edge_grad_store<FULL, SOFTCAP>(out, edge, coef, p.xf, p.class_w);
+                if (fast_grad && vec_ok) {
+                    const float fast_k = lf_grad_fast_k(coef);
+                    if (coef.a < 0.0f) lf_piece_grad_fast<TH, T, true>(out, b, sp, sb, se, p.xf.scale_l2e, fast_k);
+                    else lf_piece_grad_fast<TH, T, false>(out, b, sp, sb, se, p.xf.scale_l2e, fast_k);
+                } else {
+                    lf_piece_grad_store<TH, FULL, SOFTCAP>(out, vec_ok, b, sp, sb, se, coef, p.xf, p.class_w);
+                }
+                ce_label_grad_patch<TH, T, FULL, SOFTCAP>(out, b, sp, sb, se, edge, rank == 0, y, coef, p);
+            }
+            /* the row's outputs: thread 0 of the CTA that holds the label */
+            if (threadIdx.x == 0 && rank == lf_row_owner_rank<T>(y, sp, nranks))
+                ce_row_outputs<FULL, SOFTCAP>(p, row, y, st, xy_s[grp][rpar]);
+        }
+        lf_block_bar<TH>(bar); /* the whole group is done with the stage: reload it */
+        if (threadIdx.x == 0 && k_next < my_rows) load(q, k_next, y_next);
+        /* the group's next row, k + 2 */
+        q += 2;
+        if (q >= nstages) {
+            q -= nstages;
+            use_par ^= 1u;
+        }
     }
+    __syncthreads();
+    if (nranks > 1) lf_cluster_sync(); /* no CTA leaves while a peer may still post to it */
+    if (p.reduction == LF_REDUCE_NONE || grp != 0) return;
+    ce_pdl_wait(); /* the divisor is read below (a no-op when waited for already) */
+    /* every CTA may have written row losses (the label's owner writes them): all count */
+    ce_batch_reduce<TH>(p, (unsigned long long)gridDim.x, fin, &is_last, bar);
 }
 
 /* ============================================================================================
@@ -632,10 +929,135 @@ static int ce_active_groups(K kernel, int c)
 #define CE_MAX_DEVICES 64 /* devices a process may launch on (per-device launch setup) */
 #endif
 
+/* The row-resident schedule, if the device and the shape allow it (else *launched = false and
+ * nothing happens). Plan: among cluster sizes 1, 2, 4, ... up to the cap (and the cap itself),
+ * those whose slice fits `stages` stages (automatic: at least CE_RES_MIN_STAGES, as many as fit,
+ * at most CE_RES_MAX_STAGES); of those the one that keeps the most CTAs resident, the smaller
+ * cluster on a tie (each CTA of a cluster exchanges 28 bytes per row with the others). */
 template <typename T, bool GRAD, bool FULL, bool SOFTCAP>
-static lf_status ce_launch_kernel(const ce_kparams &p, int max_cluster, ce_plan *plan, cudaStream_t stream,
-                                  cudaError_t *cuda_err)
+static lf_status ce_launch_resident(const ce_kparams &p, int max_cluster, int stages, bool forced, bool after_divisor,
+                                    ce_plan *plan, cudaStream_t stream, cudaError_t *cuda_err, bool *launched)
 {
+    auto kernel = ce_resident_kernel<T, GRAD, FULL, SOFTCAP>;
+    /* per instantiation and device, once: the shared memory left for stages, the cluster limit */
+    static int ready_d[CE_MAX_DEVICES], dyn_max_d[CE_MAX_DEVICES], cmax_d[CE_MAX_DEVICES];
+    *launched = false;
+    int dev = 0;
+    CE_CHECK(cudaGetDevice(&dev));
+    if (dev < 0 || dev >= CE_MAX_DEVICES) return LF_ERR_DEVICE;
+    if (!ready_d[dev]) {
+        int cc = 0, optin = 0;
+        CE_CHECK(cudaDeviceGetAttribute(&cc, cudaDevAttrComputeCapabilityMajor, dev));
+        dyn_max_d[dev] = 0;
+        cmax_d[dev] = 1;
+        if (cc >= 9) {
+            cudaFuncAttributes fa;
+            CE_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+            CE_CHECK(cudaFuncGetAttributes(&fa, kernel));
+            dyn_max_d[dev] = optin - (int)fa.sharedSizeBytes;
+            CE_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dyn_max_d[dev]));
+            cmax_d[dev] = 8;
+            if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) cmax_d[dev] = 16;
+            else (void)cudaGetLastError();
+        }
+        ready_d[dev] = 1;
+    }
+    const int dyn_max = dyn_max_d[dev];
+    if (dyn_max <= 0) return forced ? LF_ERR_DEVICE : LF_OK;
+    const int64_t nvec_max = (p.vocab + lf_elem<T>::per_vec - 1) / lf_elem<T>::per_vec;
+    const int cap = std::min(max_cluster > 0 ? max_cluster : 16, cmax_d[dev]);
+    int best_c = 0, best_ns = 0, best_sv = 0, best_groups = 0;
+    for (int c = 1; c <= cap; c = (c * 2 > cap && c < cap) ? cap : c * 2) {
+        const int64_t sv = (nvec_max + c - 1) / c, bytes = sv * 16;
+        int ns = (int)std::min<int64_t>(CE_RES_MAX_STAGES, dyn_max / bytes);
+        if (stages > 0) {
+            if (ns < stages) continue;
+            ns = stages;
+        } else if (ns < CE_RES_MIN_STAGES) {
+            continue;
+        }
+        if (!forced && c == 1 && bytes < CE_RES_MIN_SLICE) break; /* short rows: streamed */
+        const int dyn = (int)(ns * bytes);
+        int groups = 0;
+        if (c == 1) {
+            int sms = 0, per_sm = 0;
+            CE_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+            CE_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, CE_RES_THREADS, dyn));
+            groups = sms * per_sm;
+        } else {
+            cudaLaunchConfig_t cfg = {};
+            cudaLaunchAttribute attr = {};
+            cfg.gridDim = dim3((unsigned)c, 1, 1);
+            cfg.blockDim = dim3(CE_RES_GROUP, 2, 1);
+            cfg.dynamicSmemBytes = (size_t)dyn;
+            attr.id = cudaLaunchAttributeClusterDimension;
+            attr.val.clusterDim.x = (unsigned)c;
+            attr.val.clusterDim.y = 1;
+            attr.val.clusterDim.z = 1;
+            cfg.attrs = &attr;
+            cfg.numAttrs = 1;
+            if (cudaOccupancyMaxActiveClusters(&groups, kernel, &cfg) != cudaSuccess) {
+                (void)cudaGetLastError();
+                groups = 0;
+            }
+        }
+        if (groups > 0 && (int64_t)groups * c > (int64_t)best_groups * best_c) {
+            best_c = c;
+            best_ns = ns;
+            best_sv = (int)sv;
+            best_groups = groups;
+        }
+        if (c == cap) break;
+    }
+    if (best_c == 0) return forced ? LF_ERR_SIZE : LF_OK;
+    const int64_t nclusters = std::min<int64_t>(p.n_rows, best_groups);
+    if (plan) {
+        plan->schedule = CE_SCHED_RESIDENT;
+        plan->cluster = best_c;
+        plan->pieces = 1;
+        plan->stages = best_ns;
+        plan->clusters = (int)nclusters;
+        plan->ctas = (int)(nclusters * best_c);
+    }
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[2] = {};
+    cfg.gridDim = dim3((unsigned)(nclusters * best_c), 1, 1);
+    cfg.blockDim = dim3(CE_RES_GROUP, 2, 1);
+    cfg.dynamicSmemBytes = (size_t)best_ns * best_sv * 16;
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    if (best_c > 1) {
+        attr[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
+        attr[cfg.numAttrs].val.clusterDim.x = (unsigned)best_c;
+        attr[cfg.numAttrs].val.clusterDim.y = 1;
+        attr[cfg.numAttrs].val.clusterDim.z = 1;
+        ++cfg.numAttrs;
+    }
+    if (after_divisor) { /* start while ce_divisor_kernel runs: the kernel waits where it reads it */
+        attr[cfg.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[cfg.numAttrs].val.programmaticStreamSerializationAllowed = 1;
+        ++cfg.numAttrs;
+    }
+    CE_CHECK(cudaLaunchKernelEx(&cfg, kernel, p, best_c, best_ns, best_sv, (int)nclusters));
+    CE_CHECK(cudaGetLastError());
+    *launched = true;
+    return LF_OK;
+}
+
+template <typename T, bool GRAD, bool FULL, bool SOFTCAP>
+static lf_status ce_launch_kernel(const ce_kparams &p, int max_cluster, int schedule, int stages, ce_plan *plan,
+                                  cudaStream_t stream, cudaError_t *cuda_err)
+{
+    /* Automatically the row-resident schedule serves the fused forward + backward; a forward-only
+     * pass needs no residency and measured faster streamed (bench/RESULTS.md). */
+    if (schedule == CE_SCHED_RESIDENT || (schedule == CE_SCHED_AUTO && GRAD)) {
+        bool launched = false;
+        /* ce_launch launched the divisor kernel just before for mean without a divisor */
+        const bool after_divisor = p.reduction == LF_REDUCE_MEAN && p.divisor == nullptr;
+        const lf_status st = ce_launch_resident<T, GRAD, FULL, SOFTCAP>(
+            p, max_cluster, stages, schedule == CE_SCHED_RESIDENT, after_divisor, plan, stream, cuda_err, &launched);
+        if (st != LF_OK || launched) return st;
+    }
     auto kernel = ce_kernel<T, GRAD, FULL, SOFTCAP>;
     /* Per instantiation and per device, once: the shared-memory opt-in (cudaFuncSetAttribute
      * holds for the current device only: a process driving several GPUs sets it on each),
@@ -679,6 +1101,8 @@ static lf_status ce_launch_kernel(const ce_kparams &p, int max_cluster, ce_plan 
     const int npieces = (int)((slice + CE_PIECE_VECS - 1) / CE_PIECE_VECS);
     const int64_t nclusters = p.n_rows < active[c] ? p.n_rows : active[c];
     if (plan) {
+        plan->schedule = CE_SCHED_STREAM;
+        plan->stages = 0;
         plan->cluster = c;
         plan->pieces = npieces;
         plan->clusters = (int)nclusters;
@@ -704,15 +1128,17 @@ static lf_status ce_launch_kernel(const ce_kparams &p, int max_cluster, ce_plan 
 }
 
 template <typename T>
-static lf_status ce_dispatch(const ce_kparams &p, bool grad, bool full, bool softcap, int max_cluster, ce_plan *plan,
-                             cudaStream_t s, cudaError_t *e)
+static lf_status ce_dispatch(const ce_kparams &p, bool grad, bool full, bool softcap, const ce_args *a, cudaStream_t s,
+                             cudaError_t *e)
 {
-    if (!grad) return softcap ? ce_launch_kernel<T, false, true, true>(p, max_cluster, plan, s, e)
-                              : ce_launch_kernel<T, false, true, false>(p, max_cluster, plan, s, e);
-    if (full) return softcap ? ce_launch_kernel<T, true, true, true>(p, max_cluster, plan, s, e)
-                             : ce_launch_kernel<T, true, true, false>(p, max_cluster, plan, s, e);
-    return softcap ? ce_launch_kernel<T, true, false, true>(p, max_cluster, plan, s, e)
-                   : ce_launch_kernel<T, true, false, false>(p, max_cluster, plan, s, e);
+    const int mc = a->max_cluster, sc = a->schedule, ns = a->stages;
+    ce_plan *const pl = a->plan;
+    if (!grad) return softcap ? ce_launch_kernel<T, false, true, true>(p, mc, sc, ns, pl, s, e)
+                              : ce_launch_kernel<T, false, true, false>(p, mc, sc, ns, pl, s, e);
+    if (full) return softcap ? ce_launch_kernel<T, true, true, true>(p, mc, sc, ns, pl, s, e)
+                             : ce_launch_kernel<T, true, true, false>(p, mc, sc, ns, pl, s, e);
+    return softcap ? ce_launch_kernel<T, true, false, true>(p, mc, sc, ns, pl, s, e)
+                   : ce_launch_kernel<T, true, false, false>(p, mc, sc, ns, pl, s, e);
 }
 
 /* Whether a gradient buffer overlaps the logits other than in place (the same rows, the same
@@ -739,6 +1165,10 @@ static lf_status ce_launch(const ce_args *a, cudaStream_t stream, cudaError_t *c
     if (a->n_rows < 0 || a->vocab < 1 || a->vocab > 0x7fffffff || a->stride < a->vocab) return LF_ERR_SIZE;
     if (a->dtype != LF_F32 && a->dtype != LF_BF16 && a->dtype != LF_F16) return LF_ERR_ARG;
     if ((int)a->reduction < 0 || (int)a->reduction > 2) return LF_ERR_ARG;
+    /* stages: at least 2 (a stage is refilled at the next row's block merge, see ce_resident_kernel) */
+    if (a->schedule < CE_SCHED_AUTO || a->schedule > CE_SCHED_RESIDENT || a->stages < 0 || a->stages == 1 ||
+        a->stages > CE_RES_MAX_STAGES || a->max_cluster < 0)
+        return LF_ERR_ARG;
     if (a->grad && a->grad_stride < a->vocab) return LF_ERR_SIZE;
     if (a->grad && a->n_rows > 0) {
         if (ce_grad_overlaps(a->logits, a->stride, a->grad, a->grad_stride, a->n_rows, a->vocab, a->dtype)) return LF_ERR_ARG;
@@ -784,16 +1214,16 @@ static lf_status ce_launch(const ce_args *a, cudaStream_t stream, cudaError_t *c
     p.ws_z = p.ws_loss + a->n_rows;
 
     if (a->reduction == LF_REDUCE_MEAN && !a->divisor) {
-        ce_divisor_kernel<<<1, 1024, 0, stream>>>(p);
+        ce_divisor_kernel<<<1, CE_DIV_THREADS, 0, stream>>>(p);
         CE_CHECK(cudaGetLastError());
     }
     const bool grad = a->grad != NULL;
     const bool full = !grad || p.eps > 0.0f || a->entropy || a->argmax || a->n_correct;
     const bool softcap = p.xf.softcap > 0.0f;
     switch (a->dtype) {
-    case LF_F32: return ce_dispatch<float>(p, grad, full, softcap, a->max_cluster, a->plan, stream, cuda_err);
-    case LF_BF16: return ce_dispatch<__nv_bfloat16>(p, grad, full, softcap, a->max_cluster, a->plan, stream, cuda_err);
-    default: return ce_dispatch<__half>(p, grad, full, softcap, a->max_cluster, a->plan, stream, cuda_err);
+    case LF_F32: return ce_dispatch<float>(p, grad, full, softcap, a, stream, cuda_err);
+    case LF_BF16: return ce_dispatch<__nv_bfloat16>(p, grad, full, softcap, a, stream, cuda_err);
+    default: return ce_dispatch<__half>(p, grad, full, softcap, a, stream, cuda_err);
     }
 }
 

@@ -43,9 +43,15 @@ struct Case {
     float outlier = 40.0f;        /* 1e4: huge-value case */
     bool determinism = false;     /* run twice, compare bits */
     bool check_all = false;       /* check every row against the reference whatever the size */
+    int schedule = CE_SCHED_AUTO; /* forced schedule (CE_SCHED_RESIDENT: sm_90 only) */
+    int stages = 0;               /* resident: stages per CTA (0 automatic) */
     int expect_cluster = 0;       /* on sm_90: the plan must use clusters of this size ... */
-    int expect_pieces = 0;        /* ... and this many pieces per slice (0: don't care) */
+    int expect_pieces = 0;        /* ... and this many pieces per slice (0: don't care) ... */
+    int expect_schedule = 0;      /* ... and this schedule ... */
+    int expect_stages = 0;        /* ... and this many stages */
 };
+
+static const char *sched_name(int s) { return s == CE_SCHED_STREAM ? " [streamed]" : s == CE_SCHED_RESIDENT ? " [resident]" : ""; }
 
 static int g_cc_major = 0;
 
@@ -60,7 +66,8 @@ static void gen_device(void *x, const Case &c, int64_t stride, uint64_t seed)
 /* Run one case: launch, then check everything. */
 static void run_case(const Case &c)
 {
-    snprintf(g_case, sizeof g_case, "%s N=%lld V=%lld %s", c.name, (long long)c.N, (long long)c.V, dt_name(c.dt));
+    snprintf(g_case, sizeof g_case, "%s%s N=%lld V=%lld %s", c.name, sched_name(c.schedule), (long long)c.N, (long long)c.V,
+             dt_name(c.dt));
     const int fails_before = g_fail;
     uint64_t rs = g_seed ^ mix64((uint64_t)c.N * 1315423911ull + (uint64_t)c.V * 2654435761ull + (uint64_t)c.dt);
     const uint64_t data_seed = mix64(rs + 7);
@@ -271,6 +278,8 @@ static void run_case(const Case &c)
     a.workspace = ws.p;
     a.workspace_bytes = ws.bytes;
     a.max_cluster = c.max_cluster;
+    a.schedule = c.schedule;
+    a.stages = c.stages;
     ce_plan plan;
     memset(&plan, 0, sizeof plan);
     a.plan = &plan;
@@ -307,6 +316,12 @@ static void run_case(const Case &c)
         EXPECT(plan.cluster == c.expect_cluster, "plan: cluster %d, want %d", plan.cluster, c.expect_cluster);
     if (g_cc_major >= 9 && c.expect_pieces)
         EXPECT(plan.pieces == c.expect_pieces, "plan: %d pieces, want %d", plan.pieces, c.expect_pieces);
+    if (g_cc_major >= 9 && c.expect_schedule)
+        EXPECT(plan.schedule == c.expect_schedule, "plan: schedule %d, want %d", plan.schedule, c.expect_schedule);
+    if (g_cc_major >= 9 && c.expect_stages)
+        EXPECT(plan.stages == c.expect_stages, "plan: %d stages, want %d", plan.stages, c.expect_stages);
+    if (c.schedule != CE_SCHED_AUTO)
+        EXPECT(plan.schedule == c.schedule, "plan: schedule %d, forced %d", plan.schedule, c.schedule);
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
 
@@ -504,6 +519,20 @@ static void test_arguments(void)
     b = a;
     b.labels = NULL;
     EXPECT(ce_launch(&b, 0, &ce) == LF_ERR_NULL, "NULL labels accepted");
+    b = a;
+    b.schedule = 3;
+    EXPECT(ce_launch(&b, 0, &ce) == LF_ERR_ARG, "schedule 3 accepted");
+    b = a;
+    b.stages = 1; /* a ring of one stage cannot be refilled ahead */
+    EXPECT(ce_launch(&b, 0, &ce) == LF_ERR_ARG, "1 stage accepted");
+    b = a;
+    b.stages = CE_RES_MAX_STAGES + 1;
+    EXPECT(ce_launch(&b, 0, &ce) == LF_ERR_ARG, "too many stages accepted");
+    if (g_cc_major < 9) {
+        b = a;
+        b.schedule = CE_SCHED_RESIDENT;
+        EXPECT(ce_launch(&b, 0, &ce) == LF_ERR_DEVICE, "resident schedule accepted below sm_90");
+    }
     /* N = 0: nothing launched, reduced loss 0 */
     b = a;
     b.n_rows = 0;
@@ -605,29 +634,38 @@ int main(int argc, char **argv)
 
     /* Sweep: every V x N x dtype. N = 4096 runs the plain fused path (no extra statistics) into a
      * separate poisoned buffer; N = 3 the full path (smoothing, z-loss, statistics, bad labels);
-     * N = 1 in place with reduction none and a per-row upstream gradient. */
+     * N = 1 in place with reduction none and a per-row upstream gradient; forward-only statistics
+     * of 1000 rows. Then the full, the plain and the forward path again on the schedule the
+     * automatic plan did not take (sm_90): streamed where it chose the row-resident one (a
+     * gradient, rows of 8 KB or more), resident where it streamed. */
     for (lf_dtype dt : dts)
         for (int vi = 0; vi < nV; ++vi)
-            for (int ni = 0; ni < 4; ++ni) {
+            for (int ni = 0; ni < 7; ++ni) {
                 Case c;
-                c.name = ni == 3 ? "sweep forward stats" : ni == 2 ? "sweep plain" : ni == 1 ? "sweep full" : "sweep in-place none";
+                const int nj = ni >= 4 ? ni - 3 : ni; /* 4: as 1 (full), 5: as 2 (plain), 6: as 3 (forward) */
+                if (ni >= 4) {
+                    if (g_cc_major < 9) continue; /* everything is streamed there already */
+                    const bool auto_resident = nj != 3 && (double)Vs[vi] * lf_dtype_size(dt) >= CE_RES_MIN_SLICE;
+                    c.schedule = auto_resident ? CE_SCHED_STREAM : CE_SCHED_RESIDENT;
+                }
+                c.name = nj == 3 ? "sweep forward stats" : nj == 2 ? "sweep plain" : nj == 1 ? "sweep full" : "sweep in-place none";
                 c.dt = dt;
                 c.V = Vs[vi];
-                c.N = ni == 3 ? (g_small ? 300 : 1000) : Ns[ni];
-                if (ni == 3) {
+                c.N = nj == 3 ? (g_small ? 300 : 1000) : Ns[nj];
+                if (nj == 3) {
                     /* forward only, several rows per CTA: the deferred row merge */
                     c.grad = 0;
                     c.stats = true;
                     c.red = LF_REDUCE_NONE;
                     c.plant_ties = true;
                     c.bad_frac = 0.05;
-                } else if (ni == 1) {
+                } else if (nj == 1) {
                     c.eps = 0.1f;
                     c.lam = 1e-4f;
                     c.stats = true;
                     c.bad_frac = 0.3;
                     c.lab64 = 0;
-                } else if (ni == 0) {
+                } else if (nj == 0) {
                     c.grad = 2;
                     c.red = LF_REDUCE_NONE;
                     c.dloss = true;
@@ -636,12 +674,15 @@ int main(int argc, char **argv)
                 run_case(c);
             }
 
-    /* Options one at a time and together, at three vocabularies (one CTA, a 3-CTA cluster, a
-     * 10-CTA cluster on sm_90), every dtype. */
+    /* Options one at a time and together, at three vocabularies, every dtype, on the automatic plan
+     * and (sm_90) again on the other schedule: the smallest V forced row-resident, the others forced
+     * streamed (one CTA, a 3-CTA cluster, a 10-CTA cluster). */
     const int64_t Vo_full[3] = {1000, 50257, 151936}, Vo_small[3] = {1000, 3001, 16385};
+    for (int pass = 0; pass < (g_cc_major >= 9 ? 2 : 1); ++pass)
     for (lf_dtype dt : dts)
         for (int vi = 0; vi < 3; ++vi) {
             Case b;
+            if (pass == 1) b.schedule = vi == 0 ? CE_SCHED_RESIDENT : CE_SCHED_STREAM;
             b.dt = dt;
             b.V = g_small ? Vo_small[vi] : Vo_full[vi];
             b.N = g_small ? 9 : 67;
@@ -684,6 +725,7 @@ int main(int argc, char **argv)
             c.name = k == 0 ? "V=256K without clusters" : k == 1 ? "V=256K clusters of 3" : "V=256K clusters of 16";
             c.N = 512;
             c.V = 262144;
+            c.schedule = CE_SCHED_STREAM;
             c.max_cluster = mcs[k];
             c.expect_cluster = mcs[k];
             c.expect_pieces = pieces[k];
@@ -691,24 +733,62 @@ int main(int argc, char **argv)
             c.stats = k == 1;
             run_case(c);
         }
-        Case c; /* automatic plans: V = 32K streams 2 pieces; V = 152K clusters of 4, 3 pieces */
-        c.name = "V=32K automatic plan";
+        /* automatic plans (sm_90, bf16): row-resident, three 64-76 KB stages per CTA: V = 32K one
+         * CTA per row, V = 152K clusters of 4, V = 256K clusters of 8 */
+        const int64_t Va[3] = {32768, 151936, 262144};
+        const int ca[3] = {1, 4, 8};
+        for (int k = 0; k < 3; ++k) {
+            Case c;
+            c.name = "automatic plan";
+            c.N = 1000;
+            c.V = Va[k];
+            c.expect_schedule = CE_SCHED_RESIDENT;
+            c.expect_cluster = ca[k];
+            c.expect_pieces = 1;
+            c.expect_stages = 3;
+            run_case(c);
+        }
+        Case c;
+        c.name = "V=32K clusters of 2 (each row read once)";
         c.N = 1000;
         c.V = 32768;
-        c.expect_cluster = 1;
-        c.expect_pieces = 2;
-        run_case(c);
-        c.name = "V=152K automatic plan";
-        c.V = 151936;
-        c.expect_cluster = 4;
-        c.expect_pieces = 3;
-        run_case(c);
-        c.name = "V=32K clusters of 2 (each row read once)";
-        c.V = 32768;
+        c.schedule = CE_SCHED_STREAM;
         c.max_cluster = 2;
         c.expect_cluster = 2;
         c.expect_pieces = 1;
         run_case(c);
+        if (g_cc_major >= 9) {
+            /* resident plans off the automatic path: the smallest ring (2 stages) on a 3-CTA
+             * cluster, and the largest (8 stages of 16 KB) on clusters of 4, with smoothing and
+             * statistics (the full merge over the cluster) */
+            c = Case();
+            c.name = "resident, clusters of 3, 2 stages";
+            c.N = 700;
+            c.V = 151936;
+            c.schedule = CE_SCHED_RESIDENT;
+            c.max_cluster = 3;
+            c.stages = 2;
+            c.expect_cluster = 3;
+            c.expect_stages = 2;
+            c.eps = 0.1f;
+            c.stats = true;
+            c.plant_ties = true;
+            c.plant_nonfinite = true;
+            run_case(c);
+            c = Case();
+            c.name = "resident, clusters of 4, 8 stages";
+            c.N = 700;
+            c.V = 32768;
+            c.schedule = CE_SCHED_RESIDENT;
+            c.max_cluster = 4;
+            c.stages = 8;
+            c.expect_cluster = 4;
+            c.expect_stages = 8;
+            c.lam = 1e-4f;
+            c.stats = true;
+            c.bad_frac = 0.1;
+            run_case(c);
+        }
     }
 
     /* Many tiny rows: each persistent CTA takes > 512 rows, so its label cache (CE_LABEL_CACHE)
@@ -733,6 +813,22 @@ int main(int argc, char **argv)
         c.stats = true;
         c.plant_ties = true;
         run_case(c);
+        if (g_cc_major >= 9) { /* the resident ring cycled ~2000 times per CTA, the labels loaded ahead */
+            c.name = "250000 rows";
+            c.schedule = CE_SCHED_RESIDENT;
+            c.grad = 2;
+            c.red = LF_REDUCE_NONE;
+            c.dloss = true;
+            c.stats = false;
+            c.plant_ties = false;
+            run_case(c);
+            c.grad = 0;
+            c.dloss = false;
+            c.stats = true;
+            c.plant_ties = true;
+            c.name = "250000 rows, forward stats";
+            run_case(c);
+        }
     }
 
     /* Determinism: bit-identical loss and gradient across runs. */
@@ -751,6 +847,7 @@ int main(int argc, char **argv)
         run_case(c);
         c.max_cluster = 1;
         c.V = g_small ? 40000 : 151936;
+        c.schedule = CE_SCHED_STREAM;
         c.name = "determinism in place, re-read";
         run_case(c);
     }
