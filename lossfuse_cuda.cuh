@@ -31,14 +31,15 @@
  *     }
  *
  * Contents (in file order)
- *   1. Configuration, fast exp2, element types (lf_elem<T>: unpack/pack, get, packed max)
+ *   1. Configuration, fast exp2 (lf_ex2 on MUFU, lf_ex2_fma on the FMA pipe), element types
+ *      (lf_elem<T>: unpack/pack, get, packed max)
  *   2. Warp reductions (lf_warp_*): results broadcast to all 32 lanes
  *   3. Block reductions (lf_block_*): caller-owned scratch, results broadcast to all threads;
  *      lf_block_lse_fast (one barrier) and its halves lf_block_lse_post / _merge around a
  *      shared-memory mbarrier (lf_mbar_init / _arrive / _wait; sm_90: _arrive_tx, _init_fence)
  *   4. Vectorized row access: lf_row_span (head / 16-byte body / tail), 16-byte loads/stores
  *   5. Shared-memory pieces and the online-softmax row pass: cp.async, lf_bulk_load (sm_90:
- *      the copy engine, one instruction per row slice), lf_row_slice,
+ *      the copy engine, one instruction per row slice; lf_bulk_prefetch_l2), lf_row_slice,
  *      lf_piece_load, lf_row_edge_load (or _issue + lf_edge_resolve), lf_piece_stats (every
  *      option), lf_piece_stats_fast (no softcap / class weights: about half the instructions,
  *      lazy argmax), lf_edge_stats
@@ -96,6 +97,40 @@ static __device__ __forceinline__ float lf_ex2(float x)
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
+}
+
+/* 2^x on the FMA pipe: the same function as lf_ex2 for x <= 126 (max relative error 2.2e-7 =
+ * 2^-22.1 against ex2.approx's ~2^-22; exactly 0 below x = -126, as lf_ex2 flushes; NaN stays
+ * NaN), in 3 FADD + 5 FFMA + IMAD + FMUL instead of one MUFU.EX2. A row pass that computes an
+ * exponential per element saturates the MUFU unit (16 per clock per SM: a warp's EX2 holds it 8
+ * cycles) while the FMA pipe idles; computing some of the elements' exponentials here shortens
+ * those phases (examples/cross_entropy.cu, CE_RES_POLY; measured in bench/RESULTS.md).
+ * How: rint(x) by the 1.5*2^23 trick, 2^f for f = x - rint(x) in [-1/2, 1/2] by a degree-5
+ * minimax polynomial (fitted for relative error), rint(x) added to the exponent field. */
+static __device__ __forceinline__ float lf_ex2_fma(float x)
+{
+    const float t = x + 12582912.0f;       /* rint(x) in the low mantissa bits of t */
+    const float f = x - (t - 12582912.0f); /* exact */
+    float p = 1.327644452e-03f;
+    p = fmaf(p, f, 9.675535373e-03f);
+    p = fmaf(p, f, 5.550713465e-02f);
+    p = fmaf(p, f, 2.402212024e-01f);
+    p = fmaf(p, f, 6.931469440e-01f);
+    p = fmaf(p, f, 1.000000119e+00f);
+    /* 2^rint(x) built from its exponent field (rint(x) + 127) << 23: t's low 9 bits are rint(x)
+     * in two's complement, so one IMAD makes it for rint(x) in [-126, 127]; multiplying (not
+     * adding to p's bits) lets a NaN through, whatever its payload (the GPU's 0x7fffffff has low
+     * bits set), and overflows to +inf past 2^127.5. */
+    const float scale = __int_as_float((int)((unsigned)__float_as_int(t) * 8388608u + 1065353216u));
+    return x < -126.0f ? 0.0f : p * scale;
+}
+
+/* Elements e < NPOLY * per_vec / 8 of each 16-byte vector take lf_ex2_fma, the others lf_ex2
+ * (compile-time: the loops over e are unrolled). */
+template <int NPOLY, int PV>
+static __device__ __forceinline__ float lf_impl_ex2_mix(float x, int e)
+{
+    return e < NPOLY * PV / 8 ? lf_ex2_fma(x) : lf_ex2(x);
 }
 
 /* How raw logits x become the softmax's logits z: z = softcap(scale * x) (lossfuse.h §4).
@@ -627,6 +662,20 @@ static __device__ __forceinline__ void lf_bulk_load(void *smem, const void *gmem
 #endif
 }
 
+/* Ask the copy engine to bring `bytes` (a multiple of 16) from a 16-byte aligned global address
+ * into L2, by one thread, nothing to wait for (sm_90; nothing below). For a ring of shared-memory
+ * stages that is too small to keep enough reads in flight on its own: rows prefetched beyond the
+ * ring are then loaded into a stage from L2. */
+static __device__ __forceinline__ void lf_bulk_prefetch_l2(const void *gmem, uint32_t bytes)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(gmem), "r"(bytes) : "memory");
+#else
+    (void)gmem;
+    (void)bytes;
+#endif
+}
+
 /* The share of a row's body that CTA `rank` of `nranks` (a cluster) takes: vectors
  * [*beg, *end), contiguous, equal to within one vector. */
 static __device__ __forceinline__ void lf_row_slice(const lf_row_span &sp, int rank, int nranks, int *beg, int *end)
@@ -837,7 +886,7 @@ static __device__ __forceinline__ float lf_piece_xmax(const uint4 *buf, int vbeg
     return lf_elem<T>::mx_final(a);
 }
 
-template <int THREADS, typename T, bool ENT, bool SUMX>
+template <int THREADS, typename T, bool ENT, bool SUMX, int NPOLY = 0>
 static __device__ __forceinline__ void lf_piece_sumexp(const uint4 *buf, int vbeg, int vend, float c, float sh, float *s,
                                                        float *u2, float *sx)
 {
@@ -851,7 +900,7 @@ static __device__ __forceinline__ void lf_piece_sumexp(const uint4 *buf, int vbe
 #pragma unroll
         for (int e = 0; e < PV; ++e) {
             const float t = fmaf(x[e], c, -sh);
-            const float q = lf_ex2(t);
+            const float q = lf_impl_ex2_mix<NPOLY, PV>(t, e);
             switch (e & 3) {
             case 0: s0 += q; break;
             case 1: s1 += q; break;
@@ -876,8 +925,9 @@ static __device__ __forceinline__ void lf_piece_sumexp(const uint4 *buf, int vbe
 }
 
 /* One piece of the fast pass, pushed into st (lse; with FULL also u and, when sumx, wz = sum z)
- * and, with FULL, la (best_key: the CTA's running maximum, see above). */
-template <int THREADS, typename T, bool FULL>
+ * and, with FULL, la (best_key: the CTA's running maximum, see above). NPOLY (0..8): of each 8
+ * elements, that many exponentials on the FMA pipe (lf_ex2_fma), the rest on MUFU. */
+template <int THREADS, typename T, bool FULL, int NPOLY = 0>
 static __device__ __forceinline__ void lf_piece_stats_fast(lf_row_stats &st, lf_lazy_argmax &la, unsigned *best_key,
                                                            const uint4 *buf, const lf_row_span &sp, int vbeg, int vend,
                                                            const lf_xform &t, bool sumx)
@@ -902,9 +952,9 @@ static __device__ __forceinline__ void lf_piece_stats_fast(lf_row_stats &st, lf_
     st.lse.m = m_new;
     const float sh = (m_new == -LF_INF_F ? 0.0f : m_new) * LF_LOG2E;
     float s = 0.0f, u2 = 0.0f, sx = 0.0f;
-    if (!FULL) lf_piece_sumexp<THREADS, T, false, false>(buf, vbeg, vend, t.scale_l2e, sh, &s, &u2, &sx);
-    else if (sumx) lf_piece_sumexp<THREADS, T, true, true>(buf, vbeg, vend, t.scale_l2e, sh, &s, &u2, &sx);
-    else lf_piece_sumexp<THREADS, T, true, false>(buf, vbeg, vend, t.scale_l2e, sh, &s, &u2, &sx);
+    if (!FULL) lf_piece_sumexp<THREADS, T, false, false, NPOLY>(buf, vbeg, vend, t.scale_l2e, sh, &s, &u2, &sx);
+    else if (sumx) lf_piece_sumexp<THREADS, T, true, true, NPOLY>(buf, vbeg, vend, t.scale_l2e, sh, &s, &u2, &sx);
+    else lf_piece_sumexp<THREADS, T, true, false, NPOLY>(buf, vbeg, vend, t.scale_l2e, sh, &s, &u2, &sx);
     st.lse.s += s;
     if (FULL) {
         st.lse.u += u2 * LF_LN2;
@@ -1023,10 +1073,10 @@ static __device__ __forceinline__ void lf_piece_grad_store(T *out_row, bool vec_
  * k = lse log2e - log2|a| (lf_grad_fast_k). Unpack + FFMA + EX2 + half a pack per element: no
  * multiply. a = 0 gives k = +inf and zeros; a NaN row gives NaN. The label element is patched
  * afterwards as with lf_piece_grad_store. 16-byte stores: the output row must have the input
- * row's phase (vec_ok). */
+ * row's phase (vec_ok). NPOLY: as lf_piece_stats_fast (x c - k <= 126 holds: p_j <= 1, |a| < 2^126). */
 static __device__ __forceinline__ float lf_grad_fast_k(const lf_grad_coef &c) { return c.lse_l2e - log2f(fabsf(c.a)); }
 
-template <int THREADS, typename T, bool NEG>
+template <int THREADS, typename T, bool NEG, int NPOLY = 0>
 static __device__ __forceinline__ void lf_piece_grad_fast(T *out_row, const uint4 *buf, const lf_row_span &sp, int vbeg,
                                                           int vend, float c, float k)
 {
@@ -1038,7 +1088,7 @@ static __device__ __forceinline__ void lf_piece_grad_fast(T *out_row, const uint
         lf_elem<T>::unpack(buf[v - vbeg], x);
 #pragma unroll
         for (int e = 0; e < PV; ++e) {
-            const float q = lf_ex2(fmaf(x[e], c, -k));
+            const float q = lf_impl_ex2_mix<NPOLY, PV>(fmaf(x[e], c, -k), e);
             g[e] = NEG ? -q : q;
         }
         lf_st16(body + v, lf_elem<T>::pack(g));

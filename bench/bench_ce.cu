@@ -1,7 +1,7 @@
 /* bench/bench_ce.cu — times examples/cross_entropy.cu against the bytes-moved floor.
  *
  *   bench_ce [--shapes 4096x32768,16384x262144,...] [--iters 20] [--variants] [--clusters 0,1,2,4]
- *            [--stages 2,3,4] [--modes fwdbwd,fwd] [--tag _name]
+ *            [--stages 2,3,4] [--modes fwdbwd,fwd] [--separate-grad] [--tag _name]
  *
  * Prints machine-readable lines that bench/report.py turns into the table and chart:
  *   DEVICE name=...
@@ -15,6 +15,7 @@
  * lossfuse_nocluster (streamed, max_cluster = 1: CTAs re-read their pieces), so the design
  * choices stay measured; --clusters 0,1,2,4,8 times each cluster cap of the automatic plan
  * (lossfuse_cN); --stages 2,3,4 each stage count of the row-resident schedule (lossfuse_sN).
+ * --separate-grad writes the gradient to another buffer instead of in place (same floor bytes).
  * --tag appends to every impl name (bench/tune.sh builds variants with other tile macros).
  * Each RESULT line also says the plan chosen (cluster size, pieces per slice, CTAs).
  * Each timed launch is preceded (untimed) by restoring the logits from a pristine copy and by
@@ -34,6 +35,7 @@ int main(int argc, char **argv)
     struct variant { int max_cluster, schedule, stages; std::string name; };
     std::vector<variant> variants = {{0, CE_SCHED_AUTO, 0, "lossfuse"}};
     bool do_mode[2] = {true, true};
+    bool separate = false; /* gradient to another buffer */
     for (int i = 1; i < argc; ++i) {
         if (!strcmp(argv[i], "--shapes") && i + 1 < argc) shapes = argv[++i];
         else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
@@ -41,6 +43,7 @@ int main(int argc, char **argv)
             variants.push_back({0, CE_SCHED_STREAM, 0, "lossfuse_streamed"});
             variants.push_back({1, CE_SCHED_STREAM, 0, "lossfuse_nocluster"});
         } else if (!strcmp(argv[i], "--tag") && i + 1 < argc) tag = argv[++i];
+        else if (!strcmp(argv[i], "--separate-grad")) separate = true;
         else if (!strcmp(argv[i], "--clusters") && i + 1 < argc) { /* e.g. 0,1,2,4,8 */
             variants.clear();
             for (char *t = strtok(argv[++i], ","); t; t = strtok(NULL, ",")) {
@@ -84,8 +87,10 @@ int main(int argc, char **argv)
         int32_t *am;
         unsigned *cnt;
         const size_t wsb = ce_workspace_bytes(N);
+        void *g = nullptr;
         CK(cudaMalloc(&x, bytes));
         CK(cudaMalloc(&pristine, bytes));
+        if (separate) CK(cudaMalloc(&g, bytes));
         CK(cudaMalloc(&y, N * 8));
         CK(cudaMalloc(&loss, N * 4));
         CK(cudaMalloc(&lp, N * 4));
@@ -126,7 +131,7 @@ int main(int argc, char **argv)
                 ce_plan plan;
                 b.plan = &plan;
                 if (mode == 0) {
-                    b.grad = x;
+                    b.grad = separate ? g : x;
                     b.grad_stride = V;
                 } else {
                     b.reduction = LF_REDUCE_NONE;
@@ -166,6 +171,7 @@ int main(int argc, char **argv)
         }
         CK(cudaFree(x));
         CK(cudaFree(pristine));
+        if (g) CK(cudaFree(g));
         CK(cudaFree(y));
         CK(cudaFree(loss));
         CK(cudaFree(lp));

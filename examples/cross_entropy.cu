@@ -290,9 +290,20 @@ static __device__ __forceinline__ void ce_batch_reduce(const ce_kparams &p, unsi
     if (!*is_last) return;
     __threadfence();
     double a = 0.0, bz = 0.0;
-    for (int64_t i = threadIdx.x; i < p.n_rows; i += THREADS) {
-        a += (double)__ldcg(p.ws_loss + i); /* L2 reads: other SMs wrote these */
-        bz += (double)__ldcg(p.ws_z + i);
+    /* four rows per step, their loads issued together: the tail of the launch waits for this */
+    for (int64_t i = threadIdx.x; i < p.n_rows; i += 4 * THREADS) {
+        float l[4], z[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int64_t r = i + u * THREADS;
+            l[u] = r < p.n_rows ? __ldcg(p.ws_loss + r) : 0.0f; /* L2 reads: other SMs wrote these */
+            z[u] = r < p.n_rows ? __ldcg(p.ws_z + r) : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            a += (double)l[u];
+            bz += (double)z[u];
+        }
     }
     a = lf_block_sum_f64<THREADS>(a, fin, bar);
     lf_block_bar<THREADS>(bar); /* fin is reused below */
@@ -675,9 +686,12 @@ __global__ void __launch_bounds__(CE_THREADS, CE_CTAS_PER_SM) ce_kernel(const ce
  *   One CTA per SM (the ring takes most of the shared memory); a cluster takes consecutive
  * blockIdx.x and processes the same rows; every CTA counts itself for the batch sum. */
 #ifndef CE_RES_GROUP
-#define CE_RES_GROUP 256 /* threads per warp group; two groups per CTA */
+#define CE_RES_GROUP 256 /* threads per warp group */
 #endif
-#define CE_RES_THREADS (2 * CE_RES_GROUP)
+#ifndef CE_RES_GROUPS
+#define CE_RES_GROUPS 2 /* warp groups per CTA: rows in flight per SM (the ring needs one stage more) */
+#endif
+#define CE_RES_THREADS (CE_RES_GROUPS * CE_RES_GROUP)
 #ifndef CE_RES_MIN_STAGES
 #define CE_RES_MIN_STAGES 3 /* the automatic plan needs this many stages of a row slice */
 #endif
@@ -685,22 +699,30 @@ __global__ void __launch_bounds__(CE_THREADS, CE_CTAS_PER_SM) ce_kernel(const ce
 #define CE_RES_MIN_SLICE 8192 /* bytes: smaller rows stay with the streaming schedule */
 #endif
 #define CE_RES_MAX_STAGES 8
+#ifndef CE_RES_PREFETCH
+#define CE_RES_PREFETCH 1 /* rows beyond the ring prefetched into L2 (0: none; measured: 1 best) */
+#endif
+#ifndef CE_RES_POLY
+#define CE_RES_POLY 0 /* of each 8 elements, exponentials on the FMA pipe (lf_ex2_fma), fast path */
+#endif
 
 template <typename T, bool GRAD, bool FULL, bool SOFTCAP>
 __global__ void __launch_bounds__(CE_RES_THREADS, 1)
     ce_resident_kernel(const ce_kparams p, int nranks, int nstages, int stage_vecs, int nclusters)
 {
-    constexpr int TH = CE_RES_GROUP; /* the collectives run per group */
+    constexpr int TH = CE_RES_GROUP, G = CE_RES_GROUPS; /* the collectives run per group */
+    static_assert(G >= 1 && G <= 8 && TH % 32 == 0, "CE_RES_GROUPS in 1..8, CE_RES_GROUP a multiple of 32");
     extern __shared__ uint4 ce_smem[]; /* [nstages][stage_vecs] */
     __shared__ uint64_t full[CE_RES_MAX_STAGES];   /* a stage's slice has landed (phase per use) */
     __shared__ int64_t stage_y[CE_RES_MAX_STAGES];  /* the label of the row in the stage */
     __shared__ int64_t stage_k[CE_RES_MAX_STAGES];  /* the ticket: local row last loaded, -1 none */
-    __shared__ lf_row_stats red[2][CE_SLOTS][TH / 32];
-    __shared__ lf_row_stats xs[2][2][16];           /* cluster exchange: per group, two sets */
-    __shared__ uint64_t xbar[2][2];
-    __shared__ unsigned am_key[2][CE_SLOTS];
-    __shared__ int am_nan[2][CE_SLOTS];
-    __shared__ float xy_s[2][CE_SLOTS];
+    __shared__ int64_t stage_y0[CE_RES_MAX_STAGES + CE_RES_PREFETCH]; /* labels of the first rows */
+    __shared__ lf_row_stats red[G][CE_SLOTS][TH / 32];
+    __shared__ lf_row_stats xs[G][2][16];           /* cluster exchange: per group, two sets */
+    __shared__ uint64_t xbar[G][2];
+    __shared__ unsigned am_key[G][CE_SLOTS];
+    __shared__ int am_nan[G][CE_SLOTS];
+    __shared__ float xy_s[G][CE_SLOTS];
     __shared__ double fin[TH / 32];
     __shared__ int is_last;
 
@@ -713,7 +735,7 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
             lf_mbar_init(&full[q], 1);
             stage_k[q] = -1;
         }
-        for (int g = 0; g < 2; ++g) {
+        for (int g = 0; g < G; ++g) {
             lf_mbar_init(&xbar[g][0], (unsigned)nranks);
             lf_mbar_init(&xbar[g][1], (unsigned)nranks);
         }
@@ -723,6 +745,9 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
         am_key[grp][threadIdx.x] = lf_argmax_key(-LF_INF_F);
         am_nan[grp][threadIdx.x] = INT_MAX;
     }
+    /* the first rows' labels (the ring's, then the prefetched ones), in parallel */
+    if (grp == G - 1 && (int)threadIdx.x < nstages + CE_RES_PREFETCH && threadIdx.x < my_rows)
+        stage_y0[threadIdx.x] = ce_label(p, cid + (int64_t)threadIdx.x * nclusters);
     __syncthreads();
     if (nranks > 1) lf_cluster_sync(); /* every CTA's mbarriers exist before any post */
 
@@ -731,36 +756,48 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
     float inv_div = GRAD && p.reduction == LF_REDUCE_MEAN ? -1.0f : 1.0f;
     const float dl_all = (GRAD && p.dloss && p.reduction != LF_REDUCE_NONE) ? p.dloss[0] : 1.0f;
 
-    /* Load local row kk (label y) into stage q: by one thread. */
-    auto load = [&](int q, int64_t kk, int64_t y) {
-        const int64_t row = cid + kk * nclusters;
-        stage_y[q] = y; /* published by the arrive (release) */
-        *(volatile int64_t *)&stage_k[q] = kk;
-        uint32_t bytes = 0;
-        const T *x = (const T *)p.logits + row * p.stride;
+    /* The body slice of local row kk this CTA takes: its address and bytes (0: an ignored or bad
+     * row, nothing to load). */
+    auto slice_of = [&](int64_t kk, int64_t y, const uint4 **src) -> uint32_t {
+        const T *x = (const T *)p.logits + (cid + kk * nclusters) * p.stride;
         const lf_row_span sp = lf_row_span_make(x, V);
         int sb = 0, se = 0;
-        if (y != p.ignore_index && y >= 0 && y < V) {
-            lf_row_slice(sp, rank, nranks, &sb, &se);
-            bytes = (uint32_t)(se - sb) * 16u;
-        }
+        if (y != p.ignore_index && y >= 0 && y < V) lf_row_slice(sp, rank, nranks, &sb, &se);
+        *src = reinterpret_cast<const uint4 *>(x + sp.head) + sb;
+        return (uint32_t)(se - sb) * 16u;
+    };
+    /* Load local row kk (label y) into stage q: by one thread. */
+    auto load = [&](int q, int64_t kk, int64_t y) {
+        stage_y[q] = y; /* published by the arrive (release) */
+        *(volatile int64_t *)&stage_k[q] = kk;
+        const uint4 *src;
+        const uint32_t bytes = slice_of(kk, y, &src);
         if (bytes == 0) {
             lf_mbar_arrive(&full[q]);
         } else {
             lf_mbar_arrive_tx(&full[q], bytes);
-            lf_bulk_load(ce_smem + (size_t)q * stage_vecs, reinterpret_cast<const uint4 *>(x + sp.head) + sb, bytes, &full[q]);
+            lf_bulk_load(ce_smem + (size_t)q * stage_vecs, src, bytes, &full[q]);
         }
     };
-    if (threadIdx.x == 0 && grp == 0)
-        for (int q = 0; q < nstages && q < my_rows; ++q) load(q, q, ce_label(p, cid + q * nclusters));
+    /* Prefetch local row kk (label y) into L2, if it exists and is valid: by one thread. */
+    auto prefetch = [&](int64_t kk, int64_t y) {
+        if (CE_RES_PREFETCH == 0 || kk >= my_rows) return;
+        const uint4 *src;
+        const uint32_t bytes = slice_of(kk, y, &src);
+        if (bytes) lf_bulk_prefetch_l2(src, bytes);
+    };
+    if (threadIdx.x == 0 && grp == 0) {
+        for (int q = 0; q < nstages && q < my_rows; ++q) load(q, q, stage_y0[q]);
+        for (int j = 0; j < CE_RES_PREFETCH; ++j) prefetch(nstages + j, nstages + j < my_rows ? stage_y0[nstages + j] : 0);
+    }
 
     const bool fast = !SOFTCAP && p.class_w == nullptr;
     const bool fast_grad = fast && p.eps == 0.0f;
     unsigned x_phase = 0; /* bit q: parity of xbar[grp][q]'s next phase */
     int xq = 0, par = 0;
-    int q = grp;          /* stage of local row k: k mod nstages (nstages >= 2) */
+    int q = grp;          /* stage of local row k: k mod nstages (nstages > G) */
     unsigned use_par = 0; /* parity of k / nstages: the stage's phase for row k */
-    for (int64_t k = grp; k < my_rows; k += 2) {
+    for (int64_t k = grp; k < my_rows; k += G) {
         const int64_t row = cid + k * nclusters;
         const T *x = (const T *)p.logits + row * p.stride;
         T *out = GRAD ? (T *)p.grad + row * p.grad_stride : nullptr;
@@ -773,6 +810,8 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
         const float dl = (GRAD && p.dloss && p.reduction == LF_REDUCE_NONE) ? p.dloss[row] : 1.0f;
         const int64_t k_next = k + nstages; /* the row this stage takes next */
         const int64_t y_next = (threadIdx.x == 0 && k_next < my_rows) ? ce_label(p, cid + k_next * nclusters) : 0;
+        const int64_t k_pf = k_next + CE_RES_PREFETCH; /* prefetched into L2 with the reload */
+        const int64_t y_pf = (CE_RES_PREFETCH && threadIdx.x == 0 && k_pf < my_rows) ? ce_label(p, cid + k_pf * nclusters) : 0;
 
         while (*(volatile int64_t *)&stage_k[q] != k) { /* the stage's previous use is over */
         }
@@ -788,7 +827,7 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
             lf_row_slice(sp, rank, nranks, &sb, &se);
             lf_row_stats st = lf_row_stats_init();
             lf_lazy_argmax la = lf_lazy_argmax_init();
-            if (fast) lf_piece_stats_fast<TH, T, FULL>(st, la, &am_key[grp][par], b, sp, sb, se, p.xf, p.eps > 0.0f);
+            if (fast) lf_piece_stats_fast<TH, T, FULL, CE_RES_POLY>(st, la, &am_key[grp][par], b, sp, sb, se, p.xf, p.eps > 0.0f);
             else lf_piece_stats<TH, T, FULL, SOFTCAP>(st, b, sp, sb, se, p.xf, p.class_w);
             const lf_edge edge = lf_edge_resolve<T>(eraw);
             lf_edge_stats<FULL, SOFTCAP>(st, edge, p.xf, p.class_w);
@@ -852,8 +891,8 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
                 if (rank == 0) lf_edge_grad_store<FULL, SOFTCAP>(out, edge, coef, p.xf, p.class_w);
                 if (fast_grad && vec_ok) {
                     const float fast_k = lf_grad_fast_k(coef);
-                    if (coef.a < 0.0f) lf_piece_grad_fast<TH, T, true>(out, b, sp, sb, se, p.xf.scale_l2e, fast_k);
-                    else lf_piece_grad_fast<TH, T, false>(out, b, sp, sb, se, p.xf.scale_l2e, fast_k);
+                    if (coef.a < 0.0f) lf_piece_grad_fast<TH, T, true, CE_RES_POLY>(out, b, sp, sb, se, p.xf.scale_l2e, fast_k);
+                    else lf_piece_grad_fast<TH, T, false, CE_RES_POLY>(out, b, sp, sb, se, p.xf.scale_l2e, fast_k);
                 } else {
                     lf_piece_grad_store<TH, FULL, SOFTCAP>(out, vec_ok, b, sp, sb, se, coef, p.xf, p.class_w);
                 }
@@ -863,10 +902,16 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
             if (threadIdx.x == 0 && rank == lf_row_owner_rank<T>(y, sp, nranks))
                 ce_row_outputs<FULL, SOFTCAP>(p, row, y, st, xy_s[grp][rpar]);
         }
-        lf_block_bar<TH>(bar); /* the whole group is done with the stage: reload it */
-        if (threadIdx.x == 0 && k_next < my_rows) load(q, k_next, y_next);
-        /* the group's next row, k + 2 */
-        q += 2;
+        /* The whole group is done with the stage: its thread 0 reloads it. (Measured: letting the
+         * last warp to finish reload it instead, counted with a shared atomic, is no faster; with a
+         * fence before the count it is 9% slower, the fence waiting for the gradient stores.) */
+        lf_block_bar<TH>(bar);
+        if (threadIdx.x == 0 && k_next < my_rows) {
+            load(q, k_next, y_next);
+            prefetch(k_pf, y_pf);
+        }
+        /* the group's next row, k + G */
+        q += G;
         if (q >= nstages) {
             q -= nstages;
             use_par ^= 1u;
@@ -976,6 +1021,7 @@ static lf_status ce_launch_resident(const ce_kparams &p, int max_cluster, int st
         } else if (ns < CE_RES_MIN_STAGES) {
             continue;
         }
+        if (ns <= CE_RES_GROUPS) continue; /* each group holds a stage: one more is loading */
         if (!forced && c == 1 && bytes < CE_RES_MIN_SLICE) break; /* short rows: streamed */
         const int dyn = (int)(ns * bytes);
         int groups = 0;
@@ -988,7 +1034,7 @@ static lf_status ce_launch_resident(const ce_kparams &p, int max_cluster, int st
             cudaLaunchConfig_t cfg = {};
             cudaLaunchAttribute attr = {};
             cfg.gridDim = dim3((unsigned)c, 1, 1);
-            cfg.blockDim = dim3(CE_RES_GROUP, 2, 1);
+            cfg.blockDim = dim3(CE_RES_GROUP, CE_RES_GROUPS, 1);
             cfg.dynamicSmemBytes = (size_t)dyn;
             attr.id = cudaLaunchAttributeClusterDimension;
             attr.val.clusterDim.x = (unsigned)c;
@@ -1022,7 +1068,7 @@ static lf_status ce_launch_resident(const ce_kparams &p, int max_cluster, int st
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute attr[2] = {};
     cfg.gridDim = dim3((unsigned)(nclusters * best_c), 1, 1);
-    cfg.blockDim = dim3(CE_RES_GROUP, 2, 1);
+    cfg.blockDim = dim3(CE_RES_GROUP, CE_RES_GROUPS, 1);
     cfg.dynamicSmemBytes = (size_t)best_ns * best_sv * 16;
     cfg.stream = stream;
     cfg.attrs = attr;

@@ -545,6 +545,92 @@ static void test_arguments(void)
     printf("%-4s %s\n", "ok", g_case);
 }
 
+/* lf_ex2_fma (2^x on the FMA pipe) against exp2 in double: every float in [-130, 64] on a grid
+ * of 2^-12 plus random values, the flush below -126 (exactly 0, as lf_ex2), -inf -> 0, NaN ->
+ * NaN; and the gradient writer with half of each vector's exponentials on the FMA pipe (NPOLY 4)
+ * against the all-MUFU one (lf_piece_grad_fast), bf16, from a shared-memory piece. */
+__global__ void ex2_fma_kernel(const float *x, float *y, float *y_mufu, int n)
+{
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        y[i] = lf_ex2_fma(x[i]);
+        y_mufu[i] = lf_ex2(x[i]);
+    }
+}
+template <int NPOLY>
+__global__ void grad_mix_kernel(const __nv_bfloat16 *row, __nv_bfloat16 *out, int V, float c, float k)
+{
+    __shared__ uint4 buf[1024];
+    const lf_row_span sp = lf_row_span_make(row, V);
+    const uint4 *body = reinterpret_cast<const uint4 *>(row + sp.head);
+    for (int v = threadIdx.x; v < sp.nvec; v += 256) buf[v] = body[v];
+    __syncthreads();
+    lf_piece_grad_fast<256, __nv_bfloat16, false, NPOLY>(out, buf, sp, 0, sp.nvec, c, k);
+}
+
+static void test_ex2_fma(void)
+{
+    snprintf(g_case, sizeof g_case, "lf_ex2_fma vs exp2");
+    std::vector<float> xs;
+    for (double v = -130.0; v <= 64.0; v += 1.0 / 4096) xs.push_back((float)v);
+    uint64_t rs = g_seed + 11;
+    for (int i = 0; i < 200000; ++i) xs.push_back((float)(-140.0 + 200.0 * rng_u(&rs)));
+    for (float v : {-126.0f, -125.99f, -126.01f, -0.0f, 0.0f, 0.5f, -0.5f, 0.49999997f, -0.49999997f, 126.0f}) xs.push_back(v);
+    xs.push_back(-INFINITY);
+    xs.push_back(NAN);
+    const int n = (int)xs.size();
+    DevBuf xd(n * 4), yd(n * 4), ym(n * 4);
+    CK(cudaMemcpy(xd.p, xs.data(), n * 4, cudaMemcpyHostToDevice));
+    ex2_fma_kernel<<<(n + 255) / 256, 256>>>((const float *)xd.p, (float *)yd.p, (float *)ym.p, n);
+    CK(cudaGetLastError());
+    std::vector<float> y(n), ymu(n);
+    CK(cudaMemcpy(y.data(), yd.p, n * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(ymu.data(), ym.p, n * 4, cudaMemcpyDeviceToHost));
+    double worst = 0.0, worst_mufu = 0.0;
+    int bad = 0;
+    for (int i = 0; i < n; ++i) {
+        const float x = xs[i];
+        if (x != x) {
+            bad += !(y[i] != y[i]);
+            continue;
+        }
+        if (x < -126.0f) { /* flushed, as the MUFU's ex2.approx.ftz (which flushes its subnormal results) */
+            bad += y[i] != 0.0f;
+            continue;
+        }
+        const double want = exp2((double)x);
+        const double e = fabs((double)y[i] - want) / want, em = fabs((double)ymu[i] - want) / want;
+        if (!(e <= 2.5e-7)) ++bad;
+        worst = std::max(worst, e);
+        if (x >= -125.0f) worst_mufu = std::max(worst_mufu, em);
+    }
+    EXPECT(bad == 0, "%d values off (worst relative error %.3g; ex2.approx's %.3g)", bad, worst, worst_mufu);
+
+    /* the gradient writer: NPOLY 4 within 2^-8 + 2.5e-7 relative (bf16 rounding) of NPOLY 0 */
+    const int V = 8000;
+    Case c;
+    c.N = 1;
+    c.V = V;
+    DevBuf xr(V * 2), g0(V * 2), g4(V * 2);
+    gen_device(xr.p, c, V, mix64(g_seed + 13));
+    const float cc = 1.4426950f, kk = 12.0f;
+    grad_mix_kernel<0><<<1, 256>>>((const __nv_bfloat16 *)xr.p, (__nv_bfloat16 *)g0.p, V, cc, kk);
+    grad_mix_kernel<4><<<1, 256>>>((const __nv_bfloat16 *)xr.p, (__nv_bfloat16 *)g4.p, V, cc, kk);
+    CK(cudaGetLastError());
+    std::vector<uint16_t> h0(V), h4(V);
+    CK(cudaMemcpy(h0.data(), g0.p, V * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(h4.data(), g4.p, V * 2, cudaMemcpyDeviceToHost));
+    int off = 0, differ = 0;
+    for (int j = 0; j < V; ++j) {
+        const double a = lf_bf16_to_f32(h0[j]), b = lf_bf16_to_f32(h4[j]);
+        differ += h0[j] != h4[j];
+        if (!(fabs(a - b) <= (0x1p-7 + 5e-7) * fabs(a) + 1e-37)) ++off;
+    }
+    EXPECT(off == 0, "%d of %d gradient elements differ by more than one bf16 step (NPOLY 4 vs 0)", off, V);
+    printf("%-4s %s (worst relative error %.3g, ex2.approx %.3g; %d of %d bf16 gradients differ in the last bit)\n",
+           bad == 0 && off == 0 ? "ok" : "FAIL", g_case, worst, worst_mufu, differ, V);
+}
+
 /* A captured graph replays to the same bits as the eager launch (the completion counter resets). */
 static void test_graph(void)
 {
@@ -622,6 +708,7 @@ int main(int argc, char **argv)
            g_small ? ", small sizes" : "");
 
     test_arguments();
+    test_ex2_fma();
     test_graph();
 
     const lf_dtype dts[3] = {LF_BF16, LF_F16, LF_F32};
@@ -758,18 +845,18 @@ int main(int argc, char **argv)
         c.expect_pieces = 1;
         run_case(c);
         if (g_cc_major >= 9) {
-            /* resident plans off the automatic path: the smallest ring (2 stages) on a 3-CTA
-             * cluster, and the largest (8 stages of 16 KB) on clusters of 4, with smoothing and
-             * statistics (the full merge over the cluster) */
+            /* resident plans off the automatic path: the smallest ring (one stage more than the
+             * warp groups) on a 3-CTA cluster, and the largest (8 stages of 16 KB) on clusters of
+             * 4, with smoothing and statistics (the full merge over the cluster) */
             c = Case();
-            c.name = "resident, clusters of 3, 2 stages";
+            c.name = "resident, clusters of 3, smallest ring";
             c.N = 700;
-            c.V = 151936;
+            c.V = 100000;
             c.schedule = CE_SCHED_RESIDENT;
             c.max_cluster = 3;
-            c.stages = 2;
+            c.stages = CE_RES_GROUPS + 1;
             c.expect_cluster = 3;
-            c.expect_stages = 2;
+            c.expect_stages = CE_RES_GROUPS + 1;
             c.eps = 0.1f;
             c.stats = true;
             c.plant_ties = true;
