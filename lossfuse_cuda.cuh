@@ -99,9 +99,10 @@ static __device__ __forceinline__ float lf_ex2(float x)
     return y;
 }
 
-/* 2^x on the FMA pipe: the same function as lf_ex2 for x <= 126 (max relative error 2.2e-7 =
- * 2^-22.1 against ex2.approx's ~2^-22; exactly 0 below x = -126, as lf_ex2 flushes; NaN stays
- * NaN), in 3 FADD + 5 FFMA + IMAD + FMUL instead of one MUFU.EX2. A row pass that computes an
+/* 2^x on the FMA pipe: the same function as lf_ex2 for x in [-126, 127.5) (max relative error
+ * 2.2e-7 = 2^-22.1 against ex2.approx's ~2^-22), exactly 0 below -126 (lf_ex2 flushes there), +inf
+ * from 127.5 on (true values from 2.4e38; lf_ex2 is finite up to 128), NaN stays NaN; in 3 FADD +
+ * 5 FFMA + IMAD + FMUL + 2 selects instead of one MUFU.EX2. A row pass that computes an
  * exponential per element saturates the MUFU unit (16 per clock per SM: a warp's EX2 holds it 8
  * cycles) while the FMA pipe idles; computing some of the elements' exponentials here shortens
  * those phases (examples/cross_entropy.cu, CE_RES_POLY; measured in bench/RESULTS.md).
@@ -120,9 +121,10 @@ static __device__ __forceinline__ float lf_ex2_fma(float x)
     /* 2^rint(x) built from its exponent field (rint(x) + 127) << 23: t's low 9 bits are rint(x)
      * in two's complement, so one IMAD makes it for rint(x) in [-126, 127]; multiplying (not
      * adding to p's bits) lets a NaN through, whatever its payload (the GPU's 0x7fffffff has low
-     * bits set), and overflows to +inf past 2^127.5. */
+     * bits set). Outside that range the field wraps: the selects give 0 and +inf there (NaN
+     * fails both compares and passes). */
     const float scale = __int_as_float((int)((unsigned)__float_as_int(t) * 8388608u + 1065353216u));
-    return x < -126.0f ? 0.0f : p * scale;
+    return x < -126.0f ? 0.0f : (x >= 127.5f ? LF_INF_F : p * scale);
 }
 
 /* Elements e < NPOLY * per_vec / 8 of each 16-byte vector take lf_ex2_fma, the others lf_ex2
@@ -1073,7 +1075,8 @@ static __device__ __forceinline__ void lf_piece_grad_store(T *out_row, bool vec_
  * k = lse log2e - log2|a| (lf_grad_fast_k). Unpack + FFMA + EX2 + half a pack per element: no
  * multiply. a = 0 gives k = +inf and zeros; a NaN row gives NaN. The label element is patched
  * afterwards as with lf_piece_grad_store. 16-byte stores: the output row must have the input
- * row's phase (vec_ok). NPOLY: as lf_piece_stats_fast (x c - k <= 126 holds: p_j <= 1, |a| < 2^126). */
+ * row's phase (vec_ok). NPOLY: as lf_piece_stats_fast (its x c - k <= log2|a|: |a| >= 2^127.5
+ * gives +inf where lf_ex2 is finite up to 2^128). */
 static __device__ __forceinline__ float lf_grad_fast_k(const lf_grad_coef &c) { return c.lse_l2e - log2f(fabsf(c.a)); }
 
 template <int THREADS, typename T, bool NEG, int NPOLY = 0>

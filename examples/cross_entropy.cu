@@ -15,25 +15,34 @@
  *   upstream gradient (device scalar or per row) and a host gradient scale.
  *   Logits bf16 / fp16 / fp32 with any row stride; labels int32 or int64; fp32 loss outputs.
  *
- * How a row is read once, whatever V is
- *   Persistent CTAs of 256 threads (three per SM) stage rows in shared memory with cp.async: two
- *   32 KB buffers each, so the copies of the next piece are in flight while the current one is
- *   reduced and its gradient written (each thread copies and reads back only its own 16-byte
- *   vectors: the pipeline needs no barrier). A row larger than 32 KB may be split over a
- *   thread-block cluster of 2..16 CTAs on sm_90; the CTAs merge their 28-byte row statistics
- *   through distributed shared memory (lf_cluster_row_stats) and each writes the gradient of the
- *   slice it holds. Where a CTA's slice is larger than a buffer (always without clusters, e.g.
- *   on sm_80) it streams the slice in pieces, writes the last piece's gradient while it is still
- *   staged and reads the others a second time, last first (from L2 when they are still there):
- *   correct for any V. Automatically clusters are capped at 4 CTAs (measured: the per-row
- *   cluster barrier costs more than a second read from L2 beyond that; see ce_launch_kernel).
- *
+ * How a row is read once, whatever V is: two schedules (ce_args.schedule; see ce_schedule)
+ *   Row-resident (sm_90; the automatic choice for forward + backward): one persistent CTA per SM
+ *   keeps a ring of three or more shared-memory stages, each a whole row slice loaded by ONE bulk
+ *   copy of the copy engine (lf_bulk_load) and completing on an mbarrier; the row after the ring
+ *   is prefetched into L2 (lf_bulk_prefetch_l2). Two warp groups take alternate rows, so one
+ *   computes while the other reduces or waits. Rows wider than a stage are split over a cluster
+ *   of 2..16 CTAs, which exchange their 28-byte statistics through distributed shared memory
+ *   without a cluster barrier (lf_cluster_stats_post / _collect). Every element is read from HBM
+ *   once, then from shared memory, never again from L2.
+ *   Streamed (any GPU; forward only, and rows too short for the resident ring): persistent CTAs of
+ *   256 threads (three per SM) stage rows in shared memory with cp.async: two 32 KB buffers each,
+ *   so the copies of the next piece are in flight while the current one is reduced and its
+ *   gradient written (each thread copies and reads back only its own 16-byte vectors: the
+ *   pipeline needs no barrier). A row larger than 32 KB may be split over a cluster on sm_90
+ *   (lf_cluster_row_stats, one cluster barrier per row). Where a CTA's slice is larger than a
+ *   buffer (always without clusters, e.g. on sm_80) it streams the slice in pieces, writes the
+ *   last piece's gradient while it is still staged and reads the others a second time, last
+ *   first (from L2 when they are still there): correct for any V.
+ *   Measured (bench/RESULTS.md, bf16, gradient in place): the resident schedule reaches 87-95% of
+ *   the device-to-device copy bandwidth on an H100 and 80-85% on an H200 (a plain in-place
+ *   read-modify-write kernel: 92% there), against 76-91% and 69-79% streamed.
+
  * What keeps it near the bandwidth limit (measured, bench/RESULTS.md): per element the fast
  *   path (no softcap, no class weights) spends a packed max (two bf16 per instruction), one
  *   FFMA + EX2 + FADD for the sum, and one FFMA + EX2 + half a pack for the gradient (the
- *   coefficient folded into the exponent); the argmax is located lazily; one barrier per row;
- *   forward only, the row's merge is deferred a job through an mbarrier so that no warp waits
- *   for the slowest at the end of each row.
+ *   coefficient folded into the exponent); the argmax is located lazily; streamed forward only,
+ *   the row's merge is deferred a job through an mbarrier so that no warp waits for the slowest
+ *   at the end of each row.
 
  * Contract (as DESIGN.md)
  *   - A label outside [0, V) that is not ignore_index adds 1 to *n_errors; that row, like an
@@ -85,7 +94,8 @@ typedef struct ce_args {
     int max_cluster;      /* 0: automatic; n: at most n CTAs per cluster (1: none); the device's
                            * limit applies either way */
     int schedule;         /* CE_SCHED_AUTO (0), _STREAM or _RESIDENT: see ce_schedule */
-    int stages;           /* row-resident schedule: shared-memory stages per CTA, 2..8; 0 automatic */
+    int stages;           /* row-resident schedule: shared-memory stages per CTA, 3..8 (more than its
+                           * two warp groups); 0 automatic */
     struct ce_plan *plan; /* optional host out: the launch configuration chosen */
 } ce_args;
 
@@ -706,12 +716,33 @@ __global__ void __launch_bounds__(CE_THREADS, CE_CTAS_PER_SM) ce_kernel(const ce
 #define CE_RES_POLY 0 /* of each 8 elements, exponentials on the FMA pipe (lf_ex2_fma), fast path */
 #endif
 
+/* The stage ticket, with release / acquire at CTA scope: a group that reads the row it waits for
+ * in the ticket is then ordered after the completion of the stage's previous phase (which the
+ * loading thread waited for), so its parity wait cannot return on that older phase. Atomics, so
+ * that compute-sanitizer's racecheck sees the spin for what it is (plain release / acquire
+ * accesses are reported as a race). */
+static __device__ __forceinline__ void ce_ticket_store(int64_t *t, int64_t v)
+{
+    asm volatile("{\n\t.reg .b64 old;\n\tatom.release.cta.shared.exch.b64 old, [%0], %1;\n\t}" ::"r"(
+                     (uint32_t)__cvta_generic_to_shared(t)),
+                 "l"(v)
+                 : "memory");
+}
+static __device__ __forceinline__ int64_t ce_ticket_load(int64_t *t)
+{
+    int64_t v;
+    asm volatile("atom.acquire.cta.shared.add.u64 %0, [%1], 0;" : "=l"(v) : "r"((uint32_t)__cvta_generic_to_shared(t)) : "memory");
+    return v;
+}
+
 template <typename T, bool GRAD, bool FULL, bool SOFTCAP>
 __global__ void __launch_bounds__(CE_RES_THREADS, 1)
     ce_resident_kernel(const ce_kparams p, int nranks, int nstages, int stage_vecs, int nclusters)
 {
     constexpr int TH = CE_RES_GROUP, G = CE_RES_GROUPS; /* the collectives run per group */
-    static_assert(G >= 1 && G <= 8 && TH % 32 == 0, "CE_RES_GROUPS in 1..8, CE_RES_GROUP a multiple of 32");
+    /* TH >= 64: a one-warp group's block merge has no barrier, which the label logit hand-off
+     * (xy_s) relies on */
+    static_assert(G >= 1 && G <= 8 && TH % 32 == 0 && TH >= 64, "CE_RES_GROUPS in 1..8, CE_RES_GROUP a multiple of 32, >= 64");
     extern __shared__ uint4 ce_smem[]; /* [nstages][stage_vecs] */
     __shared__ uint64_t full[CE_RES_MAX_STAGES];   /* a stage's slice has landed (phase per use) */
     __shared__ int64_t stage_y[CE_RES_MAX_STAGES];  /* the label of the row in the stage */
@@ -769,7 +800,7 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
     /* Load local row kk (label y) into stage q: by one thread. */
     auto load = [&](int q, int64_t kk, int64_t y) {
         stage_y[q] = y; /* published by the arrive (release) */
-        *(volatile int64_t *)&stage_k[q] = kk;
+        ce_ticket_store(&stage_k[q], kk); /* release: ordered after this stage's previous phase */
         const uint4 *src;
         const uint32_t bytes = slice_of(kk, y, &src);
         if (bytes == 0) {
@@ -813,8 +844,13 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
         const int64_t k_pf = k_next + CE_RES_PREFETCH; /* prefetched into L2 with the reload */
         const int64_t y_pf = (CE_RES_PREFETCH && threadIdx.x == 0 && k_pf < my_rows) ? ce_label(p, cid + k_pf * nclusters) : 0;
 
-        while (*(volatile int64_t *)&stage_k[q] != k) { /* the stage's previous use is over */
-        }
+        /* the stage's previous use is over: lane 0 of each warp checks the ticket (acquire; one
+         * atomic per warp, not per thread: 256 on one address serialise), __syncwarp orders the
+         * warp's lanes after it */
+        if ((threadIdx.x & 31u) == 0)
+            while (ce_ticket_load(&stage_k[q]) != k) {
+            }
+        __syncwarp();
         lf_mbar_wait(&full[q], use_par);
         const int64_t y = stage_y[q];
         const int status = y == p.ignore_index ? 1 : (y < 0 || y >= V) ? 2 : 0;
@@ -975,10 +1011,12 @@ static int ce_active_groups(K kernel, int c)
 #endif
 
 /* The row-resident schedule, if the device and the shape allow it (else *launched = false and
- * nothing happens). Plan: among cluster sizes 1, 2, 4, ... up to the cap (and the cap itself),
- * those whose slice fits `stages` stages (automatic: at least CE_RES_MIN_STAGES, as many as fit,
- * at most CE_RES_MAX_STAGES); of those the one that keeps the most CTAs resident, the smaller
- * cluster on a tie (each CTA of a cluster exchanges 28 bytes per row with the others). */
+ * nothing happens). Plan: among cluster sizes 1, 2, 3, ... up to the cap, those whose slice fits
+ * `stages` stages (automatic: at least CE_RES_MIN_STAGES, as many as fit, at most
+ * CE_RES_MAX_STAGES); of those the one that keeps the most CTAs resident, the smaller cluster on
+ * a tie (each CTA of a cluster exchanges 28 bytes per row with the others). Every size is tried,
+ * not only powers of two: a cluster lives in one GPC, and at one CTA per SM the size that packs
+ * the GPCs best depends on the chip (an H100 or H200 runs 30 clusters of 4 = 120 of its 132 SMs). */
 template <typename T, bool GRAD, bool FULL, bool SOFTCAP>
 static lf_status ce_launch_resident(const ce_kparams &p, int max_cluster, int stages, bool forced, bool after_divisor,
                                     ce_plan *plan, cudaStream_t stream, cudaError_t *cuda_err, bool *launched)
@@ -986,6 +1024,11 @@ static lf_status ce_launch_resident(const ce_kparams &p, int max_cluster, int st
     auto kernel = ce_resident_kernel<T, GRAD, FULL, SOFTCAP>;
     /* per instantiation and device, once: the shared memory left for stages, the cluster limit */
     static int ready_d[CE_MAX_DEVICES], dyn_max_d[CE_MAX_DEVICES], cmax_d[CE_MAX_DEVICES];
+    /* resident groups (CTAs or clusters) per cluster size, for the last shared-memory size asked:
+     * host queries cost microseconds, and a training loop asks the same every step. (Host threads
+     * launching at once may interleave these writes: the worst outcome is a grid of the wrong
+     * size for one launch, which still computes the right result.) */
+    static int q_dyn_d[CE_MAX_DEVICES][17], q_groups_d[CE_MAX_DEVICES][17];
     *launched = false;
     int dev = 0;
     CE_CHECK(cudaGetDevice(&dev));
@@ -995,10 +1038,12 @@ static lf_status ce_launch_resident(const ce_kparams &p, int max_cluster, int st
         CE_CHECK(cudaDeviceGetAttribute(&cc, cudaDevAttrComputeCapabilityMajor, dev));
         dyn_max_d[dev] = 0;
         cmax_d[dev] = 1;
-        if (cc >= 9) {
-            cudaFuncAttributes fa;
+        cudaFuncAttributes fa;
+        CE_CHECK(cudaFuncGetAttributes(&fa, kernel));
+        /* the code that runs must be sm_90's: a build for compute_80 only, JIT-compiled on a
+         * Hopper, has the bulk copies compiled out (they trap below sm_90) */
+        if (cc >= 9 && fa.ptxVersion >= 90) {
             CE_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-            CE_CHECK(cudaFuncGetAttributes(&fa, kernel));
             dyn_max_d[dev] = optin - (int)fa.sharedSizeBytes;
             CE_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dyn_max_d[dev]));
             cmax_d[dev] = 8;
@@ -1012,7 +1057,7 @@ static lf_status ce_launch_resident(const ce_kparams &p, int max_cluster, int st
     const int64_t nvec_max = (p.vocab + lf_elem<T>::per_vec - 1) / lf_elem<T>::per_vec;
     const int cap = std::min(max_cluster > 0 ? max_cluster : 16, cmax_d[dev]);
     int best_c = 0, best_ns = 0, best_sv = 0, best_groups = 0;
-    for (int c = 1; c <= cap; c = (c * 2 > cap && c < cap) ? cap : c * 2) {
+    for (int c = 1; c <= cap; ++c) {
         const int64_t sv = (nvec_max + c - 1) / c, bytes = sv * 16;
         int ns = (int)std::min<int64_t>(CE_RES_MAX_STAGES, dyn_max / bytes);
         if (stages > 0) {
@@ -1025,7 +1070,9 @@ static lf_status ce_launch_resident(const ce_kparams &p, int max_cluster, int st
         if (!forced && c == 1 && bytes < CE_RES_MIN_SLICE) break; /* short rows: streamed */
         const int dyn = (int)(ns * bytes);
         int groups = 0;
-        if (c == 1) {
+        if (q_dyn_d[dev][c] == dyn) {
+            groups = q_groups_d[dev][c];
+        } else if (c == 1) {
             int sms = 0, per_sm = 0;
             CE_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
             CE_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, CE_RES_THREADS, dyn));
@@ -1047,13 +1094,14 @@ static lf_status ce_launch_resident(const ce_kparams &p, int max_cluster, int st
                 groups = 0;
             }
         }
+        q_dyn_d[dev][c] = dyn;
+        q_groups_d[dev][c] = groups;
         if (groups > 0 && (int64_t)groups * c > (int64_t)best_groups * best_c) {
             best_c = c;
             best_ns = ns;
             best_sv = (int)sv;
             best_groups = groups;
         }
-        if (c == cap) break;
     }
     if (best_c == 0) return forced ? LF_ERR_SIZE : LF_OK;
     const int64_t nclusters = std::min<int64_t>(p.n_rows, best_groups);
@@ -1119,7 +1167,9 @@ static lf_status ce_launch_kernel(const ce_kparams &p, int max_cluster, int sche
         cluster_max = 1;
         CE_CHECK(cudaDeviceGetAttribute(&cc, cudaDevAttrComputeCapabilityMajor, dev));
         CE_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, CE_SMEM_BYTES));
-        if (cc >= 9) {
+        cudaFuncAttributes fa;
+        CE_CHECK(cudaFuncGetAttributes(&fa, kernel));
+        if (cc >= 9 && fa.ptxVersion >= 90) { /* the cluster merge is compiled out below sm_90 code */
             cluster_max = 8;
             if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) cluster_max = 16;
             else (void)cudaGetLastError();
@@ -1211,9 +1261,10 @@ static lf_status ce_launch(const ce_args *a, cudaStream_t stream, cudaError_t *c
     if (a->n_rows < 0 || a->vocab < 1 || a->vocab > 0x7fffffff || a->stride < a->vocab) return LF_ERR_SIZE;
     if (a->dtype != LF_F32 && a->dtype != LF_BF16 && a->dtype != LF_F16) return LF_ERR_ARG;
     if ((int)a->reduction < 0 || (int)a->reduction > 2) return LF_ERR_ARG;
-    /* stages: at least 2 (a stage is refilled at the next row's block merge, see ce_resident_kernel) */
-    if (a->schedule < CE_SCHED_AUTO || a->schedule > CE_SCHED_RESIDENT || a->stages < 0 || a->stages == 1 ||
-        a->stages > CE_RES_MAX_STAGES || a->max_cluster < 0)
+    /* stages: more than the warp groups (each holds a stage while another loads; see
+     * ce_resident_kernel) */
+    if (a->schedule < CE_SCHED_AUTO || a->schedule > CE_SCHED_RESIDENT || a->stages < 0 ||
+        (a->stages > 0 && a->stages <= CE_RES_GROUPS) || a->stages > CE_RES_MAX_STAGES || a->max_cluster < 0)
         return LF_ERR_ARG;
     if (a->grad && a->grad_stride < a->vocab) return LF_ERR_SIZE;
     if (a->grad && a->n_rows > 0) {
