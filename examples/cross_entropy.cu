@@ -34,7 +34,7 @@
  *   last piece's gradient while it is still staged and reads the others a second time, last
  *   first (from L2 when they are still there): correct for any V.
  *   Measured (bench/RESULTS.md, bf16, gradient in place): the resident schedule reaches 87-95% of
- *   the device-to-device copy bandwidth on an H100 and 80-85% on an H200 (a plain in-place
+ *   the device-to-device copy bandwidth on an H100 and 79-85% on an H200 (a plain in-place
  *   read-modify-write kernel: 92% there), against 76-91% and 69-79% streamed.
 
  * What keeps it near the bandwidth limit (measured, bench/RESULTS.md): per element the fast
