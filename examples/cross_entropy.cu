@@ -237,6 +237,21 @@ __global__ void __launch_bounds__(CE_DIV_THREADS) ce_divisor_kernel(const ce_kpa
     if (threadIdx.x == 0) p.ws->divisor = (float)acc;
 }
 
+/* A row's loss and z term, where the reduction finds them: the outputs (reduction none) or the
+ * workspace's per-row values that ce_batch_reduce sums. P: any parameter block with these
+ * fields (vocab_parallel_ce.cu's too). */
+template <typename P>
+static __device__ __forceinline__ void ce_store_row_loss(const P &p, int64_t row, float loss, float zterm)
+{
+    if (p.reduction == LF_REDUCE_NONE) {
+        p.loss[row] = loss;
+        if (p.z_out) p.z_out[row] = zterm;
+    } else {
+        p.ws_loss[row] = loss;
+        p.ws_z[row] = zterm;
+    }
+}
+
 /* The outputs of a valid row, by one thread: per-row values, and the row's loss (and z term)
  * where the reduction finds them. x_y is the label's raw logit. */
 template <bool FULL, bool SOFTCAP>
@@ -258,13 +273,7 @@ static __device__ __forceinline__ void ce_row_outputs(const ce_kparams &p, int64
     if (FULL && p.entropy) p.entropy[row] = lf_lse_entropy(rs.lse);
     if (FULL && p.argmax) p.argmax[row] = rs.am.i;
     if (FULL && p.n_correct && rs.am.i == (int32_t)y) atomicAdd(p.n_correct, 1u);
-    if (p.reduction == LF_REDUCE_NONE) {
-        p.loss[row] = loss;
-        if (p.z_out) p.z_out[row] = zterm;
-    } else {
-        p.ws_loss[row] = loss;
-        p.ws_z[row] = zterm;
-    }
+    ce_store_row_loss(p, row, loss, zterm);
 }
 
 /* The outputs of an ignored row (status 1) or a bad label (status 2, counted), by one thread. */
@@ -275,13 +284,7 @@ static __device__ __forceinline__ void ce_row_outputs_zero(const ce_kparams &p, 
     if (p.lse) p.lse[row] = 0.0f;
     if (p.entropy) p.entropy[row] = 0.0f;
     if (p.argmax) p.argmax[row] = -1;
-    if (p.reduction == LF_REDUCE_NONE) {
-        p.loss[row] = 0.0f;
-        if (p.z_out) p.z_out[row] = 0.0f;
-    } else {
-        p.ws_loss[row] = 0.0f;
-        p.ws_z[row] = 0.0f;
-    }
+    ce_store_row_loss(p, row, 0.0f, 0.0f);
 }
 
 /* Last-CTA-done batch sum (sum / mean), called by every thread of each of the `ncount` CTAs that
@@ -974,25 +977,17 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
         }                                                                                           \
     } while (0)
 
-/* How many clusters of `c` CTAs (c = 1: CTAs) of this kernel the device runs at once; 0 if a
- * cluster of c cannot be scheduled. */
+/* How many clusters of `c` CTAs (c >= 2) of this kernel, blocks of `block`, `dyn` bytes of
+ * dynamic shared memory, the device runs at once; 0 if none can be scheduled. */
 template <typename K>
-static int ce_active_groups(K kernel, int c)
+static int ce_cluster_groups(K kernel, int c, dim3 block, size_t dyn)
 {
-    int dev = 0, n = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess) return 0;
-    if (c == 1) {
-        int sms = 0, per_sm = 0;
-        if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, CE_THREADS, CE_SMEM_BYTES) != cudaSuccess)
-            return 0;
-        return sms * per_sm;
-    }
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute attr = {};
+    int n = 0;
     cfg.gridDim = dim3((unsigned)c, 1, 1);
-    cfg.blockDim = dim3(CE_THREADS, 1, 1);
-    cfg.dynamicSmemBytes = CE_SMEM_BYTES;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = dyn;
     attr.id = cudaLaunchAttributeClusterDimension;
     attr.val.clusterDim.x = (unsigned)c;
     attr.val.clusterDim.y = 1;
@@ -1004,6 +999,23 @@ static int ce_active_groups(K kernel, int c)
         return 0;
     }
     return n;
+}
+
+/* How many clusters of `c` CTAs (c = 1: CTAs) of this kernel the device runs at once; 0 if a
+ * cluster of c cannot be scheduled. */
+template <typename K>
+static int ce_active_groups(K kernel, int c)
+{
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return 0;
+    if (c == 1) {
+        int sms = 0, per_sm = 0;
+        if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, CE_THREADS, CE_SMEM_BYTES) != cudaSuccess)
+            return 0;
+        return sms * per_sm;
+    }
+    return ce_cluster_groups(kernel, c, dim3(CE_THREADS, 1, 1), CE_SMEM_BYTES);
 }
 
 #ifndef CE_MAX_DEVICES
@@ -1078,21 +1090,7 @@ static lf_status ce_launch_resident(const ce_kparams &p, int max_cluster, int st
             CE_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, CE_RES_THREADS, dyn));
             groups = sms * per_sm;
         } else {
-            cudaLaunchConfig_t cfg = {};
-            cudaLaunchAttribute attr = {};
-            cfg.gridDim = dim3((unsigned)c, 1, 1);
-            cfg.blockDim = dim3(CE_RES_GROUP, CE_RES_GROUPS, 1);
-            cfg.dynamicSmemBytes = (size_t)dyn;
-            attr.id = cudaLaunchAttributeClusterDimension;
-            attr.val.clusterDim.x = (unsigned)c;
-            attr.val.clusterDim.y = 1;
-            attr.val.clusterDim.z = 1;
-            cfg.attrs = &attr;
-            cfg.numAttrs = 1;
-            if (cudaOccupancyMaxActiveClusters(&groups, kernel, &cfg) != cudaSuccess) {
-                (void)cudaGetLastError();
-                groups = 0;
-            }
+            groups = ce_cluster_groups(kernel, c, dim3(CE_RES_GROUP, CE_RES_GROUPS, 1), (size_t)dyn);
         }
         q_dyn_d[dev][c] = dyn;
         q_groups_d[dev][c] = groups;
