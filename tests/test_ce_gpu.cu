@@ -570,6 +570,32 @@ __global__ void grad_mix_kernel(const __nv_bfloat16 *row, __nv_bfloat16 *out, in
     lf_piece_grad_fast<256, __nv_bfloat16, false, NPOLY>(out, buf, sp, 0, sp.nvec, c, k);
 }
 
+/* The statistics sweep with NPOLY of each 8 exponentials on the FMA pipe: lse and entropy of
+ * one staged row (FULL), written by thread 0. */
+template <int NPOLY>
+__global__ void stats_mix_kernel(const __nv_bfloat16 *row, int V, float *out)
+{
+    __shared__ uint4 buf[1024];
+    __shared__ float scratch[6 * 256 / 32];
+    __shared__ unsigned best_key;
+    const lf_row_span sp = lf_row_span_make(row, V);
+    const uint4 *body = reinterpret_cast<const uint4 *>(row + sp.head);
+    for (int v = threadIdx.x; v < sp.nvec; v += 256) buf[v] = body[v];
+    if (threadIdx.x == 0) best_key = lf_argmax_key(-LF_INF_F);
+    __syncthreads();
+    lf_row_stats st = lf_row_stats_init();
+    lf_lazy_argmax la = lf_lazy_argmax_init();
+    const lf_xform t = lf_xform_make(1.0f, 0.0f);
+    lf_piece_stats_fast<256, __nv_bfloat16, true, NPOLY>(st, la, &best_key, buf, sp, 0, sp.nvec, t, false);
+    float xm = la.v, xs = 0.0f;
+    int32_t xi = la.i;
+    st.lse = lf_block_lse_fast<256, true>(st.lse, &xm, &xi, &xs, scratch);
+    if (threadIdx.x == 0) {
+        out[0] = lf_lse_final(st.lse);
+        out[1] = lf_lse_entropy(st.lse);
+    }
+}
+
 static void test_ex2_fma(void)
 {
     snprintf(g_case, sizeof g_case, "lf_ex2_fma vs exp2");
@@ -636,6 +662,19 @@ static void test_ex2_fma(void)
         if (!(fabs(a - b) <= (0x1p-7 + 5e-7) * fabs(a) + 1e-37)) ++off;
     }
     EXPECT(off == 0, "%d of %d gradient elements differ by more than one bf16 step (NPOLY 4 vs 0)", off, V);
+
+    /* the statistics sweep: lse and entropy of the row (V = 8000, a multiple of 8: no edges) with
+     * NPOLY 4 within fp32 summation error (2^-20 relative) of NPOLY 0 */
+    DevBuf so(16);
+    float s0[2], s4[2];
+    stats_mix_kernel<0><<<1, 256>>>((const __nv_bfloat16 *)xr.p, V, (float *)so.p);
+    CK(cudaGetLastError());
+    CK(cudaMemcpy(s0, so.p, 8, cudaMemcpyDeviceToHost));
+    stats_mix_kernel<4><<<1, 256>>>((const __nv_bfloat16 *)xr.p, V, (float *)so.p);
+    CK(cudaGetLastError());
+    CK(cudaMemcpy(s4, so.p, 8, cudaMemcpyDeviceToHost));
+    EXPECT(fabs(s4[0] - s0[0]) <= 0x1p-20 * fabs(s0[0]) + 1e-6 && fabs(s4[1] - s0[1]) <= 0x1p-20 * fabs(s0[1]) + 1e-6,
+           "statistics with NPOLY 4: lse %.9g entropy %.9g, all-MUFU %.9g %.9g", s4[0], s4[1], s0[0], s0[1]);
     printf("%-4s %s (worst relative error %.3g, ex2.approx %.3g; %d of %d bf16 gradients differ in the last bit)\n",
            bad == 0 && off == 0 ? "ok" : "FAIL", g_case, worst, worst_mufu, differ, V);
 }
