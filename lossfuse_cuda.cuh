@@ -42,7 +42,8 @@
  *      the copy engine, one instruction per row slice; lf_bulk_prefetch_l2), lf_row_slice,
  *      lf_piece_load, lf_row_edge_load (or _issue + lf_edge_resolve), lf_piece_stats (every
  *      option), lf_piece_stats_fast (no softcap / class weights: about half the instructions,
- *      lazy argmax), lf_edge_stats
+ *      lazy argmax), lf_edge_stats; lf_warp_row_pass (one warp reads a row straight from global
+ *      memory through registers: no shared memory, no barrier; lf_ld16_stream)
  *   6. Cross-entropy gradient writer: lf_grad_coef_make, lf_ce_grad_elem, lf_ce_label_grad,
  *      lf_piece_grad_store, lf_piece_grad_fast (coefficient folded into the exponent),
  *      lf_edge_grad_store, lf_row_zero
@@ -170,7 +171,8 @@ static __device__ __forceinline__ float lf_xform_apply(float x, const lf_xform &
  *   lf_elem<T>::mx_t, mx_init, mx_push, mx_final: a running maximum of whole vectors kept in the
  *       element type, so that a 16-bit row costs one packed max (max.bf16x2 / max.f16x2, sm_80+)
  *       per TWO elements and nothing to unpack. The max of bf16/fp16 values is exact in any
- *       width. NaN is ignored (as fmaxf), -inf is the identity. */
+ *       width. NaN is ignored (as fmaxf), -inf is the identity.
+ *   lf_elem<T>::ninf_word  a 32-bit word whose elements are all -inf (a constant: padding). */
 template <typename T> struct lf_elem;
 
 static __device__ __forceinline__ unsigned lf_impl_max_bf16x2(unsigned a, unsigned b)
@@ -188,6 +190,7 @@ static __device__ __forceinline__ unsigned lf_impl_max_f16x2(unsigned a, unsigne
 
 template <> struct lf_elem<float> {
     enum { per_vec = 4 };
+    static const unsigned ninf_word = 0xff800000u; /* a 32-bit word of -inf elements */
     static __device__ __forceinline__ float to_f32(float v) { return v; }
     static __device__ __forceinline__ float from_f32(float v) { return v; }
     static __device__ __forceinline__ void unpack(const uint4 &r, float *f)
@@ -219,6 +222,7 @@ template <> struct lf_elem<float> {
 
 template <> struct lf_elem<__nv_bfloat16> {
     enum { per_vec = 8 };
+    static const unsigned ninf_word = 0xff80ff80u;
     static __device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
     static __device__ __forceinline__ __nv_bfloat16 from_f32(float v) { return __float2bfloat16_rn(v); }
     static __device__ __forceinline__ void unpack(const uint4 &r, float *f)
@@ -260,6 +264,7 @@ template <> struct lf_elem<__nv_bfloat16> {
 
 template <> struct lf_elem<__half> {
     enum { per_vec = 8 };
+    static const unsigned ninf_word = 0xfc00fc00u;
     static __device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
     static __device__ __forceinline__ __half from_f32(float v) { return __float2half_rn(v); }
     static __device__ __forceinline__ void unpack(const uint4 &r, float *f)
@@ -722,11 +727,11 @@ typedef struct lf_edge_raw {
     int32_t j;
 } lf_edge_raw;
 
+/* (i: the taker's index, threadIdx.x by default; lf_warp_row_pass passes the lane) */
 template <typename T>
-static __device__ __forceinline__ lf_edge_raw lf_row_edge_issue(const T *row, const lf_row_span &sp)
+static __device__ __forceinline__ lf_edge_raw lf_row_edge_issue(const T *row, const lf_row_span &sp, int i)
 {
     lf_edge_raw r;
-    const int i = (int)threadIdx.x;
     r.j = -1;
     r.bits = 0u;
     if (i < sp.head) r.j = i;
@@ -736,6 +741,12 @@ static __device__ __forceinline__ lf_edge_raw lf_row_edge_issue(const T *row, co
         else r.bits = reinterpret_cast<const unsigned short *>(row)[r.j];
     }
     return r;
+}
+
+template <typename T>
+static __device__ __forceinline__ lf_edge_raw lf_row_edge_issue(const T *row, const lf_row_span &sp)
+{
+    return lf_row_edge_issue(row, sp, (int)threadIdx.x);
 }
 
 template <typename T>
@@ -977,6 +988,242 @@ static __device__ __forceinline__ void lf_edge_stats(lf_row_stats &st, const lf_
     } else {
         lf_lse_push(&st.lse, z);
     }
+}
+
+/* ---- A row by one warp, straight from global memory ------------------------------------------
+ * lf_warp_row_pass: one warp reads a row of V logits once, through registers, and returns the
+ * row's statistics in every lane — the same lf_row_stats that lf_piece_stats + lf_block_row_stats
+ * give (lse state with entropy, argmax of the raw logits with the first index on ties and the
+ * first NaN winning, the weighted logit sums) — with no shared memory, no barrier, no workspace.
+ * Usage (one warp per row; all 32 lanes call, the row uniform across the warp):
+ *     const int64_t row = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32;
+ *     if (row < N) {
+ *         const lf_xform t = lf_xform_make(1.0f, 0.0f);                  // scale 1, no softcap
+ *         const lf_row_stats st = lf_warp_row_pass<__nv_bfloat16, true, false, 4>(x + row * stride, V, t, NULL, false);
+ *         if ((threadIdx.x & 31) == 0) { lse[row] = lf_lse_final(st.lse); amax[row] = st.am.i; }
+ *     }
+ * How: lane l reads the 16-byte body vectors l, l + 32, l + 64, ... in batches of U per lane, and
+ * issues the loads of batch b + 1 before it reduces batch b, so each warp keeps up to 2 U 16-byte
+ * loads per lane in flight; the head and tail elements that do not fill a vector (lf_row_span)
+ * are scalar loads of lanes 0..7 and 8..15. Per batch the maximum is a packed max over the raw
+ * vectors (lf_elem::mx_push), the running sum moves onto it once (when it grows), and each element
+ * costs one FFMA + EX2 + FADD (FULL: + the entropy FFMA). The argmax costs nothing per element:
+ * each lane remembers the first batch in which its maximum appeared; at the end the lanes holding
+ * the warp's maximum re-read that one batch (U vectors, from L2) for the first index.
+ * When to use it: many rows, each warp on its own (a forward-only pass over N rows with N at
+ * least the number of warps resident, roughly; examples/cross_entropy.cu's CE_SCHED_WARP). The
+ * block and cluster passes above put more threads on one row: they suit few long rows, and rows
+ * whose gradient must be written from a copy kept in shared memory.
+ *   FULL = false: only st.lse.m and st.lse.s (what a loss or its gradient needs);
+ *   FULL = true : also st.lse.u (entropy), st.am (argmax), and st.wz = sum_j w_j z_j with
+ *                 st.w = sum_j w_j when class_w is given, st.wz = sum_j z_j when sumx (else 0;
+ *                 without class_w st.w stays 0: W = V), as lf_piece_stats.
+ *   SOFTCAP must match t.softcap > 0; class_w: device pointer to V floats, or NULL (FULL only).
+ *   U: 16-byte vectors per lane per batch (1 .. 8); registers grow by 8 U. sm_80+ (packed max,
+ *   __reduce_*_sync). row: a global-memory address (the loads are ld.global).
+ * The row is read with non-coherent loads (ld.global.nc): it must not be written during the
+ * kernel before this pass has read it (a gradient written over it afterwards is fine).
+ * Bits: the order of every sum depends only on V and the row's address mod 16, so the same row
+ * gives the same bits in any kernel, run to run. */
+
+/* 16-byte load of read-only data streamed once: not kept in L1, and L2 asked for the whole
+ * 256-byte line it falls in (the lanes of a warp cover 512 consecutive bytes). */
+static __device__ __forceinline__ uint4 lf_ld16_stream(const uint4 *p)
+{
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+}
+
+/* A 16-byte vector of -inf elements (the identity of the packed max). */
+template <typename T> static __device__ __forceinline__ uint4 lf_impl_ninf_vec(void)
+{
+    const unsigned w = lf_elem<T>::ninf_word;
+    return make_uint4(w, w, w, w);
+}
+
+/* Batch b of a lane: U vectors, v0 + 32 u (u < U), v0 = 32 U b + lane. TAIL: the row's last,
+ * partial batch (vectors >= nvec are not loaded: their registers hold -inf). */
+template <int U, bool TAIL, typename T>
+static __device__ __forceinline__ void lf_impl_warp_load(uint4 (&r)[U], const uint4 *body, int v0, int nvec)
+{
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        if (!TAIL || v0 + 32 * u < nvec) r[u] = lf_ld16_stream(body + v0 + 32 * u);
+        else r[u] = lf_impl_ninf_vec<T>();
+    }
+}
+
+/* Reduce one batch into the lane's state. MODE: 0 no weighted sums, 1 sum of z (sumx),
+ * 2 class weights. bv / bb: the lane's largest raw logit so far and the first batch holding it. */
+template <typename T, bool FULL, bool SOFTCAP, int MODE, bool TAIL, int U>
+static __device__ __forceinline__ void lf_impl_warp_batch(lf_row_stats &st, float &bv, int &bb, const uint4 (&r)[U], int b,
+                                                          int v0, int nvec, int head, const lf_xform &t,
+                                                          const float *class_w)
+{
+    const int PV = lf_elem<T>::per_vec;
+    typename lf_elem<T>::mx_t mx = lf_elem<T>::mx_init();
+#pragma unroll
+    for (int u = 0; u < U; ++u) mx = lf_elem<T>::mx_push(mx, r[u]); /* -inf padding: the identity */
+    const float xm = lf_elem<T>::mx_final(mx); /* NaN elements are ignored here; they reach s below */
+    /* strictly larger only: an equal maximum in a later batch has a larger index */
+    if (FULL && (!TAIL || v0 < nvec) && (xm > bv || bb < 0)) {
+        bv = xm;
+        bb = b;
+    }
+    /* z is increasing in x (scale > 0, tanh increasing): the batch's max z is z(max x) */
+    const float m_new = fmaxf(st.lse.m, lf_xform_apply<SOFTCAP>(xm, t));
+    if (m_new > st.lse.m) {
+        lf_impl_lse_rescale(st.lse.m, m_new, &st.lse.s, &st.lse.u);
+        st.lse.m = m_new;
+    }
+    const float sh = (st.lse.m == -LF_INF_F ? 0.0f : st.lse.m) * LF_LOG2E;
+    float s0 = 0.0f, s1 = 0.0f, u0 = 0.0f, u1 = 0.0f, a0 = 0.0f, a1 = 0.0f;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        if (TAIL && v0 + 32 * u >= nvec) continue;
+        float x[PV];
+        lf_elem<T>::unpack(r[u], x);
+#pragma unroll
+        for (int e = 0; e < PV; ++e) {
+            const float z = lf_xform_apply<SOFTCAP>(x[e], t);
+            /* exponent in log2 units: (z - m) log2 e, one FFMA without the cap */
+            const float tt = SOFTCAP ? fmaf(z, LF_LOG2E, -sh) : fmaf(x[e], t.scale_l2e, -sh);
+            const float q = lf_ex2(tt);
+            if (e & 1) s1 += q;
+            else s0 += q;
+            if (FULL) {
+                /* q = 0 below tt = -126 (EX2 flushes): the clamp changes no term, but keeps
+                 * 0 * -inf (a -inf logit) from forming */
+                if (e & 1) u1 = fmaf(q, fmaxf(tt, -127.0f), u1);
+                else u0 = fmaf(q, fmaxf(tt, -127.0f), u0);
+                if (MODE == 1) {
+                    if (e & 1) a1 += SOFTCAP ? z : x[e];
+                    else a0 += SOFTCAP ? z : x[e];
+                } else if (MODE == 2) {
+                    const float w = __ldg(class_w + (head + (v0 + 32 * u) * PV + e));
+                    if (w != 0.0f) a0 += w * z;
+                    a1 += w;
+                }
+            }
+        }
+    }
+    st.lse.s += s0 + s1;
+    if (FULL) {
+        st.lse.u += (u0 + u1) * LF_LN2;
+        if (MODE == 1) st.wz += SOFTCAP ? a0 + a1 : (a0 + a1) * t.scale;
+        if (MODE == 2) {
+            st.wz += a0;
+            st.w += a1;
+        }
+    }
+}
+
+/* The first index j >= 0 among the lane's vectors of batch b whose raw logit is M (nan: the first
+ * NaN among ALL the lane's vectors, b ignored), or INT_MAX. */
+template <typename T, int U>
+static __device__ __noinline__ int32_t lf_impl_warp_find(const uint4 *body, int b, int lane, int nvec, int head, float M,
+                                                         bool nan)
+{
+    const int PV = lf_elem<T>::per_vec;
+    const int vb = nan ? lane : 32 * U * b + lane, ve = nan ? nvec : min(nvec, 32 * U * (b + 1));
+    for (int v = vb; v < ve; v += 32) {
+        float x[PV];
+        lf_elem<T>::unpack(lf_ld16_stream(body + v), x);
+#pragma unroll
+        for (int e = 0; e < PV; ++e)
+            if (nan ? x[e] != x[e] : x[e] == M) return head + v * PV + e;
+    }
+    return INT_MAX;
+}
+
+/* The order-preserving key of lf_argmax_key, back to the float (-0 comes back as +0). */
+static __device__ __forceinline__ float lf_impl_argmax_unkey(unsigned k)
+{
+    return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+template <typename T, bool FULL, bool SOFTCAP, int MODE, int U>
+static __device__ __forceinline__ lf_row_stats lf_impl_warp_row_pass(const T *row, int64_t V, const lf_xform &t,
+                                                                     const float *class_w)
+{
+    unsigned lane_u;
+    asm("mov.u32 %0, %%laneid;" : "=r"(lane_u)); /* any block shape */
+    const int lane = (int)lane_u;
+    const lf_row_span sp = lf_row_span_make(row, V);
+    const uint4 *body = reinterpret_cast<const uint4 *>(row + sp.head);
+    /* the head / tail element of this lane: loaded now, converted after the body (a conversion
+     * right after the load would stall the warp for a memory latency before the body's loads) */
+    const lf_edge_raw er = lf_row_edge_issue(row, sp, lane);
+
+    lf_row_stats st = lf_row_stats_init();
+    float bv = -LF_INF_F;
+    int bb = -1;
+    const int nvec = sp.nvec, nfull = nvec / (32 * U);
+    uint4 ra[U], rb[U];
+    if (nfull > 0) lf_impl_warp_load<U, false, T>(ra, body, lane, nvec);
+    int b = 0;
+    /* two register sets: batch b + 1 is in flight while batch b is reduced */
+    for (; b + 1 < nfull; b += 2) {
+        lf_impl_warp_load<U, false, T>(rb, body, 32 * U * (b + 1) + lane, nvec);
+        lf_impl_warp_batch<T, FULL, SOFTCAP, MODE, false, U>(st, bv, bb, ra, b, 32 * U * b + lane, nvec, sp.head, t, class_w);
+        if (b + 2 < nfull) lf_impl_warp_load<U, false, T>(ra, body, 32 * U * (b + 2) + lane, nvec);
+        lf_impl_warp_batch<T, FULL, SOFTCAP, MODE, false, U>(st, bv, bb, rb, b + 1, 32 * U * (b + 1) + lane, nvec, sp.head,
+                                                             t, class_w);
+    }
+    if (b < nfull) { /* an odd count: the last whole batch is already in ra */
+        lf_impl_warp_batch<T, FULL, SOFTCAP, MODE, false, U>(st, bv, bb, ra, b, 32 * U * b + lane, nvec, sp.head, t, class_w);
+        ++b;
+    }
+    if (32 * U * nfull < nvec) { /* the partial last batch */
+        lf_impl_warp_load<U, true, T>(ra, body, 32 * U * nfull + lane, nvec);
+        lf_impl_warp_batch<T, FULL, SOFTCAP, MODE, true, U>(st, bv, bb, ra, nfull, 32 * U * nfull + lane, nvec, sp.head, t,
+                                                            class_w);
+    }
+    /* the edge elements, exactly (st.am holds only these until the body's argmax joins below) */
+    const lf_edge e = lf_edge_resolve<T>(er);
+    lf_edge_stats<FULL, SOFTCAP>(st, e, t, MODE == 2 ? class_w : NULL);
+    if (!FULL) {
+        st.lse = lf_warp_lse(st.lse);
+        return st;
+    }
+    st = lf_warp_row_stats(st);
+    /* the body's argmax: the warp's largest lane maximum, and the first index holding it among
+     * the lanes that hold it (each re-reads the one batch where its maximum first appeared) */
+    const unsigned key = bb >= 0 ? lf_argmax_key(bv) : 0u;
+    const unsigned wkey = __reduce_max_sync(0xffffffffu, key);
+    int32_t idx = INT_MAX;
+    if (bb >= 0 && key == wkey) idx = lf_impl_warp_find<T, U>(body, bb, lane, nvec, sp.head, bv, false);
+    idx = __reduce_min_sync(0xffffffffu, idx);
+    if (idx != INT_MAX) {
+        lf_argmax am;
+        am.v = lf_impl_argmax_unkey(wkey);
+        am.i = idx;
+        st.am = lf_argmax_merge(st.am, am);
+    }
+    /* a NaN or +inf element made s NaN (uniform): the first NaN, if any, is the argmax */
+    if (st.lse.s != st.lse.s) {
+        int32_t nidx = (e.j >= 0 && e.x != e.x) ? e.j : INT_MAX;
+        nidx = min(nidx, lf_impl_warp_find<T, U>(body, 0, lane, nvec, sp.head, 0.0f, true));
+        nidx = __reduce_min_sync(0xffffffffu, nidx);
+        if (nidx != INT_MAX) {
+            st.am.v = NAN;
+            st.am.i = nidx;
+        }
+    }
+    return st;
+}
+
+template <typename T, bool FULL, bool SOFTCAP, int U>
+static __device__ __forceinline__ lf_row_stats lf_warp_row_pass(const T *row, int64_t V, const lf_xform &t,
+                                                                const float *class_w, bool sumx)
+{
+    static_assert(U >= 1 && U <= 8, "lf_warp_row_pass: U is 1..8 vectors per lane and batch");
+    if (FULL && class_w) return lf_impl_warp_row_pass<T, FULL, SOFTCAP, 2, U>(row, V, t, class_w);
+    if (FULL && sumx) return lf_impl_warp_row_pass<T, FULL, SOFTCAP, 1, U>(row, V, t, NULL);
+    return lf_impl_warp_row_pass<T, FULL, SOFTCAP, 0, U>(row, V, t, NULL);
 }
 
 /* ============================================================================================

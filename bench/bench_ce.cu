@@ -10,9 +10,11 @@
  * fwdbwd: fused forward+backward, gradient in place over the logits, reduction mean (floor:
  * read bf16 logits once + write the gradient once = 4 B/elem). fwd: forward-only token
  * statistics (logprob, lse, entropy, argmax, accuracy; floor 2 B/elem).
- * impl=lossfuse is the automatic plan (row-resident on sm_90). --variants adds
+ * impl=lossfuse is the automatic plan (fwdbwd: row-resident on sm_90; fwd: a warp per row).
+ * --variants adds
  * impl=lossfuse_streamed (the streaming schedule, its automatic cluster plan) and
- * lossfuse_nocluster (streamed, max_cluster = 1: CTAs re-read their pieces), so the design
+ * lossfuse_nocluster (streamed, max_cluster = 1: CTAs re-read their pieces) and, forward only,
+ * lossfuse_warp (one warp per row, forced also where the automatic plan streams), so the design
  * choices stay measured; --clusters 0,1,2,4,8 times each cluster cap of the automatic plan
  * (lossfuse_cN); --stages 2,3,4 each stage count of the row-resident schedule (lossfuse_sN).
  * --separate-grad writes the gradient to another buffer instead of in place (same floor bytes).
@@ -42,6 +44,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--variants")) {
             variants.push_back({0, CE_SCHED_STREAM, 0, "lossfuse_streamed"});
             variants.push_back({1, CE_SCHED_STREAM, 0, "lossfuse_nocluster"});
+            variants.push_back({0, CE_SCHED_WARP, 0, "lossfuse_warp"}); /* forward only */
         } else if (!strcmp(argv[i], "--tag") && i + 1 < argc) tag = argv[++i];
         else if (!strcmp(argv[i], "--separate-grad")) separate = true;
         else if (!strcmp(argv[i], "--clusters") && i + 1 < argc) { /* e.g. 0,1,2,4,8 */
@@ -123,7 +126,7 @@ int main(int argc, char **argv)
         for (const variant &va : variants) {
             const std::string impl = va.name + tag;
             for (int mode = 0; mode < 2; ++mode) { /* 0 fwdbwd, 1 fwd */
-                if (!do_mode[mode]) continue;
+                if (!do_mode[mode] || (mode == 0 && va.schedule == CE_SCHED_WARP)) continue;
                 ce_args b = a;
                 b.max_cluster = va.max_cluster;
                 b.schedule = va.schedule;
@@ -164,7 +167,8 @@ int main(int argc, char **argv)
                 printf("RESULT impl=%s mode=%s N=%lld V=%lld dtype=bf16 ms=%.4f bytes=%zu extra_bytes=%zu status=ok "
                        "schedule=%s cluster=%d pieces=%d stages=%d ctas=%d\n", impl.c_str(), mode == 0 ? "fwdbwd" : "fwd",
                        (long long)N, (long long)V, median(t), floor_bytes, wsb,
-                       plan.schedule == CE_SCHED_RESIDENT ? "resident" : "streamed", plan.cluster, plan.pieces, plan.stages,
+                       plan.schedule == CE_SCHED_RESIDENT ? "resident" : plan.schedule == CE_SCHED_WARP ? "warp" : "streamed",
+                       plan.cluster, plan.pieces, plan.stages,
                        plan.ctas);
                 fflush(stdout);
             }

@@ -22,7 +22,7 @@ import math
 import re
 import sys
 
-IMPL_ORDER = ["lossfuse", "lossfuse_streamed", "lossfuse_nocluster", "torch_compile", "torch_eager_bf16", "torch_eager_fp32"]
+IMPL_ORDER = ["lossfuse", "lossfuse_streamed", "lossfuse_nocluster", "lossfuse_warp", "torch_compile", "torch_eager_bf16", "torch_eager_fp32"]
 MODE_ORDER = ["fwdbwd", "fwd", "kl_fwd", "kl_rev", "jsd", "softce", "tvd"]
 KEYWORD_RE = re.compile(r"(?:^|\s)(RESULT|COPY|DEVICE)(?=\s|$)(.*)$")
 

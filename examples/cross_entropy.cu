@@ -24,15 +24,19 @@
  *   of 2..16 CTAs, which exchange their 28-byte statistics through distributed shared memory
  *   without a cluster barrier (lf_cluster_stats_post / _collect). Every element is read from HBM
  *   once, then from shared memory, never again from L2.
- *   Streamed (any GPU; forward only, and rows too short for the resident ring): persistent CTAs of
- *   256 threads (three per SM) stage rows in shared memory with cp.async: two 32 KB buffers each,
- *   so the copies of the next piece are in flight while the current one is reduced and its
- *   gradient written (each thread copies and reads back only its own 16-byte vectors: the
+ *   Streamed (any GPU; forward only over few rows, and rows too short for the resident ring):
+ *   persistent CTAs of 256 threads (three per SM) stage rows in shared memory with cp.async: two
+ *   32 KB buffers each, so the copies of the next piece are in flight while the current one is
+ *   reduced and its gradient written (each thread copies and reads back only its own 16-byte vectors: the
  *   pipeline needs no barrier). A row larger than 32 KB may be split over a cluster on sm_90
  *   (lf_cluster_row_stats, one cluster barrier per row). Where a CTA's slice is larger than a
  *   buffer (always without clusters, e.g. on sm_80) it streams the slice in pieces, writes the
  *   last piece's gradient while it is still staged and reads the others a second time, last
  *   first (from L2 when they are still there): correct for any V.
+ *   Warp per row (any GPU; the automatic choice for forward only over many rows): each warp of a
+ *   persistent grid reads its rows straight from global memory into registers (lf_warp_row_pass),
+ *   two batches of 16-byte loads in flight per lane; no shared memory and no per-row block merge,
+ *   which is what a short row (V = 32K: 64 KB) costs the streamed CTAs.
  *   Measured (bench/RESULTS.md, bf16, gradient in place): the resident schedule reaches 87-95% of
  *   the device-to-device copy bandwidth on an H100 and 79-85% on an H200 (a plain in-place
  *   read-modify-write kernel: 92% there), against 76-91% and 69-79% streamed.
@@ -93,28 +97,32 @@ typedef struct ce_args {
     size_t workspace_bytes;
     int max_cluster;      /* 0: automatic; n: at most n CTAs per cluster (1: none); the device's
                            * limit applies either way */
-    int schedule;         /* CE_SCHED_AUTO (0), _STREAM or _RESIDENT: see ce_schedule */
+    int schedule;         /* CE_SCHED_AUTO (0), _STREAM, _RESIDENT or _WARP: see ce_schedule */
     int stages;           /* row-resident schedule: shared-memory stages per CTA, 3..8 (more than its
                            * two warp groups); 0 automatic */
     struct ce_plan *plan; /* optional host out: the launch configuration chosen */
 } ce_args;
 
-/* How rows reach shared memory (the kernels' comments say more).
+/* How rows are read (the kernels' comments say more).
  *   CE_SCHED_STREAM   any GPU: persistent CTAs (three per SM) stream 32 KB pieces with per-thread
  *                     cp.async; a row larger than a piece is split over a cluster (sm_90) and/or
  *                     streamed in pieces whose gradients re-read them (from L2 when still there).
  *   CE_SCHED_RESIDENT sm_90: one CTA per SM holds whole row slices in a ring of stages filled by
  *                     the copy engine (one bulk copy per slice); rows too wide for three stages
  *                     are split over a cluster. Each element is read from HBM exactly once.
+ *   CE_SCHED_WARP     forward only, sm_80+: one warp per row, straight from global memory into
+ *                     registers (lf_warp_row_pass); no shared memory, no per-row block merge.
+ *                     With a gradient it is an argument error (LF_ERR_ARG): a row held by one
+ *                     warp would have to be read twice.
  *   CE_SCHED_AUTO     the fused forward + backward resident where the device and the shape
  *                     allow it (sm_90, a slice of at least CE_RES_MIN_SLICE bytes), else
- *                     streamed; forward only always streamed (it needs no residency, and
- *                     measured faster so: bench/RESULTS.md). */
-enum ce_schedule { CE_SCHED_AUTO = 0, CE_SCHED_STREAM = 1, CE_SCHED_RESIDENT = 2 };
+ *                     streamed; forward only by warps when there are at least
+ *                     CE_WARP_MIN_ROWS_PER_SM rows per SM, else streamed (bench/RESULTS.md). */
+enum ce_schedule { CE_SCHED_AUTO = 0, CE_SCHED_STREAM = 1, CE_SCHED_RESIDENT = 2, CE_SCHED_WARP = 3 };
 
 /* What ce_launch chose (for benchmarks, tests, and the curious). */
 typedef struct ce_plan {
-    int schedule;  /* CE_SCHED_STREAM or CE_SCHED_RESIDENT */
+    int schedule;  /* CE_SCHED_STREAM, CE_SCHED_RESIDENT or CE_SCHED_WARP */
     int cluster;   /* CTAs per cluster sharing a row (1: none) */
     int pieces;    /* pieces per CTA slice; 1 = each row read from HBM once */
     int stages;    /* resident: row slices staged per CTA (0 when streamed) */
@@ -964,6 +972,65 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
     ce_batch_reduce<TH>(p, (unsigned long long)gridDim.x, fin, &is_last, bar);
 }
 
+/* ---- The warp-per-row schedule (forward only) ----------------------------------------------
+ * One warp per row (lf_warp_row_pass; sm_80+): each warp of a persistent grid takes rows w, w + W, ...
+ * (W warps in all) and reads each row once from global memory through registers, 2 x CE_WARP_U
+ * 16-byte loads per lane in flight; lane 0 writes the row's outputs. No shared memory, no barrier
+ * per row, no per-row block merge: what the streamed CTAs pay per row (a merge across 8 warps,
+ * ~2 us per row and CTA, measured) is 5 shuffle steps here, so short rows (V = 32K: 64 KB) run at
+ * the rate of long ones. The automatic plan takes it for forward-only passes over enough rows
+ * (CE_WARP_MIN_ROWS_PER_SM per SM): with fewer, too few warps would keep too few bytes in flight,
+ * and the streamed CTAs (256 threads on a row) are faster. Every option of the forward pass
+ * (softcap, scale, class weights, smoothing, z-loss, statistics, reductions) is served. */
+#ifndef CE_WARP_THREADS
+#define CE_WARP_THREADS 256 /* 8 warps per CTA */
+#endif
+#ifndef CE_WARP_U
+#define CE_WARP_U 4 /* 16-byte vectors per lane and batch: 2 x 4 x 512 B in flight per warp */
+#endif
+#ifndef CE_WARP_CTAS_PER_SM
+#define CE_WARP_CTAS_PER_SM 4 /* 32 warps per SM: 64 registers, no spills in the plain and smoothing
+                               * loops (the class-weights loop spills ~40 words); with the softcap 2 */
+#endif
+#ifndef CE_WARP_MIN_ROWS_PER_SM
+#define CE_WARP_MIN_ROWS_PER_SM 8 /* the automatic plan's threshold: rows >= this x SMs */
+#endif
+
+template <typename T, bool SOFTCAP>
+__global__ void __launch_bounds__(CE_WARP_THREADS, SOFTCAP ? 2 : CE_WARP_CTAS_PER_SM)
+    ce_warp_kernel(const ce_kparams p)
+{
+    __shared__ double fin[CE_WARP_THREADS / 32];
+    __shared__ int is_last;
+    const int lane = (int)(threadIdx.x & 31u);
+    const int64_t nwarps = (int64_t)gridDim.x * (CE_WARP_THREADS / 32), N = p.n_rows, V = p.vocab;
+    const int64_t w0 = ((int64_t)blockIdx.x * CE_WARP_THREADS + threadIdx.x) / 32;
+    /* the label of the warp's next row is loaded a row ahead (one uniform load per lane) */
+    int64_t y_next = w0 < N ? ce_label(p, w0) : 0;
+    for (int64_t row = w0; row < N; row += nwarps) {
+        const int64_t y = y_next;
+        if (row + nwarps < N) y_next = ce_label(p, row + nwarps);
+        const int status = y == p.ignore_index ? 1 : (y < 0 || y >= V) ? 2 : 0;
+        if (status) {
+            if (lane == 0) ce_row_outputs_zero(p, row, status);
+            continue;
+        }
+        const T *x = (const T *)p.logits + row * p.stride;
+        /* the label's raw logit: loaded before the row, converted after it (lane 0) */
+        lf_edge_raw xy;
+        xy.j = (int32_t)y;
+        xy.bits = 0u;
+        if (lane == 0)
+            xy.bits = sizeof(T) == 4 ? __ldg(reinterpret_cast<const unsigned *>(x) + y)
+                                     : (unsigned)__ldg(reinterpret_cast<const unsigned short *>(x) + y);
+        const lf_row_stats rs = lf_warp_row_pass<T, true, SOFTCAP, CE_WARP_U>(x, V, p.xf, p.class_w, p.eps > 0.0f);
+        if (lane == 0) ce_row_outputs<true, SOFTCAP>(p, row, y, rs, lf_edge_resolve<T>(xy).x);
+    }
+    if (p.reduction == LF_REDUCE_NONE) return;
+    __syncthreads(); /* every warp's row losses are written before thread 0 counts the CTA */
+    ce_batch_reduce<CE_WARP_THREADS>(p, (unsigned long long)gridDim.x, fin, &is_last);
+}
+
 /* ============================================================================================
  * 3. Launcher
  * ========================================================================================== */
@@ -1136,12 +1203,53 @@ static lf_status ce_launch_resident(const ce_kparams &p, int max_cluster, int st
     return LF_OK;
 }
 
+/* The warp-per-row schedule (forward only), if forced or if there are at least
+ * CE_WARP_MIN_ROWS_PER_SM rows per SM (else *launched = false and nothing happens): as many
+ * CTAs as the device runs at once, fewer when there are fewer rows than warps. */
+template <typename T, bool SOFTCAP>
+static lf_status ce_launch_warp(const ce_kparams &p, bool forced, ce_plan *plan, cudaStream_t stream, cudaError_t *cuda_err,
+                                bool *launched)
+{
+    auto kernel = ce_warp_kernel<T, SOFTCAP>;
+    static int ready_d[CE_MAX_DEVICES], sms_d[CE_MAX_DEVICES], per_sm_d[CE_MAX_DEVICES]; /* once per device */
+    *launched = false;
+    int dev = 0;
+    CE_CHECK(cudaGetDevice(&dev));
+    if (dev < 0 || dev >= CE_MAX_DEVICES) return LF_ERR_DEVICE;
+    if (!ready_d[dev]) {
+        CE_CHECK(cudaDeviceGetAttribute(&sms_d[dev], cudaDevAttrMultiProcessorCount, dev));
+        CE_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_d[dev], kernel, CE_WARP_THREADS, 0));
+        ready_d[dev] = 1;
+    }
+    if (per_sm_d[dev] < 1) return forced ? LF_ERR_DEVICE : LF_OK; /* automatic: streamed instead */
+    if (!forced && p.n_rows < (int64_t)CE_WARP_MIN_ROWS_PER_SM * sms_d[dev]) return LF_OK;
+    const int64_t wpc = CE_WARP_THREADS / 32;
+    const int64_t ctas = std::min<int64_t>((p.n_rows + wpc - 1) / wpc, (int64_t)sms_d[dev] * per_sm_d[dev]);
+    if (plan) {
+        plan->schedule = CE_SCHED_WARP;
+        plan->cluster = 1;
+        plan->pieces = 1;
+        plan->stages = 0;
+        plan->clusters = (int)ctas;
+        plan->ctas = (int)ctas;
+    }
+    kernel<<<(unsigned)ctas, CE_WARP_THREADS, 0, stream>>>(p);
+    CE_CHECK(cudaGetLastError());
+    *launched = true;
+    return LF_OK;
+}
+
 template <typename T, bool GRAD, bool FULL, bool SOFTCAP>
 static lf_status ce_launch_kernel(const ce_kparams &p, int max_cluster, int schedule, int stages, ce_plan *plan,
                                   cudaStream_t stream, cudaError_t *cuda_err)
 {
+    if (!GRAD && (schedule == CE_SCHED_WARP || schedule == CE_SCHED_AUTO)) {
+        bool launched = false;
+        const lf_status st = ce_launch_warp<T, SOFTCAP>(p, schedule == CE_SCHED_WARP, plan, stream, cuda_err, &launched);
+        if (st != LF_OK || launched) return st;
+    }
     /* Automatically the row-resident schedule serves the fused forward + backward; a forward-only
-     * pass needs no residency and measured faster streamed (bench/RESULTS.md). */
+     * pass needs no residency: warps (above) over many rows, else streamed (bench/RESULTS.md). */
     if (schedule == CE_SCHED_RESIDENT || (schedule == CE_SCHED_AUTO && GRAD)) {
         bool launched = false;
         /* ce_launch launched the divisor kernel just before for mean without a divisor */
@@ -1260,8 +1368,9 @@ static lf_status ce_launch(const ce_args *a, cudaStream_t stream, cudaError_t *c
     if (a->dtype != LF_F32 && a->dtype != LF_BF16 && a->dtype != LF_F16) return LF_ERR_ARG;
     if ((int)a->reduction < 0 || (int)a->reduction > 2) return LF_ERR_ARG;
     /* stages: more than the warp groups (each holds a stage while another loads; see
-     * ce_resident_kernel) */
-    if (a->schedule < CE_SCHED_AUTO || a->schedule > CE_SCHED_RESIDENT || a->stages < 0 ||
+     * ce_resident_kernel); the warp-per-row schedule serves forward only */
+    if (a->schedule < CE_SCHED_AUTO || a->schedule > CE_SCHED_WARP || (a->schedule == CE_SCHED_WARP && a->grad) ||
+        a->stages < 0 ||
         (a->stages > 0 && a->stages <= CE_RES_GROUPS) || a->stages > CE_RES_MAX_STAGES || a->max_cluster < 0)
         return LF_ERR_ARG;
     if (a->grad && a->grad_stride < a->vocab) return LF_ERR_SIZE;

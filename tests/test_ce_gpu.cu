@@ -51,7 +51,30 @@ struct Case {
     int expect_stages = 0;        /* ... and this many stages */
 };
 
-static const char *sched_name(int s) { return s == CE_SCHED_STREAM ? " [streamed]" : s == CE_SCHED_RESIDENT ? " [resident]" : ""; }
+static const char *sched_name(int s)
+{
+    return s == CE_SCHED_STREAM ? " [streamed]" : s == CE_SCHED_RESIDENT ? " [resident]" : s == CE_SCHED_WARP ? " [warp]" : "";
+}
+
+/* --only 'A|B|...': run only the cases whose name (with the schedule tag) contains one of the
+ * texts (the special tests still run): e.g. the full-size cases of one schedule in a short call. */
+static const char *g_only = NULL;
+
+static bool only_match(const char *name)
+{
+    if (!g_only) return true;
+    for (const char *t = g_only; *t;) {
+        const char *bar = strchr(t, '|');
+        const size_t n = bar ? (size_t)(bar - t) : strlen(t);
+        if (n > 0) {
+            for (const char *q = name; *q; ++q)
+                if (!strncmp(q, t, n)) return true;
+        }
+        if (!bar) break;
+        t = bar + 1;
+    }
+    return false;
+}
 
 static int g_cc_major = 0;
 
@@ -68,6 +91,7 @@ static void run_case(const Case &c)
 {
     snprintf(g_case, sizeof g_case, "%s%s N=%lld V=%lld %s", c.name, sched_name(c.schedule), (long long)c.N, (long long)c.V,
              dt_name(c.dt));
+    if (!only_match(g_case)) return;
     const int fails_before = g_fail;
     uint64_t rs = g_seed ^ mix64((uint64_t)c.N * 1315423911ull + (uint64_t)c.V * 2654435761ull + (uint64_t)c.dt);
     const uint64_t data_seed = mix64(rs + 7);
@@ -520,8 +544,16 @@ static void test_arguments(void)
     b.labels = NULL;
     EXPECT(ce_launch(&b, 0, &ce) == LF_ERR_NULL, "NULL labels accepted");
     b = a;
-    b.schedule = 3;
-    EXPECT(ce_launch(&b, 0, &ce) == LF_ERR_ARG, "schedule 3 accepted");
+    b.schedule = CE_SCHED_WARP + 1;
+    EXPECT(ce_launch(&b, 0, &ce) == LF_ERR_ARG, "schedule %d accepted", CE_SCHED_WARP + 1);
+    b = a;
+    b.schedule = -1;
+    EXPECT(ce_launch(&b, 0, &ce) == LF_ERR_ARG, "schedule -1 accepted");
+    b = a;
+    b.schedule = CE_SCHED_WARP; /* forward only: with a gradient, an argument error */
+    b.grad = x.p;
+    b.grad_stride = 8;
+    EXPECT(ce_launch(&b, 0, &ce) == LF_ERR_ARG, "warp schedule with a gradient accepted");
     for (int ns = 1; ns <= CE_RES_GROUPS; ++ns) { /* a ring no larger than its warp groups cannot load ahead */
         b = a;
         b.stages = ns;
@@ -679,6 +711,102 @@ static void test_ex2_fma(void)
            bad == 0 && off == 0 ? "ok" : "FAIL", g_case, worst, worst_mufu, differ, V);
 }
 
+/* lf_warp_row_pass at batch sizes other than the example's (U = 1, 2, 8: other whole / partial
+ * batch splits) against the double reference: lse, entropy and argmax of bf16 rows at awkward V
+ * and row phases, with ties (also -0 against +0), -inf entries, an all -inf row, a NaN and a +inf;
+ * and with FULL = false (the loss-only path), whose lse must be FULL's to the bit (the same sums in
+ * the same order). One warp per row, 2 warps per CTA. */
+template <int U, bool FULL>
+__global__ void warp_pass_kernel(const __nv_bfloat16 *x, int64_t V, int64_t stride, int N, float *lse, float *ent, int *am)
+{
+    const int row = (int)((blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32);
+    if (row >= N) return;
+    const lf_xform t = lf_xform_make(1.0f, 0.0f);
+    const lf_row_stats st = lf_warp_row_pass<__nv_bfloat16, FULL, false, U>(x + (int64_t)row * stride, V, t, NULL, false);
+    if ((threadIdx.x & 31) == 0) {
+        lse[row] = lf_lse_final(st.lse);
+        ent[row] = FULL ? lf_lse_entropy(st.lse) : 0.0f;
+        am[row] = FULL ? st.am.i : -1;
+    }
+}
+
+static void test_warp_pass(void)
+{
+    const int64_t Vs[] = {1, 5, 9, 255, 256, 257, 1000, 4097, 40000};
+    for (int64_t V : Vs)
+        for (int64_t pad : {(int64_t)0, (int64_t)3}) {
+            snprintf(g_case, sizeof g_case, "lf_warp_row_pass U=1,2,8 V=%lld stride+%lld bf16", (long long)V, (long long)pad);
+            const int N = 12;
+            const int64_t stride = V + pad;
+            DevBuf x((size_t)N * stride * 2 + 16);
+            gen_logits<__nv_bfloat16><<<64, 256>>>((__nv_bfloat16 *)x.p, N, V, stride, g_seed + V * 7 + pad, 40.0f);
+            CK(cudaGetLastError());
+            /* row 1: ties of the maximum at four places; row 2: every third entry -inf; row 3: all -inf;
+             * row 4: a NaN; row 5: a +inf; row 6: constant; row 7: all -1 but -0 at V/3 and +0 at
+             * 2V/3 (a tie: the first wins) */
+            std::vector<uint16_t> h((size_t)N * stride);
+            CK(cudaMemcpy(h.data(), x.p, h.size() * 2, cudaMemcpyDeviceToHost));
+            auto at = [&](int64_t i, int64_t j) -> uint16_t & { return h[(size_t)(i * stride + j)]; };
+            for (int64_t j : {V - 1, V / 2, V / 3, std::min<int64_t>(17, V - 1)}) at(1, j) = lf_f32_to_bf16(60.0f);
+            for (int64_t j = 0; j < V; ++j) {
+                if (j % 3 == 0) at(2, j) = lf_f32_to_bf16(-INFINITY);
+                at(3, j) = lf_f32_to_bf16(-INFINITY);
+                at(6, j) = lf_f32_to_bf16(0.25f);
+                at(7, j) = lf_f32_to_bf16(-1.0f);
+            }
+            at(7, V / 3) = lf_f32_to_bf16(-0.0f);
+            at(7, (2 * V) / 3) = lf_f32_to_bf16(0.0f);
+            at(4, V / 2) = lf_f32_to_bf16(NAN);
+            at(5, (V * 2) / 3) = lf_f32_to_bf16(INFINITY);
+            CK(cudaMemcpy(x.p, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
+            DevBuf lse(N * 4), ent(N * 4), am(N * 4);
+            std::vector<float> lse_u2(N); /* variant 1's lse: variant 3 must give the same bits */
+            for (int variant = 0; variant < 4; ++variant) {
+                for (DevBuf *b : {&lse, &ent, &am}) fill_poison(b->p, N, LF_F32);
+                const __nv_bfloat16 *xp = (const __nv_bfloat16 *)x.p;
+                float *lp = (float *)lse.p, *ep = (float *)ent.p;
+                int *ap = (int *)am.p;
+                if (variant == 0) warp_pass_kernel<1, true><<<(N + 1) / 2, 64>>>(xp, V, stride, N, lp, ep, ap);
+                if (variant == 1) warp_pass_kernel<2, true><<<(N + 1) / 2, 64>>>(xp, V, stride, N, lp, ep, ap);
+                if (variant == 2) warp_pass_kernel<8, true><<<(N + 1) / 2, 64>>>(xp, V, stride, N, lp, ep, ap);
+                if (variant == 3) warp_pass_kernel<2, false><<<(N + 1) / 2, 64>>>(xp, V, stride, N, lp, ep, ap);
+                CK(cudaGetLastError());
+                CK(cudaDeviceSynchronize());
+                std::vector<float> lh(N), eh(N);
+                std::vector<int> ah(N);
+                CK(cudaMemcpy(lh.data(), lse.p, N * 4, cudaMemcpyDeviceToHost));
+                CK(cudaMemcpy(eh.data(), ent.p, N * 4, cudaMemcpyDeviceToHost));
+                CK(cudaMemcpy(ah.data(), am.p, N * 4, cudaMemcpyDeviceToHost));
+                const lf_ce_opts o = lf_ce_opts_default();
+                std::vector<float> xr(V);
+                for (int i = 0; i < N; ++i) {
+                    for (int64_t j = 0; j < V; ++j) xr[j] = lf_bf16_to_f32(h[(size_t)i * stride + j]);
+                    const lf_ce_row r = lf_ref_ce_row(xr.data(), V, 0, &o, NULL);
+                    double zmax = 0.0;
+                    for (int64_t j = 0; j < V; ++j)
+                        if (fabs((double)xr[j]) < INFINITY) zmax = fmax(zmax, fabs((double)xr[j]));
+                    const double lsea = fabs(r.lse) < INFINITY ? fabs(r.lse) : 0.0;
+                    /* as run_case: fp32 exponent arguments and sums, relative to the row's magnitudes */
+                    const double tol = 0x1p-20 * (1.0 + lsea + zmax + log((double)V + 1.0));
+                    uint32_t lb;
+                    memcpy(&lb, &lh[i], 4);
+                    EXPECT(lb != POISON32, "variant %d row %d: lse not written", variant, i);
+                    EXPECT(close(lh[i], r.lse, tol), "variant %d row %d lse %.9g want %.9g", variant, i, lh[i], r.lse);
+                    if (variant == 1) lse_u2[i] = lh[i];
+                    if (variant == 3) {
+                        EXPECT(memcmp(&lh[i], &lse_u2[i], 4) == 0, "row %d: FULL = false lse %.9g, FULL %.9g (U = 2)", i, lh[i],
+                               lse_u2[i]);
+                        continue;
+                    }
+                    EXPECT(close(eh[i], r.entropy, 1e-5 * fabs(r.entropy) + tol), "variant %d row %d entropy %.9g want %.9g",
+                           variant, i, eh[i], r.entropy);
+                    EXPECT(ah[i] == r.argmax, "variant %d row %d argmax %d want %lld", variant, i, ah[i], (long long)r.argmax);
+                }
+            }
+            printf("%-4s %s\n", "ok", g_case);
+        }
+}
+
 /* A captured graph replays to the same bits as the eager launch (the completion counter resets). */
 static void test_graph(void)
 {
@@ -742,6 +870,7 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; ++i) {
         if (!strcmp(argv[i], "--small")) g_small = 1;
         else if (!strcmp(argv[i], "--seed") && i + 1 < argc) g_seed = strtoull(argv[++i], NULL, 0);
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc) g_only = argv[++i];
     }
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
@@ -757,6 +886,7 @@ int main(int argc, char **argv)
 
     test_arguments();
     test_ex2_fma();
+    test_warp_pass();
     test_graph();
 
     const lf_dtype dts[3] = {LF_BF16, LF_F16, LF_F32};
@@ -772,13 +902,18 @@ int main(int argc, char **argv)
      * N = 1 in place with reduction none and a per-row upstream gradient; forward-only statistics
      * of 1000 rows. Then the full, the plain and the forward path again on the schedule the
      * automatic plan did not take (sm_90): streamed where it chose the row-resident one (a
-     * gradient, rows of 8 KB or more), resident where it streamed. */
+     * gradient, rows of 8 KB or more), resident where it streamed; and the forward path on the
+     * warp-per-row schedule (any GPU; the automatic plan takes it from CE_WARP_MIN_ROWS_PER_SM
+     * rows per SM, more than 1000 on an H100). */
     for (lf_dtype dt : dts)
         for (int vi = 0; vi < nV; ++vi)
-            for (int ni = 0; ni < 7; ++ni) {
+            for (int ni = 0; ni < 8; ++ni) {
                 Case c;
-                const int nj = ni >= 4 ? ni - 3 : ni; /* 4: as 1 (full), 5: as 2 (plain), 6: as 3 (forward) */
-                if (ni >= 4) {
+                /* 4: as 1 (full), 5: as 2 (plain), 6: as 3 (forward), 7: forward by warps */
+                const int nj = ni == 7 ? 3 : ni >= 4 ? ni - 3 : ni;
+                if (ni == 7) {
+                    c.schedule = CE_SCHED_WARP;
+                } else if (ni >= 4) {
                     if (g_cc_major < 9) continue; /* everything is streamed there already */
                     const bool auto_resident = nj != 3 && (double)Vs[vi] * lf_dtype_size(dt) >= CE_RES_MIN_SLICE;
                     c.schedule = auto_resident ? CE_SCHED_STREAM : CE_SCHED_RESIDENT;
@@ -788,7 +923,9 @@ int main(int argc, char **argv)
                 c.V = Vs[vi];
                 c.N = nj == 3 ? (g_small ? 300 : 1000) : Ns[nj];
                 if (nj == 3) {
-                    /* forward only, several rows per CTA: the deferred row merge */
+                    /* forward only, several rows per CTA: the deferred row merge (streamed: on a GPU
+                     * of fewer SMs the automatic plan would take warps here) */
+                    if (ni == 3) c.schedule = CE_SCHED_STREAM;
                     c.grad = 0;
                     c.stats = true;
                     c.red = LF_REDUCE_NONE;
@@ -811,44 +948,56 @@ int main(int argc, char **argv)
 
     /* Options one at a time and together, at three vocabularies, every dtype, on the automatic plan
      * and (sm_90) again on the other schedule: the smallest V forced row-resident, the others forced
-     * streamed (one CTA, a 3-CTA cluster, a 10-CTA cluster). */
+     * streamed (one CTA, a 3-CTA cluster, a 10-CTA cluster); then the forward-only cases once more
+     * on the warp-per-row schedule (any GPU). */
     const int64_t Vo_full[3] = {1000, 50257, 151936}, Vo_small[3] = {1000, 3001, 16385};
-    for (int pass = 0; pass < (g_cc_major >= 9 ? 2 : 1); ++pass)
+    for (int pass = 0; pass < 3; ++pass)
     for (lf_dtype dt : dts)
         for (int vi = 0; vi < 3; ++vi) {
+            if (pass == 1 && g_cc_major < 9) continue;
             Case b;
             if (pass == 1) b.schedule = vi == 0 ? CE_SCHED_RESIDENT : CE_SCHED_STREAM;
+            if (pass == 2) b.schedule = CE_SCHED_WARP;
+            /* the warp pass runs the forward-only cases (with a gradient it is an argument error) */
+            auto run = [&](const Case &c) {
+                if (pass < 2 || c.grad == 0) run_case(c);
+            };
             b.dt = dt;
             b.V = g_small ? Vo_small[vi] : Vo_full[vi];
             b.N = g_small ? 9 : 67;
             b.check_all = true;
             Case c;
-            c = b; c.name = "softcap 30"; c.cap = 30.0f; c.stats = true; run_case(c);
-            c = b; c.name = "logit scale 0.7"; c.scale = 0.7f; run_case(c);
-            c = b; c.name = "softcap + scale 1.5 in place"; c.cap = 15.0f; c.scale = 1.5f; c.grad = 2; run_case(c);
-            c = b; c.name = "class weights"; c.weights = true; run_case(c);
-            c = b; c.name = "weights + smoothing 0.2"; c.weights = true; c.eps = 0.2f; run_case(c);
-            c = b; c.name = "z-loss 1e-3 sum dloss"; c.lam = 1e-3f; c.red = LF_REDUCE_SUM; c.dloss = true; c.grad_scale = 2.0f; run_case(c);
-            c = b; c.name = "mean device divisor"; c.dev_divisor = true; run_case(c);
-            c = b; c.name = "none per-row dloss"; c.red = LF_REDUCE_NONE; c.dloss = true; run_case(c);
-            c = b; c.name = "sum, negative dloss, in place"; c.red = LF_REDUCE_SUM; c.dloss = true; c.dloss_neg = true; c.grad = 2; run_case(c);
-            c = b; c.name = "int32 labels, stride+5 in place"; c.lab64 = 0; c.pad = 5; c.grad = 2; run_case(c);
-            c = b; c.name = "grad stride+3 (phase differs)"; c.pad = 2; c.gpad = 3; run_case(c);
-            c = b; c.name = "forward only stats + softcap"; c.grad = 0; c.stats = true; c.cap = 20.0f; c.red = LF_REDUCE_NONE; run_case(c);
-            c = b; c.name = "forward only stats, ties"; c.grad = 0; c.stats = true; c.plant_ties = true; c.red = LF_REDUCE_NONE; run_case(c);
-            c = b; c.name = "forward only, smoothing, z-loss, mean"; c.grad = 0; c.eps = 0.1f; c.lam = 1e-4f; run_case(c);
-            c = b; c.name = "forward only -inf masks, NaN rows"; c.grad = 0; c.stats = true; c.plant_masks = true; c.plant_nonfinite = true; c.red = LF_REDUCE_NONE; run_case(c);
-            c = b; c.name = "forward only clusters of 3"; c.grad = 0; c.stats = true; c.max_cluster = 3; c.plant_ties = true; c.red = LF_REDUCE_NONE; run_case(c);
-            c = b; c.name = "ties, fused, entropy"; c.stats = true; c.plant_ties = true; run_case(c);
-            c = b; c.name = "huge logits 1e4"; c.outlier = 1e4f; c.stats = true; run_case(c);
-            c = b; c.name = "-inf masks"; c.plant_masks = true; c.stats = true; c.red = LF_REDUCE_NONE; run_case(c);
-            c = b; c.name = "-inf masks + smoothing"; c.plant_masks = true; c.eps = 0.1f; run_case(c);
-            c = b; c.name = "NaN and +inf rows"; c.plant_nonfinite = true; c.stats = true; c.red = LF_REDUCE_NONE; run_case(c);
-            c = b; c.name = "NaN rows, mean"; c.plant_nonfinite = true; run_case(c);
-            c = b; c.name = "no clusters (re-read)"; c.max_cluster = 1; c.eps = 0.05f; run_case(c);
-            c = b; c.name = "cluster of 3"; c.max_cluster = 3; c.stats = true; run_case(c);
-            c = b; c.name = "all ignored"; c.ignore_frac = 1.0; c.stats = true; run_case(c);
-            c = b; c.name = "bad labels"; c.bad_frac = 0.5; c.grad = 2; run_case(c);
+            c = b; c.name = "softcap 30"; c.cap = 30.0f; c.stats = true; run(c);
+            c = b; c.name = "logit scale 0.7"; c.scale = 0.7f; run(c);
+            c = b; c.name = "softcap + scale 1.5 in place"; c.cap = 15.0f; c.scale = 1.5f; c.grad = 2; run(c);
+            c = b; c.name = "class weights"; c.weights = true; run(c);
+            c = b; c.name = "weights + smoothing 0.2"; c.weights = true; c.eps = 0.2f; run(c);
+            c = b; c.name = "z-loss 1e-3 sum dloss"; c.lam = 1e-3f; c.red = LF_REDUCE_SUM; c.dloss = true; c.grad_scale = 2.0f; run(c);
+            c = b; c.name = "mean device divisor"; c.dev_divisor = true; run(c);
+            c = b; c.name = "none per-row dloss"; c.red = LF_REDUCE_NONE; c.dloss = true; run(c);
+            c = b; c.name = "sum, negative dloss, in place"; c.red = LF_REDUCE_SUM; c.dloss = true; c.dloss_neg = true; c.grad = 2; run(c);
+            c = b; c.name = "int32 labels, stride+5 in place"; c.lab64 = 0; c.pad = 5; c.grad = 2; run(c);
+            c = b; c.name = "grad stride+3 (phase differs)"; c.pad = 2; c.gpad = 3; run(c);
+            c = b; c.name = "forward only stats + softcap"; c.grad = 0; c.stats = true; c.cap = 20.0f; c.red = LF_REDUCE_NONE; run(c);
+            c = b; c.name = "forward only stats, ties"; c.grad = 0; c.stats = true; c.plant_ties = true; c.red = LF_REDUCE_NONE; run(c);
+            c = b; c.name = "forward only, smoothing, z-loss, mean"; c.grad = 0; c.eps = 0.1f; c.lam = 1e-4f; run(c);
+            c = b; c.name = "forward only stats, stride+5, int32 labels"; c.grad = 0; c.stats = true; c.pad = 5; c.lab64 = 0; c.red = LF_REDUCE_NONE; c.plant_ties = true; run(c);
+            c = b; c.name = "forward only weights + smoothing, softcap, sum"; c.grad = 0; c.weights = true; c.eps = 0.2f; c.cap = 25.0f; c.red = LF_REDUCE_SUM; c.pad = 3; run(c);
+            c = b; c.name = "forward only, huge logits 1e4, all options"; c.grad = 0; c.stats = true; c.outlier = 1e4f; c.eps = 0.1f; c.lam = 1e-4f; c.scale = 0.7f; c.red = LF_REDUCE_NONE; run(c);
+            c = b; c.name = "forward only class weights"; c.grad = 0; c.weights = true; c.stats = true; c.red = LF_REDUCE_NONE; run(c);
+            c = b; c.name = "forward only smoothing + softcap"; c.grad = 0; c.eps = 0.1f; c.cap = 20.0f; c.stats = true; run(c);
+            c = b; c.name = "forward only -inf masks, NaN rows"; c.grad = 0; c.stats = true; c.plant_masks = true; c.plant_nonfinite = true; c.red = LF_REDUCE_NONE; run(c);
+            c = b; c.name = "forward only clusters of 3"; c.grad = 0; c.stats = true; c.max_cluster = 3; c.plant_ties = true; c.red = LF_REDUCE_NONE; run(c);
+            c = b; c.name = "ties, fused, entropy"; c.stats = true; c.plant_ties = true; run(c);
+            c = b; c.name = "huge logits 1e4"; c.outlier = 1e4f; c.stats = true; run(c);
+            c = b; c.name = "-inf masks"; c.plant_masks = true; c.stats = true; c.red = LF_REDUCE_NONE; run(c);
+            c = b; c.name = "-inf masks + smoothing"; c.plant_masks = true; c.eps = 0.1f; run(c);
+            c = b; c.name = "NaN and +inf rows"; c.plant_nonfinite = true; c.stats = true; c.red = LF_REDUCE_NONE; run(c);
+            c = b; c.name = "NaN rows, mean"; c.plant_nonfinite = true; run(c);
+            c = b; c.name = "no clusters (re-read)"; c.max_cluster = 1; c.eps = 0.05f; run(c);
+            c = b; c.name = "cluster of 3"; c.max_cluster = 3; c.stats = true; run(c);
+            c = b; c.name = "all ignored"; c.ignore_frac = 1.0; c.stats = true; run(c);
+            c = b; c.name = "bad labels"; c.bad_frac = 0.5; c.grad = 2; run(c);
         }
 
     /* Launch plans at V = 256K: streamed without clusters (16 pieces re-read), clusters of 3 (each
@@ -881,6 +1030,19 @@ int main(int argc, char **argv)
             c.expect_cluster = k == 0 ? 1 : 0;
             c.expect_pieces = 1;
             c.expect_stages = k == 0 ? 3 : 0;
+            run_case(c);
+        }
+        /* forward only over many rows: one warp per row (lf_warp_row_pass) */
+        {
+            Case c;
+            c.name = "automatic plan, forward stats";
+            c.N = 4096;
+            c.V = 32768;
+            c.grad = 0;
+            c.stats = true;
+            c.red = LF_REDUCE_NONE;
+            c.plant_ties = true;
+            c.expect_schedule = CE_SCHED_WARP;
             run_case(c);
         }
         Case c;
@@ -947,7 +1109,10 @@ int main(int argc, char **argv)
         c.dloss = false;
         c.stats = true;
         c.plant_ties = true;
+        run_case(c); /* automatic: one warp per row */
+        c.schedule = CE_SCHED_STREAM;
         run_case(c);
+        c.schedule = CE_SCHED_AUTO;
         if (g_cc_major >= 9) { /* the resident ring cycled ~2000 times per CTA, the labels loaded ahead */
             c.name = "250000 rows";
             c.schedule = CE_SCHED_RESIDENT;
@@ -987,6 +1152,42 @@ int main(int argc, char **argv)
         run_case(c);
     }
 
+    /* The warp-per-row schedule off the automatic path: fewer rows than warps (1, 3, 7 rows of
+     * 256K: one warp streams a whole long row; V = 5 and 1: rows shorter than a vector), in every
+     * dtype; the forward loss reduced deterministically (same bits run to run). */
+    for (lf_dtype dt : dts)
+        for (int64_t n : {(int64_t)1, (int64_t)3, (int64_t)7}) {
+            Case c;
+            c.name = "warp, few rows";
+            c.schedule = CE_SCHED_WARP;
+            c.dt = dt;
+            c.N = n;
+            c.V = g_small ? 40000 : 262144;
+            c.grad = 0;
+            c.stats = true;
+            c.red = LF_REDUCE_NONE;
+            c.plant_ties = n >= 6;
+            c.plant_nonfinite = n >= 3;
+            c.ignore_frac = 0.0;
+            run_case(c);
+            c.V = n == 7 ? 1 : 5;
+            c.plant_nonfinite = false;
+            c.pad = 1;
+            run_case(c);
+        }
+    {
+        Case c;
+        c.name = "determinism forward, mean";
+        c.schedule = CE_SCHED_WARP;
+        c.N = g_small ? 50 : 4096;
+        c.V = g_small ? 16385 : 32768;
+        c.grad = 0;
+        c.eps = 0.1f;
+        c.lam = 1e-4f;
+        c.determinism = true;
+        run_case(c);
+    }
+
     /* rows x V > 2^31: 64-bit offsets everywhere (4.3 GB of bf16, in place). */
     if (!g_small) {
         Case c;
@@ -1000,6 +1201,8 @@ int main(int argc, char **argv)
         c.grad = 0;
         c.stats = true;
         c.red = LF_REDUCE_NONE;
+        run_case(c); /* automatic: one warp per row */
+        c.schedule = CE_SCHED_STREAM;
         run_case(c);
     }
 
