@@ -794,8 +794,10 @@ static void test_warp_pass(void)
                     EXPECT(close(lh[i], r.lse, tol), "variant %d row %d lse %.9g want %.9g", variant, i, lh[i], r.lse);
                     if (variant == 1) lse_u2[i] = lh[i];
                     if (variant == 3) {
-                        EXPECT(memcmp(&lh[i], &lse_u2[i], 4) == 0, "row %d: FULL = false lse %.9g, FULL %.9g (U = 2)", i, lh[i],
-                               lse_u2[i]);
+                        /* the same sums in the same order, but where FULL's rescale also feeds u the
+                         * compiler does not fuse a * s + sum into one FMA: an ulp or two apart */
+                        EXPECT(close(lh[i], lse_u2[i], 0x1p-21 * fabs((double)lse_u2[i])), "row %d: FULL = false lse %.9g, FULL %.9g (U = 2)",
+                               i, lh[i], lse_u2[i]);
                         continue;
                     }
                     EXPECT(close(eh[i], r.entropy, 1e-5 * fabs(r.entropy) + tol), "variant %d row %d entropy %.9g want %.9g",
@@ -904,7 +906,7 @@ int main(int argc, char **argv)
      * automatic plan did not take (sm_90): streamed where it chose the row-resident one (a
      * gradient, rows of 8 KB or more), resident where it streamed; and the forward path on the
      * warp-per-row schedule (any GPU; the automatic plan takes it from CE_WARP_MIN_ROWS_PER_SM
-     * rows per SM, more than 1000 on an H100). */
+     * rows per SM, so the first forward pass is forced streamed). */
     for (lf_dtype dt : dts)
         for (int vi = 0; vi < nV; ++vi)
             for (int ni = 0; ni < 8; ++ni) {
