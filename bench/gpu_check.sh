@@ -14,13 +14,16 @@
 # shapes, since torch.compile takes ~30 s per shape and mode.) One device call runs at most
 # 10 minutes: split it, e.g. "build test sanitize" then "build bench peers klpeers".
 # Logs and the table/chart go to $OUT (or ./gpu_out). SANITIZE_TESTS narrows the sanitized tests.
+# Prebuilt binaries (bench/prebuild.sh, run where there is no GPU; carry gpu_bin): B=gpu_bin and no
+# build stage; the test stage then runs the GPU tests found in $B/tests directly, each with
+# TEST_ARGS (e.g. "--small", or "--only '[warp]'" for test_ce_gpu), instead of meson test.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
 stages=${*:-build test sanitize bench peers klpeers packed packedpeers tp tppeers}
 has() { [[ " $stages " == *" $1 "* ]]; }
-B=build-gpu
+B=${B:-build-gpu}
 summary=()
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
 
@@ -30,7 +33,19 @@ if has build; then
   ninja -C "$B" >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
   summary+=("build: ok ($(( $(date +%s) - t0 )) s)")
 fi
-if has test; then
+if has test && [ ! -f "$B/build.ninja" ]; then # prebuilt: each GPU test binary on its own
+  np=0; nf=0; ns=0
+  for t in "$B"/tests/test_*_gpu; do
+    [ -x "$t" ] || continue
+    n=$(basename "$t")
+    eval timeout "${TEST_TIMEOUT:-600}" "$t" "${TEST_ARGS:-}" >"$OUT/$n.log" 2>&1
+    rc=$?
+    case $rc in 0) np=$((np + 1)); r=ok ;; 77) ns=$((ns + 1)); r=SKIP ;; *) nf=$((nf + 1)); r="FAIL (rc=$rc)" ;; esac
+    echo "$r $n ${TEST_ARGS:-}: $(tail -1 "$OUT/$n.log")"
+    grep -E "^FAIL" "$OUT/$n.log" | head -10
+  done
+  summary+=("tests (prebuilt, ${TEST_ARGS:-full}): $np ok, $nf failed, $ns skipped")
+elif has test; then
   meson test -C "$B" --no-rebuild --print-errorlogs >"$OUT/test.log" 2>&1
   grep -E "^ *[0-9]+/[0-9]+ " "$OUT/test.log"
   cp "$B/meson-logs/testlog.txt" "$OUT/testlog.txt" 2>/dev/null
@@ -39,6 +54,7 @@ if has test; then
 fi
 if has sanitize; then
   for t in ${SANITIZE_TESTS:-test_ce_gpu test_kl_gpu test_seg_gpu test_pref_gpu test_dpo_gpu test_cp_gpu test_tp_gpu}; do
+    [ -x "$B/tests/$t" ] || continue # prebuilt: only what was built
     for tool in memcheck racecheck; do
       log="$OUT/$tool.$t.log"
       timeout ${SANITIZE_TIMEOUT:-200} compute-sanitizer --tool $tool --error-exitcode 9 "$B/tests/$t" --small >"$log" 2>&1
