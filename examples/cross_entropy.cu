@@ -26,20 +26,21 @@
  *   once, then from shared memory, never again from L2.
  *   Streamed (any GPU; forward only over few rows, and rows too short for the resident ring):
  *   persistent CTAs of 256 threads (three per SM) stage rows in shared memory with cp.async: two
- *   32 KB buffers each, so the copies of the next piece are in flight while the current one is
- *   reduced and its gradient written (each thread copies and reads back only its own 16-byte vectors: the
+ *   32 KB buffers each, so the copies of the next piece are in flight while the current one is reduced
+ *   and its gradient written (each thread copies and reads back only its own 16-byte vectors: the
  *   pipeline needs no barrier). A row larger than 32 KB may be split over a cluster on sm_90
- *   (lf_cluster_row_stats, one cluster barrier per row). Where a CTA's slice is larger than a
- *   buffer (always without clusters, e.g. on sm_80) it streams the slice in pieces, writes the
- *   last piece's gradient while it is still staged and reads the others a second time, last
- *   first (from L2 when they are still there): correct for any V.
- *   Warp per row (any GPU; the automatic choice for forward only over many rows): each warp of a
+ *   (lf_cluster_row_stats, one cluster barrier per row). Where a CTA's slice is larger than a buffer
+ *   (always without clusters, e.g. on sm_80) it streams the slice in pieces, writes the last piece's
+ *   gradient while it is still staged and reads the others a second time, last first (from L2 when
+ *   they are still there): correct for any V.
+ *   Warp per row (sm_80+; the automatic choice for forward only over many rows): each warp of a
  *   persistent grid reads its rows straight from global memory into registers (lf_warp_row_pass),
  *   two batches of 16-byte loads in flight per lane; no shared memory and no per-row block merge,
  *   which is what a short row (V = 32K: 64 KB) costs the streamed CTAs.
- *   Measured (bench/RESULTS.md, bf16, gradient in place): the resident schedule reaches 87-95% of
+ *   Measured (bench/RESULTS.md, bf16, gradient in place): the resident schedule reaches 84-95% of
  *   the device-to-device copy bandwidth on an H100 and 79-85% on an H200 (a plain in-place
- *   read-modify-write kernel: 92% there), against 76-91% and 69-79% streamed.
+ *   read-modify-write kernel: 92% there), against 76-93% and 69-79% streamed. Forward only, one
+ *   warp per row: 86-106% on an H100 (a read-only pass can beat the copy's rate there).
 
  * What keeps it near the bandwidth limit (measured, bench/RESULTS.md): per element the fast
  *   path (no softcap, no class weights) spends a packed max (two bf16 per instruction), one
@@ -973,15 +974,17 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
 }
 
 /* ---- The warp-per-row schedule (forward only) ----------------------------------------------
- * One warp per row (lf_warp_row_pass; sm_80+): each warp of a persistent grid takes rows w, w + W, ...
- * (W warps in all) and reads each row once from global memory through registers, 2 x CE_WARP_U
- * 16-byte loads per lane in flight; lane 0 writes the row's outputs. No shared memory, no barrier
- * per row, no per-row block merge: what the streamed CTAs pay per row (a merge across 8 warps,
- * ~2 us per row and CTA, measured) is 5 shuffle steps here, so short rows (V = 32K: 64 KB) run at
- * the rate of long ones. The automatic plan takes it for forward-only passes over enough rows
- * (CE_WARP_MIN_ROWS_PER_SM per SM): with fewer, too few warps would keep too few bytes in flight,
- * and the streamed CTAs (256 threads on a row) are faster. Every option of the forward pass
- * (softcap, scale, class weights, smoothing, z-loss, statistics, reductions) is served. */
+ * One warp per row (lf_warp_row_pass; sm_80+): each warp of a persistent grid takes rows w,
+ * w + W, ... (W warps in all) and reads each row once from global memory through registers,
+ * 2 x CE_WARP_U 16-byte loads per lane in flight; lane 0 writes the row's outputs. No shared
+ * memory, no barrier per row, no per-row block merge: what the streamed CTAs pay per row (a merge
+ * across 8 warps, ~2 us per row and CTA, measured) is 5 shuffle steps here, which short rows feel
+ * most (measured on an H100: 79 -> 86% of copy at 4096 x 32768, 92 -> 95% at 16384 x 32768;
+ * bench/RESULTS.md). The automatic plan takes it for forward-only passes over at least
+ * CE_WARP_MIN_ROWS_PER_SM rows per SM; with fewer rows there are fewer warps, each with only its
+ * own loads in flight, where the streamed CTAs put 256 threads on a row. Every option of the
+ * forward pass (softcap, scale, class weights, smoothing, z-loss, statistics, reductions) is
+ * served. */
 #ifndef CE_WARP_THREADS
 #define CE_WARP_THREADS 256 /* 8 warps per CTA */
 #endif
