@@ -65,8 +65,13 @@ if has sanitize; then
 fi
 if has bench; then
   "$B/bench/bench_ce" --variants ${BENCH_ARGS:-} | tee "$OUT/bench.log"
-  "$B/bench/bench_kl" ${BENCH_KL_ARGS:-} | grep -v "^COPY\|^DEVICE" | tee -a "$OUT/bench.log"
-  "$B/bench/bench_kl" --topk 64 ${BENCH_KL_ARGS:-} | grep -v "^COPY\|^DEVICE" | tee -a "$OUT/bench.log"
+  for v in "$B"/bench/bench_ce_*; do # prebuilt variants (bench/prebuild.sh SUFFIX=_name): bench_ce_name
+    [ -x "$v" ] && "$v" --tag "${v##*/bench_ce}" ${BENCH_ARGS:-} | grep "^RESULT" | tee -a "$OUT/bench.log"
+  done
+  if [ -x "$B/bench/bench_kl" ]; then # (a prebuilt set may leave it out)
+    "$B/bench/bench_kl" ${BENCH_KL_ARGS:-} | grep -v "^COPY\|^DEVICE" | tee -a "$OUT/bench.log"
+    "$B/bench/bench_kl" --topk 64 ${BENCH_KL_ARGS:-} | grep -v "^COPY\|^DEVICE" | tee -a "$OUT/bench.log"
+  fi
 fi
 if has peers; then
   PYTHONUNBUFFERED=1 timeout ${PEERS_TIMEOUT:-420} python3 bench/torch_peers.py --modes fwdbwd,fwd ${PEERS_ARGS:-} 2>"$OUT/peers.err" | tee -a "$OUT/bench.log"
