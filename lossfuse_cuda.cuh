@@ -877,10 +877,10 @@ static __device__ __forceinline__ unsigned lf_argmax_key(float x)
  * body in global memory offset by vbeg (generic loads: either works). */
 template <int THREADS, typename T>
 static __device__ __noinline__ int32_t lf_piece_find(const uint4 *src, const lf_row_span &sp, int vbeg, int vend, float M,
-                                                     bool nan)
+                                                     bool nan, int i)
 {
     const int PV = lf_elem<T>::per_vec;
-    for (int v = vbeg + (int)threadIdx.x; v < vend; v += THREADS) {
+    for (int v = vbeg + i; v < vend; v += THREADS) {
         float x[PV];
         lf_elem<T>::unpack(src[v - vbeg], x);
 #pragma unroll
@@ -888,6 +888,14 @@ static __device__ __noinline__ int32_t lf_piece_find(const uint4 *src, const lf_
             if (nan ? x[e] != x[e] : x[e] == M) return sp.head + v * PV + e;
     }
     return -1;
+}
+
+/* (i: the taker's index among the THREADS, threadIdx.x by default; lf_warp_row_pass passes the lane) */
+template <int THREADS, typename T>
+static __device__ __forceinline__ int32_t lf_piece_find(const uint4 *src, const lf_row_span &sp, int vbeg, int vend, float M,
+                                                        bool nan)
+{
+    return lf_piece_find<THREADS, T>(src, sp, vbeg, vend, M, nan, (int)threadIdx.x);
 }
 
 template <int THREADS, typename T>
@@ -1121,24 +1129,6 @@ static __device__ __forceinline__ void lf_impl_warp_batch(lf_row_stats &st, floa
     }
 }
 
-/* The first index j >= 0 among the lane's vectors of batch b whose raw logit is M (nan: the first
- * NaN among ALL the lane's vectors, b ignored), or INT_MAX. */
-template <typename T, int U>
-static __device__ __noinline__ int32_t lf_impl_warp_find(const uint4 *body, int b, int lane, int nvec, int head, float M,
-                                                         bool nan)
-{
-    const int PV = lf_elem<T>::per_vec;
-    const int vb = nan ? lane : 32 * U * b + lane, ve = nan ? nvec : min(nvec, 32 * U * (b + 1));
-    for (int v = vb; v < ve; v += 32) {
-        float x[PV];
-        lf_elem<T>::unpack(lf_ld16_stream(body + v), x);
-#pragma unroll
-        for (int e = 0; e < PV; ++e)
-            if (nan ? x[e] != x[e] : x[e] == M) return head + v * PV + e;
-    }
-    return INT_MAX;
-}
-
 /* The order-preserving key of lf_argmax_key, back to the float (-0 comes back as +0). */
 static __device__ __forceinline__ float lf_impl_argmax_unkey(unsigned k)
 {
@@ -1195,7 +1185,11 @@ static __device__ __forceinline__ lf_row_stats lf_impl_warp_row_pass(const T *ro
     const unsigned key = bb >= 0 ? lf_argmax_key(bv) : 0u;
     const unsigned wkey = __reduce_max_sync(0xffffffffu, key);
     int32_t idx = INT_MAX;
-    if (bb >= 0 && key == wkey) idx = lf_impl_warp_find<T, U>(body, bb, lane, nvec, sp.head, bv, false);
+    if (bb >= 0 && key == wkey) {
+        const int vb = 32 * U * bb, ve = min(nvec, 32 * U * (bb + 1)); /* batch bb; the lane's are vb + lane + 32 u */
+        const int32_t j = lf_piece_find<32, T>(body + vb, sp, vb, ve, bv, false, lane);
+        if (j >= 0) idx = j;
+    }
     idx = __reduce_min_sync(0xffffffffu, idx);
     if (idx != INT_MAX) {
         lf_argmax am;
@@ -1206,7 +1200,8 @@ static __device__ __forceinline__ lf_row_stats lf_impl_warp_row_pass(const T *ro
     /* a NaN or +inf element made s NaN (uniform): the first NaN, if any, is the argmax */
     if (st.lse.s != st.lse.s) {
         int32_t nidx = (e.j >= 0 && e.x != e.x) ? e.j : INT_MAX;
-        nidx = min(nidx, lf_impl_warp_find<T, U>(body, 0, lane, nvec, sp.head, 0.0f, true));
+        const int32_t j = lf_piece_find<32, T>(body, sp, 0, nvec, 0.0f, true, lane); /* all the lane's vectors */
+        if (j >= 0) nidx = min(nidx, j);
         nidx = __reduce_min_sync(0xffffffffu, nidx);
         if (nidx != INT_MAX) {
             st.am.v = NAN;
