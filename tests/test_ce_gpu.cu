@@ -795,8 +795,10 @@ static void test_warp_pass(void)
                     if (variant == 1) lse_u2[i] = lh[i];
                     if (variant == 3) {
                         /* the same sums in the same order, but where FULL's rescale also feeds u the
-                         * compiler does not fuse a * s + sum into one FMA: an ulp or two apart */
-                        EXPECT(close(lh[i], lse_u2[i], 0x1p-21 * fabs((double)lse_u2[i])), "row %d: FULL = false lse %.9g, FULL %.9g (U = 2)",
+                         * compiler does not fuse a * s + sum into one FMA: s an ulp or two apart, so
+                         * lse = m + log s a few ulps of 1 apart in absolute terms (also where lse
+                         * itself is near 0: seen on an H100, 6e-8 at lse = 0.048) */
+                        EXPECT(close(lh[i], lse_u2[i], 0x1p-21 * (1.0 + fabs((double)lse_u2[i]))), "row %d: FULL = false lse %.9g, FULL %.9g (U = 2)",
                                i, lh[i], lse_u2[i]);
                         continue;
                     }
