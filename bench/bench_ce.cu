@@ -1,7 +1,7 @@
 /* bench/bench_ce.cu — times examples/cross_entropy.cu against the bytes-moved floor.
  *
  *   bench_ce [--shapes 4096x32768,16384x262144,...] [--iters 20] [--variants] [--clusters 0,1,2,4]
- *            [--stages 2,3,4] [--modes fwdbwd,fwd] [--separate-grad] [--tag _name]
+ *            [--stages 2,3,4] [--modes fwdbwd,fwd] [--separate-grad] [--fwd-flush] [--tag _name]
  *
  * Prints machine-readable lines that bench/report.py turns into the table and chart:
  *   DEVICE name=...
@@ -20,8 +20,19 @@
  * --separate-grad writes the gradient to another buffer instead of in place (same floor bytes).
  * --tag appends to every impl name (bench/tune.sh builds variants with other tile macros).
  * Each RESULT line also says the plan chosen (cluster size, pieces per slice, CTAs).
- * Each timed launch is preceded (untimed) by restoring the logits from a pristine copy and by
- * writing a 256 MiB buffer, so nothing of the input is left in L2; the median is reported.
+ * L2 before each timed launch: a launch should start with L2 in the state that a launch of its
+ * own kind leaves, filled with other data, so that it pays for its own traffic and no one
+ * else's. fwdbwd: the logits are restored from a pristine copy and a 256 MiB buffer is written
+ * (untimed), so L2 holds none of the input and is full of dirty lines, as the kernel leaves it
+ * (its own gradient). fwd (read-only: it leaves L2 clean): the launches alternate between two
+ * copies of the logits, each larger than L2, with nothing in between, so each starts with the
+ * other copy's clean tail in L2 (METHOD.md's rotation of input sets). After a 256 MiB write
+ * instead, a forward pass would also pay for writing that buffer's last ~L2-size of dirty lines
+ * back to HBM (about 50-60 MB: a fixed ~15-20 us, 15-20% at 4096 x 32768); --fwd-flush times
+ * the forward passes that way too, as impl=<name>_l2dirty. Where nothing else precedes a timed
+ * launch (the rotated forward passes), a 50 us spin kernel (bench_delay: no memory traffic) does,
+ * so that the host's launch latency stays out of the events, as the restore and the flush keep it
+ * out otherwise. The median is reported.
  * A benchmark, not a test: it checks nothing but CUDA errors.
  */
 #define CE_NO_MAIN
@@ -38,6 +49,7 @@ int main(int argc, char **argv)
     std::vector<variant> variants = {{0, CE_SCHED_AUTO, 0, "lossfuse"}};
     bool do_mode[2] = {true, true};
     bool separate = false; /* gradient to another buffer */
+    bool fwd_flush = false; /* forward passes also timed after the L2 flush (impl suffix _l2dirty) */
     for (int i = 1; i < argc; ++i) {
         if (!strcmp(argv[i], "--shapes") && i + 1 < argc) shapes = argv[++i];
         else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
@@ -47,6 +59,7 @@ int main(int argc, char **argv)
             variants.push_back({0, CE_SCHED_WARP, 0, "lossfuse_warp"}); /* forward only */
         } else if (!strcmp(argv[i], "--tag") && i + 1 < argc) tag = argv[++i];
         else if (!strcmp(argv[i], "--separate-grad")) separate = true;
+        else if (!strcmp(argv[i], "--fwd-flush")) fwd_flush = true;
         else if (!strcmp(argv[i], "--clusters") && i + 1 < argc) { /* e.g. 0,1,2,4,8 */
             variants.clear();
             for (char *t = strtok(argv[++i], ","); t; t = strtok(NULL, ",")) {
@@ -69,7 +82,7 @@ int main(int argc, char **argv)
         printf("bench_ce: no CUDA device\n");
         return 77;
     }
-    bench_device_line();
+    const cudaDeviceProp prop = bench_device_line();
 
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
@@ -109,6 +122,9 @@ int main(int argc, char **argv)
         std::vector<int64_t> yh(N);
         for (int64_t i = 0; i < N; ++i) yh[i] = (i % 20 == 7) ? -100 : (int64_t)((i * 2654435761ull) % (uint64_t)V);
         CK(cudaMemcpy(y, yh.data(), N * 8, cudaMemcpyHostToDevice));
+        if (do_mode[1] && bytes < 2 * (size_t)prop.l2CacheSize)
+            printf("NOTE N=%lld V=%lld: the logits are smaller than twice L2, so the rotated forward passes read part "
+                   "of them from L2\n", (long long)N, (long long)V);
 
         ce_args a = ce_args_default();
         a.logits = x;
@@ -125,15 +141,17 @@ int main(int argc, char **argv)
 
         for (const variant &va : variants) {
             const std::string impl = va.name + tag;
-            for (int mode = 0; mode < 2; ++mode) { /* 0 fwdbwd, 1 fwd */
-                if (!do_mode[mode] || (mode == 0 && va.schedule == CE_SCHED_WARP)) continue;
+            /* 0 fwdbwd; 1 fwd, rotating two copies of the logits; 2 fwd after the L2 flush */
+            for (int mode = 0; mode < 3; ++mode) {
+                const bool fwd = mode > 0;
+                if (!do_mode[fwd ? 1 : 0] || (mode == 2 && !fwd_flush) || (!fwd && va.schedule == CE_SCHED_WARP)) continue;
                 ce_args b = a;
                 b.max_cluster = va.max_cluster;
                 b.schedule = va.schedule;
                 b.stages = va.stages;
                 ce_plan plan;
                 b.plan = &plan;
-                if (mode == 0) {
+                if (!fwd) {
                     b.grad = separate ? g : x;
                     b.grad_stride = V;
                 } else {
@@ -148,7 +166,12 @@ int main(int argc, char **argv)
                 CK(cudaMemcpy(x, pristine, bytes, cudaMemcpyDeviceToDevice));
                 for (int it = 0; it < iters + 3; ++it) {
                     if (mode == 0) CK(cudaMemcpyAsync(x, pristine, bytes, cudaMemcpyDeviceToDevice));
-                    CK(cudaMemsetAsync(flush, it & 0xff, flush_bytes));
+                    if (mode != 1) CK(cudaMemsetAsync(flush, it & 0xff, flush_bytes));
+                    if (mode == 1) { /* the same values; the GPU kept busy while the host launches */
+                        b.logits = (it & 1) ? pristine : x;
+                        bench_delay<<<1, 32>>>(50000);
+                        CK(cudaGetLastError());
+                    }
                     CK(cudaEventRecord(e0));
                     cudaError_t ce;
                     const lf_status st = ce_launch(&b, 0, &ce);
@@ -163,10 +186,10 @@ int main(int argc, char **argv)
                     if (it >= 3) t.push_back(ms);
                 }
                 CK(cudaGetLastError());
-                const size_t floor_bytes = mode == 0 ? 2 * bytes : bytes;
-                printf("RESULT impl=%s mode=%s N=%lld V=%lld dtype=bf16 ms=%.4f bytes=%zu extra_bytes=%zu status=ok "
-                       "schedule=%s cluster=%d pieces=%d stages=%d ctas=%d\n", impl.c_str(), mode == 0 ? "fwdbwd" : "fwd",
-                       (long long)N, (long long)V, median(t), floor_bytes, wsb,
+                const size_t floor_bytes = fwd ? bytes : 2 * bytes;
+                printf("RESULT impl=%s%s mode=%s N=%lld V=%lld dtype=bf16 ms=%.4f bytes=%zu extra_bytes=%zu status=ok "
+                       "schedule=%s cluster=%d pieces=%d stages=%d ctas=%d\n", impl.c_str(), mode == 2 ? "_l2dirty" : "",
+                       fwd ? "fwd" : "fwdbwd", (long long)N, (long long)V, median(t), floor_bytes, wsb,
                        plan.schedule == CE_SCHED_RESIDENT ? "resident" : plan.schedule == CE_SCHED_WARP ? "warp" : "streamed",
                        plan.cluster, plan.pieces, plan.stages,
                        plan.ctas);
