@@ -40,7 +40,8 @@
  *   Measured (bench/RESULTS.md, bf16, gradient in place): the resident schedule reaches 84-95% of
  *   the device-to-device copy bandwidth on an H100 and 79-85% on an H200 (a plain in-place
  *   read-modify-write kernel: 92% there), against 76-93% and 69-79% streamed. Forward only, one
- *   warp per row: 86-106% on an H100 (a read-only pass can beat the copy's rate there).
+ *   warp per row: 91-105% on an H100, 84-102% on an H200 (84% at 4096 x 32768, one wave of one
+ *   row per warp; a read-only pass can beat the copy's rate).
 
  * What keeps it near the bandwidth limit (measured, bench/RESULTS.md): per element the fast
  *   path (no softcap, no class weights) spends a packed max (two bf16 per instruction), one
