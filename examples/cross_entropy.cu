@@ -977,9 +977,10 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
 /* ---- The warp-per-row schedule (forward only) ----------------------------------------------
  * One warp per row (lf_warp_row_pass; sm_80+): each warp of a persistent grid takes rows w,
  * w + W, ... (W warps in all) and reads each row once from global memory through registers,
- * 2 x CE_WARP_U 16-byte loads per lane in flight; lane 0 writes the row's outputs. No shared
- * memory, no barrier per row, no per-row block merge: what the streamed CTAs pay per row (a merge
- * across 8 warps, ~2 us per row and CTA, measured) is 5 shuffle steps here, which short rows feel
+ * 2 x U 16-byte loads per lane in flight (U = CE_WARP_U; CE_WARP_U_SHORT for one short row per
+ * warp); lane 0 writes the row's outputs. No shared memory, no barrier per row, no per-row block
+ * merge: what the streamed CTAs pay per row (a merge across 8 warps, ~2 us per row and CTA,
+ * measured) is 5 shuffle steps here, which short rows feel
  * most (measured on an H100: 79 -> 86% of copy at 4096 x 32768, 92 -> 95% at 16384 x 32768;
  * bench/RESULTS.md). The automatic plan takes it for forward-only passes over at least
  * CE_WARP_MIN_ROWS_PER_SM rows per SM; with fewer rows there are fewer warps, each with only its
@@ -992,6 +993,17 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
 #ifndef CE_WARP_U
 #define CE_WARP_U 4 /* 16-byte vectors per lane and batch: 2 x 4 x 512 B in flight per warp */
 #endif
+#ifndef CE_WARP_U_SHORT
+#define CE_WARP_U_SHORT 2 /* the same when each warp has at most one row of at most
+                           * CE_WARP_SHORT_ROW bytes (one wave: less queued at the start) */
+#endif
+#ifndef CE_WARP_SHORT_ROW
+#define CE_WARP_SHORT_ROW 131072 /* bytes. Measured at 4096 rows (one per warp; bf16, same runs): 64 KB
+                                  * rows 5-6% faster with U = 2 than 4 (H200 0.0705 vs 0.0748 ms, H100
+                                  * 0.0933 vs 0.0979 in two runs of one machine), rows of 256 KB 1.5%
+                                  * slower; between them not measured. With 4 rows per warp
+                                  * (16384 x 32768) no consistent gain: kept at U = 4 */
+#endif
 #ifndef CE_WARP_CTAS_PER_SM
 #define CE_WARP_CTAS_PER_SM 4 /* 32 warps per SM: 64 registers, no spills in the plain and smoothing
                                * loops (the class-weights loop spills ~40 words); with the softcap 2 */
@@ -1002,7 +1014,7 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
                                    * 256K; fewer rows not measured) */
 #endif
 
-template <typename T, bool SOFTCAP>
+template <typename T, bool SOFTCAP, int U>
 __global__ void __launch_bounds__(CE_WARP_THREADS, SOFTCAP ? 2 : CE_WARP_CTAS_PER_SM)
     ce_warp_kernel(const ce_kparams p)
 {
@@ -1029,7 +1041,7 @@ __global__ void __launch_bounds__(CE_WARP_THREADS, SOFTCAP ? 2 : CE_WARP_CTAS_PE
         if (lane == 0)
             xy.bits = sizeof(T) == 4 ? __ldg(reinterpret_cast<const unsigned *>(x) + y)
                                      : (unsigned)__ldg(reinterpret_cast<const unsigned short *>(x) + y);
-        const lf_row_stats rs = lf_warp_row_pass<T, true, SOFTCAP, CE_WARP_U>(x, V, p.xf, p.class_w, p.eps > 0.0f);
+        const lf_row_stats rs = lf_warp_row_pass<T, true, SOFTCAP, U>(x, V, p.xf, p.class_w, p.eps > 0.0f);
         if (lane == 0) ce_row_outputs<true, SOFTCAP>(p, row, y, rs, lf_edge_resolve<T>(xy).x);
     }
     if (p.reduction == LF_REDUCE_NONE) return;
@@ -1211,26 +1223,34 @@ static lf_status ce_launch_resident(const ce_kparams &p, int max_cluster, int st
 
 /* The warp-per-row schedule (forward only), if forced or if there are at least
  * CE_WARP_MIN_ROWS_PER_SM rows per SM (else *launched = false and nothing happens): as many
- * CTAs as the device runs at once, fewer when there are fewer rows than warps. */
+ * CTAs as the device runs at once, fewer when there are fewer rows than warps; batches of
+ * CE_WARP_U_SHORT vectors where every warp has at most one row of at most CE_WARP_SHORT_ROW
+ * bytes, else CE_WARP_U. */
 template <typename T, bool SOFTCAP>
 static lf_status ce_launch_warp(const ce_kparams &p, bool forced, ce_plan *plan, cudaStream_t stream, cudaError_t *cuda_err,
                                 bool *launched)
 {
-    auto kernel = ce_warp_kernel<T, SOFTCAP>;
-    static int ready_d[CE_MAX_DEVICES], sms_d[CE_MAX_DEVICES], per_sm_d[CE_MAX_DEVICES]; /* once per device */
+    static int ready_d[CE_MAX_DEVICES], sms_d[CE_MAX_DEVICES], per_sm_d[CE_MAX_DEVICES][2]; /* once per device */
     *launched = false;
     int dev = 0;
     CE_CHECK(cudaGetDevice(&dev));
     if (dev < 0 || dev >= CE_MAX_DEVICES) return LF_ERR_DEVICE;
     if (!ready_d[dev]) {
         CE_CHECK(cudaDeviceGetAttribute(&sms_d[dev], cudaDevAttrMultiProcessorCount, dev));
-        CE_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_d[dev], kernel, CE_WARP_THREADS, 0));
+        CE_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_d[dev][0], ce_warp_kernel<T, SOFTCAP, CE_WARP_U>,
+                                                               CE_WARP_THREADS, 0));
+        CE_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_d[dev][1], ce_warp_kernel<T, SOFTCAP, CE_WARP_U_SHORT>,
+                                                               CE_WARP_THREADS, 0));
         ready_d[dev] = 1;
     }
-    if (per_sm_d[dev] < 1) return forced ? LF_ERR_DEVICE : LF_OK; /* automatic: streamed instead */
-    if (!forced && p.n_rows < (int64_t)CE_WARP_MIN_ROWS_PER_SM * sms_d[dev]) return LF_OK;
     const int64_t wpc = CE_WARP_THREADS / 32;
-    const int64_t ctas = std::min<int64_t>((p.n_rows + wpc - 1) / wpc, (int64_t)sms_d[dev] * per_sm_d[dev]);
+    const bool short_rows = p.vocab * (int64_t)sizeof(T) <= CE_WARP_SHORT_ROW &&
+                            p.n_rows <= (int64_t)sms_d[dev] * per_sm_d[dev][1] * wpc;
+    auto kernel = short_rows ? ce_warp_kernel<T, SOFTCAP, CE_WARP_U_SHORT> : ce_warp_kernel<T, SOFTCAP, CE_WARP_U>;
+    const int per_sm = per_sm_d[dev][short_rows ? 1 : 0];
+    if (per_sm < 1) return forced ? LF_ERR_DEVICE : LF_OK; /* automatic: streamed instead */
+    if (!forced && p.n_rows < (int64_t)CE_WARP_MIN_ROWS_PER_SM * sms_d[dev]) return LF_OK;
+    const int64_t ctas = std::min<int64_t>((p.n_rows + wpc - 1) / wpc, (int64_t)sms_d[dev] * per_sm);
     if (plan) {
         plan->schedule = CE_SCHED_WARP;
         plan->cluster = 1;
