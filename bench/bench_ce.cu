@@ -28,7 +28,7 @@
  * copies of the logits, each larger than L2, with nothing in between, so each starts with the
  * other copy's clean tail in L2 (METHOD.md's rotation of input sets). After a 256 MiB write
  * instead, a forward pass would also pay for writing that buffer's last ~L2-size of dirty lines
- * back to HBM (about 50-60 MB: a fixed ~15-20 us, 15-20% at 4096 x 32768); --fwd-flush times
+ * back to HBM (measured at 4096 x 32768: +3.9 us on an H200, +8.0 us on an H100); --fwd-flush times
  * the forward passes that way too, as impl=<name>_l2dirty. Where nothing else precedes a timed
  * launch (the rotated forward passes), a 50 us spin kernel (bench_delay: no memory traffic) does,
  * so that the host's launch latency stays out of the events, as the restore and the flush keep it

@@ -46,9 +46,9 @@ each iteration, outside the timed region). fwdbwd and the others: before each ti
 256 MiB scratch buffer is written (untimed) to flush L2. fwd (read-only): the iterations
 alternate between two copies of the logits with no flush, as bench_ce does (a launch starts with
 L2 in the state a launch of its kind leaves: a read-only pass should not pay for writing back the
-flush's dirty lines), each after a ~50 us GPU spin (torch.cuda._sleep) in place of the flush that
-keeps the host's launch latency out of the events. Then the events are recorded around the op and the device is
-synchronised after it; launch overheads of eager's several kernels are therefore included, as
+flush's dirty lines), each after a ~50 us GPU spin (torch.cuda._sleep), which keeps the host's
+launch latency out of the events as the flush does. Then the events are recorded around the op
+and the device is synchronised after it; launch overheads of eager's several kernels are therefore included, as
 a user would see them (part of the first launch hides behind the flush). 3 warm-up iterations
 (compile: compilation + 5), then --iters timed ones; the MEDIAN is reported.
 

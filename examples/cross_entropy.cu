@@ -40,7 +40,7 @@
  *   Measured (bench/RESULTS.md, bf16, gradient in place): the resident schedule reaches 84-95% of
  *   the device-to-device copy bandwidth on an H100 and 79-85% on an H200 (a plain in-place
  *   read-modify-write kernel: 92% there), against 76-93% and 69-79% streamed. Forward only, one
- *   warp per row: 91-105% on an H100, 84-102% on an H200 (84% at 4096 x 32768, one wave of one
+ *   warp per row: 95-105% on an H100, 89-102% on an H200 (89% at 4096 x 32768, one wave of one
  *   row per warp; a read-only pass can beat the copy's rate).
 
  * What keeps it near the bandwidth limit (measured, bench/RESULTS.md): per element the fast
@@ -980,9 +980,8 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
  * 2 x U 16-byte loads per lane in flight (U = CE_WARP_U; CE_WARP_U_SHORT for one short row per
  * warp); lane 0 writes the row's outputs. No shared memory, no barrier per row, no per-row block
  * merge: what the streamed CTAs pay per row (a merge across 8 warps, ~2 us per row and CTA,
- * measured) is 5 shuffle steps here, which short rows feel
- * most (measured on an H100: 79 -> 86% of copy at 4096 x 32768, 92 -> 95% at 16384 x 32768;
- * bench/RESULTS.md). The automatic plan takes it for forward-only passes over at least
+ * measured) is 5 shuffle steps here, which short rows feel most (measured on an H100: 79 -> 86%
+ * of copy at 4096 x 32768, 92 -> 95% at 16384 x 32768; bench/RESULTS.md). The automatic plan takes it for forward-only passes over at least
  * CE_WARP_MIN_ROWS_PER_SM rows per SM; with fewer rows there are fewer warps, each with only its
  * own loads in flight, where the streamed CTAs put 256 threads on a row. Every option of the
  * forward pass (softcap, scale, class weights, smoothing, z-loss, statistics, reductions) is
