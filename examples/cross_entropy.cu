@@ -54,8 +54,9 @@
  *   - A label outside [0, V) that is not ignore_index adds 1 to *n_errors; that row, like an
  *     ignored row, has loss 0, zero gradient and weight 0. All rows ignored: loss 0, grad 0.
  *   - A NaN or +inf logit in a valid row makes that row's loss NaN and its gradient NaN.
- *   - The batch loss is summed in a fixed order (per-row values in the workspace, summed in
- *     double by the last CTA to finish): bit-identical run to run. No float atomics.
+ *   - The batch loss is summed in a fixed order (per-row values in the workspace, or in the
+ *     row-resident schedule each CTA's running sums of its rows, summed in double by the last
+ *     CTA to finish): bit-identical run to run on one device. No float atomics.
  *   - No host synchronisation; CUDA-graph capturable; N = 0 launches no kernel.
  *
  * Sections: 1. API   2. kernels   3. launcher   4. main (make data, check, time)
@@ -144,14 +145,18 @@ static ce_args ce_args_default(void)
     return a;
 }
 
-/* Workspace: a 64-byte header (completion counter, default divisor) and two floats per row.
+/* Workspace: a 64-byte header (completion counters, the default divisor and its partial sums)
+ * and two floats per row.
  * Zero it once after allocating (cudaMemsetAsync); every launch leaves the counter at zero
  * again, so graph replays need nothing. One workspace per launch in flight. */
+#define CE_DIV_MAX_CTAS 6
 typedef struct ce_ws_header {
     unsigned long long rows_done;
     float divisor;
-    float pad[13];
+    unsigned div_done;                /* the divisor kernel's CTAs done (back to 0 by the last) */
+    double div_part[CE_DIV_MAX_CTAS]; /* their partial sums */
 } ce_ws_header;
+static_assert(sizeof(ce_ws_header) == 64, "the workspace header is 64 bytes");
 
 static size_t ce_workspace_bytes(int64_t n_rows)
 {
@@ -229,22 +234,55 @@ static __device__ __forceinline__ void ce_pdl_wait(void)
 #endif
 }
 
-/* The default mean divisor, sum of w_y over valid rows, in a fixed order (one CTA): launched
- * before the main kernel only for reduction mean without a caller-provided divisor. It lets the
- * row-resident kernel start at once (that one waits for it only where it first reads the
- * divisor): 256 threads, so that both fit on one SM. */
+/* The default mean divisor, sum of w_y over valid rows, in a fixed order: launched before the
+ * main kernel only for reduction mean without a caller-provided divisor. The row-resident kernel
+ * starts at once and waits for it only where it first needs the divisor, its first gradient, so
+ * this is on the launch's critical path and is built for latency: up to CE_DIV_MAX_CTAS CTAs of
+ * 256 threads (small enough to fit on an SM beside a resident CTA), each thread with CE_DIV_U
+ * label loads in flight together; each CTA sums a fixed share of the rows, and the CTA that
+ * completes the count adds the shares in order. (Measured on an H200 at 16384 x 32768, fwd+bwd:
+ * one CTA taking one label at a time cost 0.594 ms against 0.562 ms for reduction none.) */
 #define CE_DIV_THREADS 256
+#define CE_DIV_U 16 /* labels per thread with their loads in flight together */
+static int ce_divisor_ctas(int64_t n_rows)
+{
+    const int64_t per = (int64_t)CE_DIV_THREADS * CE_DIV_U;
+    const int64_t c = (n_rows + per - 1) / per;
+    return (int)(c < 1 ? 1 : c > CE_DIV_MAX_CTAS ? CE_DIV_MAX_CTAS : c);
+}
 __global__ void __launch_bounds__(CE_DIV_THREADS) ce_divisor_kernel(const ce_kparams p)
 {
     __shared__ double scratch[CE_DIV_THREADS / 32];
     ce_pdl_trigger();
+    const int64_t step = (int64_t)gridDim.x * CE_DIV_THREADS;
     double acc = 0.0;
-    for (int64_t i = threadIdx.x; i < p.n_rows; i += CE_DIV_THREADS) {
-        const int64_t y = ce_label(p, i);
-        if (y != p.ignore_index && y >= 0 && y < p.vocab) acc += p.class_w ? (double)p.class_w[y] : 1.0;
+    for (int64_t i0 = (int64_t)blockIdx.x * CE_DIV_THREADS + threadIdx.x; i0 < p.n_rows; i0 += CE_DIV_U * step) {
+        int64_t y[CE_DIV_U];
+#pragma unroll
+        for (int u = 0; u < CE_DIV_U; ++u) {
+            const int64_t i = i0 + u * step;
+            y[u] = i < p.n_rows ? ce_label(p, i) : p.ignore_index;
+        }
+#pragma unroll
+        for (int u = 0; u < CE_DIV_U; ++u)
+            if (y[u] != p.ignore_index && y[u] >= 0 && y[u] < p.vocab) acc += p.class_w ? (double)__ldg(p.class_w + y[u]) : 1.0;
     }
     acc = lf_block_sum_f64<CE_DIV_THREADS>(acc, scratch);
-    if (threadIdx.x == 0) p.ws->divisor = (float)acc;
+    if (gridDim.x == 1) {
+        if (threadIdx.x == 0) p.ws->divisor = (float)acc;
+        return;
+    }
+    if (threadIdx.x == 0) {
+        p.ws->div_part[blockIdx.x] = acc;
+        __threadfence();
+        if (atomicAdd(&p.ws->div_done, 1u) == gridDim.x - 1) {
+            __threadfence();
+            double d = 0.0;
+            for (unsigned b = 0; b < gridDim.x; ++b) d += __ldcg(&p.ws->div_part[b]);
+            p.ws->divisor = (float)d;
+            p.ws->div_done = 0; /* ready for the next launch */
+        }
+    }
 }
 
 /* A row's loss and z term, where the reduction finds them: the outputs (reduction none) or the
@@ -263,10 +301,12 @@ static __device__ __forceinline__ void ce_store_row_loss(const P &p, int64_t row
 }
 
 /* The outputs of a valid row, by one thread: per-row values, and the row's loss (and z term)
- * where the reduction finds them. x_y is the label's raw logit. */
+ * where the reduction finds them: in the workspace per row, or with acc (a reduction's running
+ * sums of this thread, see ce_batch_reduce) added to acc[0] and acc[1]. x_y is the label's raw
+ * logit. */
 template <bool FULL, bool SOFTCAP>
 static __device__ __forceinline__ void ce_row_outputs(const ce_kparams &p, int64_t row, int64_t y, const lf_row_stats &rs,
-                                                      float x_y)
+                                                      float x_y, double *acc = nullptr)
 {
     const float lse = lf_lse_final(rs.lse);
     const float w_y = p.class_w ? __ldg(p.class_w + y) : 1.0f;
@@ -283,27 +323,37 @@ static __device__ __forceinline__ void ce_row_outputs(const ce_kparams &p, int64
     if (FULL && p.entropy) p.entropy[row] = lf_lse_entropy(rs.lse);
     if (FULL && p.argmax) p.argmax[row] = rs.am.i;
     if (FULL && p.n_correct && rs.am.i == (int32_t)y) atomicAdd(p.n_correct, 1u);
-    ce_store_row_loss(p, row, loss, zterm);
+    if (acc) {
+        acc[0] += (double)loss;
+        acc[1] += (double)zterm;
+    } else {
+        ce_store_row_loss(p, row, loss, zterm);
+    }
 }
 
-/* The outputs of an ignored row (status 1) or a bad label (status 2, counted), by one thread. */
-static __device__ __forceinline__ void ce_row_outputs_zero(const ce_kparams &p, int64_t row, int status)
+/* The outputs of an ignored row (status 1) or a bad label (status 2, counted), by one thread
+ * (acc: as ce_row_outputs; the row adds nothing). */
+static __device__ __forceinline__ void ce_row_outputs_zero(const ce_kparams &p, int64_t row, int status, bool acc = false)
 {
     if (status == 2 && p.n_errors) atomicAdd(p.n_errors, 1u);
     if (p.logprob) p.logprob[row] = 0.0f;
     if (p.lse) p.lse[row] = 0.0f;
     if (p.entropy) p.entropy[row] = 0.0f;
     if (p.argmax) p.argmax[row] = -1;
-    ce_store_row_loss(p, row, 0.0f, 0.0f);
+    if (!acc) ce_store_row_loss(p, row, 0.0f, 0.0f);
 }
 
 /* Last-CTA-done batch sum (sum / mean), called by every thread of each of the `ncount` CTAs that
  * wrote per-row losses, after their last write: each publishes its rows and counts itself; the CTA
  * that completes the count sums all rows in a fixed order, so the total never depends on timing.
- * fin: THREADS/32 doubles of scratch; bar: the threads' barrier (lf_block_bar). */
+ * parts: instead of per-row values, CTA b has written the running sums of its rows (loss, z; each
+ * added in the CTA's fixed row order) to ce_parts(p)[2b], [2b + 1], and the last CTA adds those in
+ * order: its tail then reads 16 bytes per CTA, not 8 per row (the workspace holds them when
+ * n_rows >= 2 ncount). fin: THREADS/32 doubles of scratch; bar: the threads' barrier (lf_block_bar). */
+static __device__ __forceinline__ double *ce_parts(const ce_kparams &p) { return reinterpret_cast<double *>(p.ws_loss); }
 template <int THREADS>
 static __device__ __forceinline__ void ce_batch_reduce(const ce_kparams &p, unsigned long long ncount, double *fin,
-                                                       int *is_last, int bar = 0)
+                                                       int *is_last, int bar = 0, bool parts = false)
 {
     if (threadIdx.x == 0) {
         __threadfence();
@@ -313,17 +363,25 @@ static __device__ __forceinline__ void ce_batch_reduce(const ce_kparams &p, unsi
     if (!*is_last) return;
     __threadfence();
     double a = 0.0, bz = 0.0;
-    /* four rows per step, their loads issued together: the tail of the launch waits for this */
-    for (int64_t i = threadIdx.x; i < p.n_rows; i += 4 * THREADS) {
-        float l[4], z[4];
+    /* eight rows per step, their loads issued together: the tail of the launch waits for this */
+    const bool zs = p.z_out != nullptr;
+    if (parts) {
+        const double *pp = ce_parts(p);
+        for (int64_t b = threadIdx.x; b < (int64_t)ncount; b += THREADS) {
+            a += __ldcg(pp + 2 * b);
+            bz += __ldcg(pp + 2 * b + 1);
+        }
+    }
+    for (int64_t i = threadIdx.x; !parts && i < p.n_rows; i += 8 * THREADS) {
+        float l[8], z[8];
 #pragma unroll
-        for (int u = 0; u < 4; ++u) {
+        for (int u = 0; u < 8; ++u) {
             const int64_t r = i + u * THREADS;
             l[u] = r < p.n_rows ? __ldcg(p.ws_loss + r) : 0.0f; /* L2 reads: other SMs wrote these */
-            z[u] = r < p.n_rows ? __ldcg(p.ws_z + r) : 0.0f;
+            z[u] = zs && r < p.n_rows ? __ldcg(p.ws_z + r) : 0.0f;
         }
 #pragma unroll
-        for (int u = 0; u < 4; ++u) {
+        for (int u = 0; u < 8; ++u) {
             a += (double)l[u];
             bz += (double)z[u];
         }
@@ -748,11 +806,37 @@ static __device__ __forceinline__ int64_t ce_ticket_load(int64_t *t)
     return v;
 }
 
+/* CE_RES_TRACE (a diagnostic build, off by default): thread 0 of each group adds the SM cycles
+ * of each phase of its rows to ce_res_trace[] (0 waiting for the stage, 1 statistics, 2 block
+ * merge, 3 cluster exchange, 4 gradient and outputs, 5 the group barrier and the reload, 6 rows,
+ * 7 cycles from the start to the end of the row loop); bench_ce prints the shares. */
+#ifdef CE_RES_TRACE
+__device__ unsigned long long ce_res_trace[8];
+#define CE_TR(i)                                                                                   \
+    do {                                                                                           \
+        if (threadIdx.x == 0) {                                                                    \
+            const long long t_ = clock64();                                                        \
+            tr_[i] += (unsigned long long)(t_ - tl_);                                              \
+            tl_ = t_;                                                                              \
+        }                                                                                          \
+    } while (0)
+#else
+#define CE_TR(i) \
+    do {         \
+    } while (0)
+#endif
+
 template <typename T, bool GRAD, bool FULL, bool SOFTCAP>
 __global__ void __launch_bounds__(CE_RES_THREADS, 1)
     ce_resident_kernel(const ce_kparams p, int nranks, int nstages, int stage_vecs, int nclusters)
 {
     constexpr int TH = CE_RES_GROUP, G = CE_RES_GROUPS; /* the collectives run per group */
+#ifdef CE_RES_TRACE
+    unsigned long long tr_[6] = {0, 0, 0, 0, 0, 0};
+    const long long t0_ = clock64();
+    long long tl_ = t0_;
+    unsigned long long rows_ = 0;
+#endif
     /* TH >= 64: a one-warp group's block merge has no barrier, which the label logit hand-off
      * (xy_s) relies on */
     static_assert(G >= 1 && G <= 8 && TH % 32 == 0 && TH >= 64, "CE_RES_GROUPS in 1..8, CE_RES_GROUP a multiple of 32, >= 64");
@@ -768,12 +852,16 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
     __shared__ int am_nan[G][CE_SLOTS];
     __shared__ float xy_s[G][CE_SLOTS];
     __shared__ double fin[TH / 32];
+    __shared__ double part_s[G][2];
     __shared__ int is_last;
 
     const int grp = (int)threadIdx.y, bar = 1 + grp;
     const int rank = (int)(blockIdx.x % nranks);
     const int64_t cid = blockIdx.x / nranks, N = p.n_rows, V = p.vocab;
     const int64_t my_rows = cid < N ? (N - 1 - cid) / nclusters + 1 : 0;
+    /* sum / mean: thread 0 of each group adds up the losses it writes (ce_batch_reduce's parts) */
+    const bool parts = p.reduction != LF_REDUCE_NONE && N >= 2 * (int64_t)gridDim.x;
+    double acc[2] = {0.0, 0.0};
     if (threadIdx.x == 0 && grp == 0) {
         for (int q = 0; q < nstages; ++q) {
             lf_mbar_init(&full[q], 1);
@@ -865,12 +953,13 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
             }
         __syncwarp();
         lf_mbar_wait(&full[q], use_par);
+        CE_TR(0);
         const int64_t y = stage_y[q];
         const int status = y == p.ignore_index ? 1 : (y < 0 || y >= V) ? 2 : 0;
         const uint4 *b = ce_smem + (size_t)q * stage_vecs;
         if (status) {
             if (GRAD) lf_row_zero<TH, T>(out, V, rank, nranks);
-            if (rank == 0 && threadIdx.x == 0) ce_row_outputs_zero(p, row, status);
+            if (rank == 0 && threadIdx.x == 0) ce_row_outputs_zero(p, row, status, parts);
         } else {
             int sb, se;
             lf_row_slice(sp, rank, nranks, &sb, &se);
@@ -880,6 +969,7 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
             else lf_piece_stats<TH, T, FULL, SOFTCAP>(st, b, sp, sb, se, p.xf, p.class_w);
             const lf_edge edge = lf_edge_resolve<T>(eraw);
             lf_edge_stats<FULL, SOFTCAP>(st, edge, p.xf, p.class_w);
+            CE_TR(1);
             {
                 float xv; /* the label's logit, from the thread that holds it; read after the barrier */
                 if (ce_label_held<TH, T>(b, sp, sb, se, edge, true, y, &xv)) xy_s[grp][par] = xv;
@@ -917,12 +1007,14 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
             } else {
                 st.lse = lf_block_lse<TH>(st.lse, reinterpret_cast<lf_lse *>(red[grp][par]), bar);
             }
+            CE_TR(2);
             if (nranks > 1) {
                 lf_cluster_stats_post(st, xs[grp][xq], &xbar[grp][xq], rank, nranks);
                 st = lf_cluster_stats_collect<FULL>(xs[grp][xq], &xbar[grp][xq], (x_phase >> xq) & 1u, nranks);
                 x_phase ^= 1u << xq;
                 xq ^= 1;
             }
+            CE_TR(3);
             const int rpar = par;
             par = par == CE_SLOTS - 1 ? 0 : par + 1;
             if (GRAD) {
@@ -949,8 +1041,9 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
             }
             /* the row's outputs: thread 0 of the CTA that holds the label */
             if (threadIdx.x == 0 && rank == lf_row_owner_rank<T>(y, sp, nranks))
-                ce_row_outputs<FULL, SOFTCAP>(p, row, y, st, xy_s[grp][rpar]);
+                ce_row_outputs<FULL, SOFTCAP>(p, row, y, st, xy_s[grp][rpar], parts ? acc : nullptr);
         }
+        CE_TR(4);
         /* The whole group is done with the stage: its thread 0 reloads it. (Measured: letting the
          * last warp to finish reload it instead, counted with a shared atomic, is no faster; with a
          * fence before the count it is 9% slower, the fence waiting for the gradient stores.) */
@@ -959,6 +1052,10 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
             load(q, k_next, y_next);
             prefetch(k_pf, y_pf);
         }
+        CE_TR(5);
+#ifdef CE_RES_TRACE
+        ++rows_;
+#endif
         /* the group's next row, k + G */
         q += G;
         if (q >= nstages) {
@@ -966,12 +1063,32 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
             use_par ^= 1u;
         }
     }
+#ifdef CE_RES_TRACE
+    if (threadIdx.x == 0) {
+        for (int j = 0; j < 6; ++j) atomicAdd(&ce_res_trace[j], tr_[j]);
+        atomicAdd(&ce_res_trace[6], rows_);
+        atomicAdd(&ce_res_trace[7], (unsigned long long)(clock64() - t0_));
+    }
+#endif
+    if (threadIdx.x == 0) {
+        part_s[grp][0] = acc[0];
+        part_s[grp][1] = acc[1];
+    }
     __syncthreads();
     if (nranks > 1) lf_cluster_sync(); /* no CTA leaves while a peer may still post to it */
     if (p.reduction == LF_REDUCE_NONE || grp != 0) return;
+    if (parts && threadIdx.x == 0) { /* the CTA's sums: its groups' in order */
+        double a = part_s[0][0], z = part_s[0][1];
+        for (int g = 1; g < G; ++g) {
+            a += part_s[g][0];
+            z += part_s[g][1];
+        }
+        ce_parts(p)[2 * blockIdx.x] = a;
+        ce_parts(p)[2 * blockIdx.x + 1] = z;
+    }
     ce_pdl_wait(); /* the divisor is read below (a no-op when waited for already) */
     /* every CTA may have written row losses (the label's owner writes them): all count */
-    ce_batch_reduce<TH>(p, (unsigned long long)gridDim.x, fin, &is_last, bar);
+    ce_batch_reduce<TH>(p, (unsigned long long)gridDim.x, fin, &is_last, bar, parts);
 }
 
 /* ---- The warp-per-row schedule (forward only) ----------------------------------------------
@@ -1186,7 +1303,11 @@ static lf_status ce_launch_resident(const ce_kparams &p, int max_cluster, int st
         }
     }
     if (best_c == 0) return forced ? LF_ERR_SIZE : LF_OK;
-    const int64_t nclusters = std::min<int64_t>(p.n_rows, best_groups);
+    /* The busiest cluster sets the time: as few clusters as give the same most rows per cluster,
+     * each then with a larger share of the bandwidth (4096 rows on 132 SMs: 128 CTAs of 32 rows,
+     * not 4 of 32 and 128 of 31) */
+    const int64_t most = (p.n_rows + best_groups - 1) / best_groups;
+    const int64_t nclusters = (p.n_rows + most - 1) / most;
     if (plan) {
         plan->schedule = CE_SCHED_RESIDENT;
         plan->cluster = best_c;
@@ -1443,7 +1564,7 @@ static lf_status ce_launch(const ce_args *a, cudaStream_t stream, cudaError_t *c
     p.ws_z = p.ws_loss + a->n_rows;
 
     if (a->reduction == LF_REDUCE_MEAN && !a->divisor) {
-        ce_divisor_kernel<<<1, CE_DIV_THREADS, 0, stream>>>(p);
+        ce_divisor_kernel<<<ce_divisor_ctas(a->n_rows), CE_DIV_THREADS, 0, stream>>>(p);
         CE_CHECK(cudaGetLastError());
     }
     const bool grad = a->grad != NULL;
