@@ -1,7 +1,8 @@
 /* bench/bench_ce.cu — times examples/cross_entropy.cu against the bytes-moved floor.
  *
  *   bench_ce [--shapes 4096x32768,16384x262144,...] [--iters 20] [--variants] [--clusters 0,1,2,4]
- *            [--stages 2,3,4] [--modes fwdbwd,fwd] [--separate-grad] [--fwd-flush] [--tag _name]
+ *            [--stages 2,3,4] [--modes fwdbwd,fwd] [--separate-grad] [--fwd-flush] [--fwdbwd-probes]
+ *            [--tag _name]
  *
  * Prints machine-readable lines that bench/report.py turns into the table and chart:
  *   DEVICE name=...
@@ -19,6 +20,14 @@
  * (lossfuse_cN); --stages 2,3,4 each stage count of the row-resident schedule (lossfuse_sN).
  * --separate-grad writes the gradient to another buffer instead of in place (same floor bytes).
  * --tag appends to every impl name (bench/tune.sh builds variants with other tile macros).
+ * --fwdbwd-probes also times the fused forward+backward three other ways, to split its cost:
+ * impl=<name>_rnone (reduction none: no divisor kernel, no batch sum), <name>_divgiven (mean with
+ * the divisor given as a device scalar: no divisor kernel) and <name>_rot (no restore and no
+ * flush: two buffers alternate, each holding the previous launch's gradient, so L2 starts full of
+ * a fused launch's own dirty lines; measured within 1% of the flush).
+ * Built with -DCE_RES_TRACE (bench/prebuild.sh EXTRA=...), each fwdbwd line of the row-resident
+ * schedule is followed by a TRACE line: the shares of the row loop's cycles per phase (waiting
+ * for the stage, statistics, block merge, cluster exchange, gradient, group barrier + reload).
  * Each RESULT line also says the plan chosen (cluster size, pieces per slice, CTAs).
  * L2 before each timed launch: a launch should start with L2 in the state that a launch of its
  * own kind leaves, filled with other data, so that it pays for its own traffic and no one
@@ -50,6 +59,7 @@ int main(int argc, char **argv)
     bool do_mode[2] = {true, true};
     bool separate = false; /* gradient to another buffer */
     bool fwd_flush = false; /* forward passes also timed after the L2 flush (impl suffix _l2dirty) */
+    bool probes = false;    /* fwdbwd also timed as _rnone, _divgiven and _rot (see above) */
     for (int i = 1; i < argc; ++i) {
         if (!strcmp(argv[i], "--shapes") && i + 1 < argc) shapes = argv[++i];
         else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
@@ -60,6 +70,7 @@ int main(int argc, char **argv)
         } else if (!strcmp(argv[i], "--tag") && i + 1 < argc) tag = argv[++i];
         else if (!strcmp(argv[i], "--separate-grad")) separate = true;
         else if (!strcmp(argv[i], "--fwd-flush")) fwd_flush = true;
+        else if (!strcmp(argv[i], "--fwdbwd-probes")) probes = true;
         else if (!strcmp(argv[i], "--clusters") && i + 1 < argc) { /* e.g. 0,1,2,4,8 */
             variants.clear();
             for (char *t = strtok(argv[++i], ","); t; t = strtok(NULL, ",")) {
@@ -141,10 +152,14 @@ int main(int argc, char **argv)
 
         for (const variant &va : variants) {
             const std::string impl = va.name + tag;
-            /* 0 fwdbwd; 1 fwd, rotating two copies of the logits; 2 fwd after the L2 flush */
-            for (int mode = 0; mode < 3; ++mode) {
-                const bool fwd = mode > 0;
-                if (!do_mode[fwd ? 1 : 0] || (mode == 2 && !fwd_flush) || (!fwd && va.schedule == CE_SCHED_WARP)) continue;
+            /* 0 fwdbwd; 1 fwd, rotating two copies of the logits; 2 fwd after the L2 flush; 3 fwdbwd with
+             * reduction none; 4 fwdbwd rotating two buffers, each the previous gradient, nothing between;
+             * 5 fwdbwd with the mean's divisor given (a device scalar: no divisor kernel) */
+            for (int mode = 0; mode < 6; ++mode) {
+                const bool fwd = mode == 1 || mode == 2;
+                if (!do_mode[fwd ? 1 : 0] || (mode == 2 && !fwd_flush) || (mode >= 3 && !probes) ||
+                    (!fwd && va.schedule == CE_SCHED_WARP))
+                    continue;
                 ce_args b = a;
                 b.max_cluster = va.max_cluster;
                 b.schedule = va.schedule;
@@ -154,6 +169,11 @@ int main(int argc, char **argv)
                 if (!fwd) {
                     b.grad = separate ? g : x;
                     b.grad_stride = V;
+                    if (mode == 3) {
+                        b.reduction = LF_REDUCE_NONE;
+                        b.loss = lp;
+                    }
+                    if (mode == 5) b.divisor = ent; /* any positive device float: written below */
                 } else {
                     b.reduction = LF_REDUCE_NONE;
                     b.logprob = lp;
@@ -163,12 +183,21 @@ int main(int argc, char **argv)
                     b.n_correct = cnt;
                 }
                 std::vector<float> t;
+                if (mode == 5) {
+                    const float d = (float)N;
+                    CK(cudaMemcpy(ent, &d, 4, cudaMemcpyHostToDevice));
+                }
                 CK(cudaMemcpy(x, pristine, bytes, cudaMemcpyDeviceToDevice));
+#ifdef CE_RES_TRACE
+                const unsigned long long tr_zero[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+                CK(cudaMemcpyToSymbol(ce_res_trace, tr_zero, sizeof tr_zero));
+#endif
                 for (int it = 0; it < iters + 3; ++it) {
-                    if (mode == 0) CK(cudaMemcpyAsync(x, pristine, bytes, cudaMemcpyDeviceToDevice));
-                    if (mode != 1) CK(cudaMemsetAsync(flush, it & 0xff, flush_bytes));
-                    if (mode == 1) { /* the same values; the GPU kept busy while the host launches */
+                    if (mode == 0 || mode == 3 || mode == 5) CK(cudaMemcpyAsync(x, pristine, bytes, cudaMemcpyDeviceToDevice));
+                    if (mode != 1 && mode != 4) CK(cudaMemsetAsync(flush, it & 0xff, flush_bytes));
+                    if (mode == 1 || mode == 4) { /* the GPU kept busy while the host launches */
                         b.logits = (it & 1) ? pristine : x;
+                        if (mode == 4) b.grad = (it & 1) ? pristine : x;
                         bench_delay<<<1, 32>>>(50000);
                         CK(cudaGetLastError());
                     }
@@ -186,9 +215,24 @@ int main(int argc, char **argv)
                     if (it >= 3) t.push_back(ms);
                 }
                 CK(cudaGetLastError());
+                if (mode == 4) { /* pristine holds gradients now */
+                    fill_logits<<<4096, 256>>>((__nv_bfloat16 *)pristine, (int64_t)nel, 12345u + (uint64_t)V);
+                    CK(cudaGetLastError());
+                }
                 const size_t floor_bytes = fwd ? bytes : 2 * bytes;
+#ifdef CE_RES_TRACE
+                if (plan.schedule == CE_SCHED_RESIDENT) { /* the shares of the row loop's cycles (thread 0 of each group) */
+                    unsigned long long tr[8];
+                    CK(cudaMemcpyFromSymbol(tr, ce_res_trace, sizeof tr));
+                    const double tot = (double)tr[7];
+                    printf("TRACE impl=%s mode=%s N=%lld V=%lld rows=%llu cycles_per_row=%.0f wait=%.3f stats=%.3f merge=%.3f "
+                           "xchg=%.3f grad=%.3f bar=%.3f\n", impl.c_str(), fwd ? "fwd" : "fwdbwd", (long long)N, (long long)V, tr[6],
+                           tot / (double)(tr[6] ? tr[6] : 1), tr[0] / tot, tr[1] / tot, tr[2] / tot, tr[3] / tot, tr[4] / tot,
+                           tr[5] / tot);
+                }
+#endif
                 printf("RESULT impl=%s%s mode=%s N=%lld V=%lld dtype=bf16 ms=%.4f bytes=%zu extra_bytes=%zu status=ok "
-                       "schedule=%s cluster=%d pieces=%d stages=%d ctas=%d\n", impl.c_str(), mode == 2 ? "_l2dirty" : "",
+                       "schedule=%s cluster=%d pieces=%d stages=%d ctas=%d\n", impl.c_str(), mode == 2 ? "_l2dirty" : mode == 3 ? "_rnone" : mode == 4 ? "_rot" : mode == 5 ? "_divgiven" : "",
                        fwd ? "fwd" : "fwdbwd", (long long)N, (long long)V, median(t), floor_bytes, wsb,
                        plan.schedule == CE_SCHED_RESIDENT ? "resident" : plan.schedule == CE_SCHED_WARP ? "warp" : "streamed",
                        plan.cluster, plan.pieces, plan.stages,
