@@ -16,6 +16,7 @@
  * relative to the row's magnitudes (lse and max |z|), plus the bf16/fp16 rounding of the gradient.
  */
 #define CE_NO_MAIN
+#include <cstddef>
 #include "examples/cross_entropy.cu"
 
 #include "tests/gpu_test.cuh"
@@ -348,6 +349,17 @@ static void run_case(const Case &c)
         EXPECT(plan.schedule == c.schedule, "plan: schedule %d, forced %d", plan.schedule, c.schedule);
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
+
+    /* ---- the workspace's completion counters are back at zero (the next launch and graph
+     * replays rely on it: a counter left behind would make the next launch's last CTA never see
+     * itself last, and its divisor or batch sum stale) ---- */
+    {
+        unsigned long long rows_done;
+        unsigned div_done;
+        CK(cudaMemcpy(&rows_done, (const char *)ws.p + offsetof(ce_ws_header, rows_done), 8, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(&div_done, (const char *)ws.p + offsetof(ce_ws_header, div_done), 4, cudaMemcpyDeviceToHost));
+        EXPECT(rows_done == 0 && div_done == 0, "workspace counters left at %llu / %u", rows_done, div_done);
+    }
 
     /* ---- counters, per-row outputs: every element written ---- */
     unsigned cnth[2];
@@ -1188,6 +1200,20 @@ int main(int argc, char **argv)
         c.grad = 0;
         c.eps = 0.1f;
         c.lam = 1e-4f;
+        c.determinism = true;
+        run_case(c);
+    }
+
+    /* The mean's divisor from several CTAs (ce_divisor_ctas: > 4096 rows), with class weights,
+     * on the automatic plan (row-resident on sm_90: per-CTA loss sums), run twice on one
+     * workspace (the counters reset, the sums in a fixed order). */
+    {
+        Case c;
+        c.name = "mean over several divisor CTAs, class weights";
+        c.N = g_small ? 9000 : 12289;
+        c.V = g_small ? 4099 : 32768;
+        c.weights = true;
+        c.grad = 2;
         c.determinism = true;
         run_case(c);
     }
