@@ -36,7 +36,8 @@
  *   2. Warp reductions (lf_warp_*): results broadcast to all 32 lanes
  *   3. Block reductions (lf_block_*): caller-owned scratch, results broadcast to all threads;
  *      lf_block_lse_fast (one barrier) and its halves lf_block_lse_post / _merge around a
- *      shared-memory mbarrier (lf_mbar_init / _arrive / _wait; sm_90: _arrive_tx, _init_fence)
+ *      shared-memory mbarrier (lf_mbar_init / _arrive / _wait; sm_90: _arrive_tx, _init_fence);
+ *      stage tickets for rings shared by warp groups (lf_ticket_store / _load)
  *   4. Vectorized row access: lf_row_span (head / 16-byte body / tail), 16-byte loads/stores
  *   5. Shared-memory pieces and the online-softmax row pass: cp.async, lf_bulk_load (sm_90:
  *      the copy engine, one instruction per row slice; lf_bulk_prefetch_l2), lf_row_slice,
@@ -48,10 +49,11 @@
  *      lf_piece_grad_store, lf_piece_grad_fast (coefficient folded into the exponent),
  *      lf_edge_grad_store, lf_row_zero
  *   7. Clusters (sm_90): lf_cluster_row_stats, lf_cluster_sync (= lf_cluster_arrive + _wait), and
- *      the barrier-free exchange lf_cluster_stats_post / _collect (mbarriers, one per row set)
+ *      the barrier-free exchange lf_cluster_stats_post / _collect (mbarriers, one per row set),
+ *      for any record lf_cluster_post / _posts_wait
  *   8. Dual-softmax row pass (student and teacher rows, any dtype each) and the KL-family
  *      gradient: lf_dual_span, lf_dual_piece_load, lf_dual_piece_stats (pass 1), lf_block_dual
- *      (or the one-barrier lf_block_dual_acc),
+ *      (or the one-barrier lf_block_dual_acc; lf_dual_acc_merge_n for a cluster's states),
  *      lf_kl_piece_stats2 (pass 2 of JSD / TVD), lf_kl_coef_make, lf_kl_piece_grad, and the
  *      edge-element forms lf_dual_edge_stats / lf_kl_edge_stats2 / lf_kl_edge_grad; a sparse
  *      top-k teacher built in shared memory: lf_dual_part_load / _fill / _scatter and the _xe
@@ -65,6 +67,8 @@
  *      global ids under the zigzag layout, lossfuse.h section 10)
  *  11. Tensor (vocabulary) parallelism: lf_tp_merge_warp (a row's all-gathered 12-byte shares
  *      merged by one warp, the P loads in parallel, in lossfuse.h's lf_tp_merge order)
+ *  12. Host: launching clusters (lf_launch_clusters, lf_max_active_clusters) and planning a
+ *      persistent grid whose CTAs stage row slices in a ring (lf_ring_setup, lf_ring_plan_make)
  *
  * Configuration macros: those of lossfuse.h (LF_HD, LF_USE_EXP2, LF_ASSERT). Nothing else.
  *
@@ -579,6 +583,28 @@ static __device__ __forceinline__ void lf_mbar_init_fence(void)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 #endif
+}
+
+/* A stage ticket: which use of a shared buffer its mbarrier's next phase belongs to, for rings
+ * whose stages are taken by several warp groups in turn (examples/cross_entropy.cu,
+ * kl_distill.cu). The loading thread stores the use's number (release, CTA scope) before it
+ * arrives; a consumer spins on lf_ticket_load (acquire) until the ticket shows its use and only
+ * then waits on the mbarrier's parity: it is then ordered after the completion of the previous
+ * phase, which the loader waited for, so the parity wait cannot return on that older phase.
+ * Atomics, so that compute-sanitizer's racecheck sees the spin for what it is. One lane per
+ * warp should spin (then __syncwarp): a whole warp's atomics on one address serialise. */
+static __device__ __forceinline__ void lf_ticket_store(int64_t *t, int64_t v)
+{
+    asm volatile("{\n\t.reg .b64 old;\n\tatom.release.cta.shared.exch.b64 old, [%0], %1;\n\t}" ::"r"(
+                     (uint32_t)__cvta_generic_to_shared(t)),
+                 "l"(v)
+                 : "memory");
+}
+static __device__ __forceinline__ int64_t lf_ticket_load(int64_t *t)
+{
+    int64_t v;
+    asm volatile("atom.acquire.cta.shared.add.u64 %0, [%1], 0;" : "=l"(v) : "r"((uint32_t)__cvta_generic_to_shared(t)) : "memory");
+    return v;
 }
 
 /* ============================================================================================
@@ -1452,21 +1478,25 @@ static __device__ __forceinline__ void lf_cluster_sync(void)
  * after that CTA has finished reading the set. Every thread of every CTA gets the bit-identical
  * result: lanes 0 .. nranks-1 of every warp merge the ranks' values in the same butterfly.
  * FULL = false merges only the lse state (m, s, u); the rest is that of rank 0. */
-static __device__ __forceinline__ void lf_cluster_stats_post(const lf_row_stats &cta, lf_row_stats *xs, uint64_t *bar,
-                                                             int rank, int nranks)
+/* The same two steps for any record S of 32-bit words (a loss's own statistics, e.g.
+ * lf_dual_acc): lf_cluster_post writes `cta` into slot [rank] of every CTA's xs (threads
+ * 0 .. nranks-1, as above); after lf_cluster_posts_wait every thread reads the nranks slots of
+ * its own xs and merges them in rank order (the same bits in every CTA). */
+template <typename S>
+static __device__ __forceinline__ void lf_cluster_post(const S &cta, S *xs, uint64_t *bar, int rank, int nranks)
 {
-    static_assert(sizeof(lf_row_stats) % 4 == 0, "lf_row_stats is stored to remote CTAs word by word");
+    static_assert(sizeof(S) % 4 == 0, "a posted record is stored to remote CTAs word by word");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     const int d = (int)threadIdx.x;
     if (d >= nranks) return;
-    uint32_t words[sizeof(lf_row_stats) / 4];
+    uint32_t words[sizeof(S) / 4];
     memcpy(words, &cta, sizeof cta);
     const uint32_t slot = (uint32_t)__cvta_generic_to_shared(xs + rank), b = (uint32_t)__cvta_generic_to_shared(bar);
     uint32_t rslot, rb;
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rslot) : "r"(slot), "r"(d));
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rb) : "r"(b), "r"(d));
 #pragma unroll
-    for (int i = 0; i < (int)(sizeof(lf_row_stats) / 4); ++i)
+    for (int i = 0; i < (int)(sizeof(S) / 4); ++i)
         asm volatile("st.shared::cluster.u32 [%0], %1;" ::"r"(rslot + 4u * i), "r"(words[i]) : "memory");
     /* release at cluster scope: the stores above are visible to whoever acquires this phase */
     asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(rb) : "memory");
@@ -1479,9 +1509,8 @@ static __device__ __forceinline__ void lf_cluster_stats_post(const lf_row_stats 
 #endif
 }
 
-template <bool FULL>
-static __device__ __forceinline__ lf_row_stats lf_cluster_stats_collect(const lf_row_stats *xs, uint64_t *bar,
-                                                                        unsigned parity, int nranks)
+/* Wait (acquire, cluster scope) until every CTA has posted to this CTA's set (phase `parity`). */
+static __device__ __forceinline__ void lf_cluster_posts_wait(uint64_t *bar, unsigned parity)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     const uint32_t b = (uint32_t)__cvta_generic_to_shared(bar);
@@ -1493,6 +1522,24 @@ static __device__ __forceinline__ lf_row_stats lf_cluster_stats_collect(const lf
                      : "r"(b), "r"(parity)
                      : "memory");
     } while (!done);
+#else
+    (void)bar;
+    (void)parity;
+#endif
+}
+
+static __device__ __forceinline__ void lf_cluster_stats_post(const lf_row_stats &cta, lf_row_stats *xs, uint64_t *bar,
+                                                             int rank, int nranks)
+{
+    lf_cluster_post(cta, xs, bar, rank, nranks);
+}
+
+template <bool FULL>
+static __device__ __forceinline__ lf_row_stats lf_cluster_stats_collect(const lf_row_stats *xs, uint64_t *bar,
+                                                                        unsigned parity, int nranks)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    lf_cluster_posts_wait(bar, parity);
     const int lane = (int)(threadIdx.x & 31u);
     lf_row_stats v = lf_row_stats_init();
     if (lane < nranks) v = xs[lane];
@@ -1981,60 +2028,62 @@ template <int THREADS> static __device__ __forceinline__ lf_dual lf_block_dual(l
 {
     return lf_impl_block_allreduce<THREADS>(v, scratch, lf_impl_op_dual(), 0);
 }
-/* The same merge in a cheaper form, on the threads' lf_dual_acc (w units), one barrier:
- * each warp takes its maxima (shuffles), moves its lanes' sums onto them (one EX2 per side)
- * and sums them (shuffles); lane 0 posts the warp's 8 floats; after the barrier every thread
- * moves the warps' records onto the block maxima and sums them in warp order — the same
- * bits in every thread, run to run. scratch: 8 * THREADS/32 floats; the caller owes a barrier
- * before reusing it (or alternates two). Returns the block's state in w units. */
-template <int THREADS>
-static __device__ __forceinline__ lf_dual_acc lf_block_dual_acc(lf_dual_acc a, float cs, float *scratch)
+/* n states (w units) merged in order: each moved onto the common maxima, then summed in index
+ * order (the same bits wherever the same records are merged). */
+static __device__ __forceinline__ lf_dual_acc lf_dual_acc_merge_n(const lf_dual_acc *r, int n, float cs)
 {
-    constexpr int W = THREADS / 32;
-    const float ms = lf_warp_max_f32(a.ms), mt = lf_warp_max_f32(a.mt);
-    lf_impl_acc_move(&a.ms, &a.ss, &a.us, &a.ra, ms, cs);
-    lf_impl_acc_move(&a.mt, &a.st, &a.ut, &a.rb, mt, cs);
-    float v[6] = {a.ss, a.us, a.ra, a.st, a.ut, a.rb};
-#pragma unroll
-    for (int k = 0; k < 6; ++k) v[k] = lf_warp_sum_f32(v[k]);
-    const int w = (int)(threadIdx.x >> 5);
-    if ((threadIdx.x & 31) == 0) {
-        float *r = scratch + 8 * w;
-        r[0] = ms;
-        r[1] = mt;
-#pragma unroll
-        for (int k = 0; k < 6; ++k) r[2 + k] = v[k];
-    }
-    __syncthreads();
     float Ms = -LF_INF_F, Mt = -LF_INF_F;
-#pragma unroll
-    for (int i = 0; i < W; ++i) {
-        Ms = fmaxf(Ms, scratch[8 * i]);
-        Mt = fmaxf(Mt, scratch[8 * i + 1]);
+    for (int i = 0; i < n; ++i) {
+        Ms = fmaxf(Ms, r[i].ms);
+        Mt = fmaxf(Mt, r[i].mt);
     }
     lf_dual_acc b = lf_dual_acc_init();
     b.ms = Ms;
     b.mt = Mt;
-#pragma unroll
-    for (int i = 0; i < W; ++i) {
-        const float *r = scratch + 8 * i;
-        float m1 = r[0], s1 = r[2], u1 = r[3], ra = r[4], m2 = r[1], s2 = r[5], u2 = r[6], rb = r[7];
-        lf_impl_acc_move(&m1, &s1, &u1, &ra, Ms, cs);
-        lf_impl_acc_move(&m2, &s2, &u2, &rb, Mt, cs);
-        b.ss += s1;
-        b.us += u1;
-        b.ra = (b.ra == LF_INF_F || ra == LF_INF_F) ? LF_INF_F : b.ra + ra;
-        b.st += s2;
-        b.ut += u2;
-        b.rb = (b.rb == LF_INF_F || rb == LF_INF_F) ? LF_INF_F : b.rb + rb;
+    for (int i = 0; i < n; ++i) {
+        lf_dual_acc v = r[i];
+        lf_impl_acc_move(&v.ms, &v.ss, &v.us, &v.ra, Ms, cs);
+        lf_impl_acc_move(&v.mt, &v.st, &v.ut, &v.rb, Mt, cs);
+        b.ss += v.ss;
+        b.us += v.us;
+        b.ra = (b.ra == LF_INF_F || v.ra == LF_INF_F) ? LF_INF_F : b.ra + v.ra;
+        b.st += v.st;
+        b.ut += v.ut;
+        b.rb = (b.rb == LF_INF_F || v.rb == LF_INF_F) ? LF_INF_F : b.rb + v.rb;
     }
     return b;
 }
 
-/* Block sum of two floats at once (pass 2's pair of sums). */
-template <int THREADS> static __device__ __forceinline__ float2 lf_block_sum2_f32(float2 v, float2 *scratch)
+/* The same merge in a cheaper form, on the threads' lf_dual_acc (w units), one barrier:
+ * each warp takes its maxima (shuffles), moves its lanes' sums onto them (one EX2 per side)
+ * and sums them (shuffles); lane 0 posts the warp's record; after the barrier every thread
+ * merges the warps' records in warp order (lf_dual_acc_merge_n) — the same bits in every
+ * thread, run to run. scratch: THREADS/32 records; the caller owes a barrier before reusing it
+ * (or alternates two). bar: as section 3 (0: __syncthreads; k: named barrier k of THREADS
+ * threads, for a warp group). Returns the block's state in w units. */
+template <int THREADS>
+static __device__ __forceinline__ lf_dual_acc lf_block_dual_acc(lf_dual_acc a, float cs, lf_dual_acc *scratch, int bar = 0)
 {
-    return lf_impl_block_allreduce<THREADS>(v, scratch, lf_impl_op_sum2(), 0);
+    const float ms = lf_warp_max_f32(a.ms), mt = lf_warp_max_f32(a.mt);
+    lf_impl_acc_move(&a.ms, &a.ss, &a.us, &a.ra, ms, cs);
+    lf_impl_acc_move(&a.mt, &a.st, &a.ut, &a.rb, mt, cs);
+    a.ms = ms; /* the warp's maxima (also where a move had nothing to do) */
+    a.mt = mt;
+    a.ss = lf_warp_sum_f32(a.ss);
+    a.us = lf_warp_sum_f32(a.us);
+    a.ra = lf_warp_sum_f32(a.ra);
+    a.st = lf_warp_sum_f32(a.st);
+    a.ut = lf_warp_sum_f32(a.ut);
+    a.rb = lf_warp_sum_f32(a.rb);
+    if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = a;
+    lf_block_bar<THREADS>(bar);
+    return lf_dual_acc_merge_n(scratch, THREADS / 32, cs);
+}
+
+/* Block sum of two floats at once (pass 2's pair of sums); bar as lf_block_dual_acc. */
+template <int THREADS> static __device__ __forceinline__ float2 lf_block_sum2_f32(float2 v, float2 *scratch, int bar = 0)
+{
+    return lf_impl_block_allreduce<THREADS>(v, scratch, lf_impl_op_sum2(), bar);
 }
 
 /* ---- the per-row coefficients, pass 2, the gradient ---- */
@@ -2728,6 +2777,205 @@ static __device__ __forceinline__ lf_tp_merged lf_tp_merge_warp(const lf_tp_shar
         }
     }
     return mg;
+}
+
+/* ============================================================================================
+ * 12. Host: launching clusters and planning a ring of staged row slices (sm_90)
+ *    Host functions (queries and launches only: safe during graph capture) for kernels built
+ *    like examples/cross_entropy.cu's ce_resident_kernel and kl_distill.cu's kl_res_kernel: one
+ *    CTA per SM, persistent, each holding `stages` slices of a row (or row pair) in dynamic
+ *    shared memory, a row split over a cluster of c CTAs when one slice of it would not leave
+ *    room for enough stages.
+ *        static lf_ring_device ring[MAX_DEVICES];                // per kernel, zero-initialised
+ *        lf_ring_setup(kernel, dev, &ring[dev]);                 // once: shared-memory opt-in
+ *        lf_ring_req r = lf_ring_req_make(units, unit_bytes, n_rows);  // then the options
+ *        lf_ring_plan pl;
+ *        lf_ring_plan_make(kernel, block, dev, &ring[dev], r, &pl);    // pl.cluster 0: none fits
+ *        lf_launch_clusters(kernel, pl.ctas, pl.cluster, block, pl.dyn_bytes, stream, false, args...);
+ * ========================================================================================== */
+
+/* Host: how many clusters of c CTAs (blocks of `block`, `dyn` bytes of dynamic shared memory)
+ * of `kernel` the current device runs at once (cudaOccupancyMaxActiveClusters); 0 when a
+ * cluster of c cannot be scheduled (the error is cleared). A query only: safe during graph
+ * capture. For planning a persistent grid of clusters. */
+template <typename K>
+static inline int lf_max_active_clusters(K kernel, int c, dim3 block, size_t dyn)
+{
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr = {};
+    int n = 0;
+    cfg.gridDim = dim3((unsigned)c, 1, 1);
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = dyn;
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = (unsigned)c;
+    attr.val.clusterDim.y = 1;
+    attr.val.clusterDim.z = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+/* Launch `kernel` on `ctas` CTAs in clusters of `cluster` (1: none) along x, with programmatic
+ * dependent launch when `pdl` (the kernel may start while the previous one on the stream
+ * finishes; it must wait for that one's results itself, griddepcontrol.wait). */
+template <typename K, typename... A>
+static inline cudaError_t lf_launch_clusters(K kernel, int64_t ctas, int cluster, dim3 block, size_t dyn, cudaStream_t stream,
+                                             bool pdl, A... args)
+{
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[2] = {};
+    cfg.gridDim = dim3((unsigned)ctas, 1, 1);
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = dyn;
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    if (cluster > 1) {
+        attr[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
+        attr[cfg.numAttrs].val.clusterDim.x = (unsigned)cluster;
+        attr[cfg.numAttrs].val.clusterDim.y = 1;
+        attr[cfg.numAttrs].val.clusterDim.z = 1;
+        ++cfg.numAttrs;
+    }
+    if (pdl) {
+        attr[cfg.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[cfg.numAttrs].val.programmaticStreamSerializationAllowed = 1;
+        ++cfg.numAttrs;
+    }
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args...);
+    return e != cudaSuccess ? e : cudaGetLastError();
+}
+
+/* What a ring kernel may use on one device: dyn_max, the dynamic shared memory a CTA can have
+ * (0: the device or the kernel's code is not sm_90: the bulk copies would trap), cmax, the
+ * largest cluster (8, or 16 where non-portable sizes are allowed); and a cache of the last
+ * occupancy query per cluster size (a training loop asks the same every step; host threads
+ * launching at once may interleave its writes: the worst outcome is a grid of the wrong size
+ * for one launch, which still computes the right result). */
+typedef struct lf_ring_device {
+    int ready, dyn_max, cmax;
+    int q_dyn[17], q_groups[17];
+} lf_ring_device;
+
+/* Once per kernel and device (d zero-initialised): the shared-memory opt-in and the cluster
+ * limit. The code that runs must be sm_90's: a build for compute_80 only, JIT-compiled on a
+ * Hopper, has the bulk copies compiled out. */
+template <typename K> static inline cudaError_t lf_ring_setup(K kernel, int dev, lf_ring_device *d)
+{
+    if (d->ready) return cudaSuccess;
+    int cc = 0, optin = 0;
+    cudaError_t e = cudaDeviceGetAttribute(&cc, cudaDevAttrComputeCapabilityMajor, dev);
+    if (e != cudaSuccess) return e;
+    d->dyn_max = 0;
+    d->cmax = 1;
+    cudaFuncAttributes fa;
+    if ((e = cudaFuncGetAttributes(&fa, kernel)) != cudaSuccess) return e;
+    if (cc >= 9 && fa.ptxVersion >= 90) {
+        if ((e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev)) != cudaSuccess) return e;
+        d->dyn_max = optin - (int)fa.sharedSizeBytes;
+        if ((e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, d->dyn_max)) != cudaSuccess) return e;
+        d->cmax = 8;
+        if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) d->cmax = 16;
+        else (void)cudaGetLastError();
+    }
+    d->ready = 1;
+    return cudaSuccess;
+}
+
+/* What to plan: a row is `units` units of `unit_bytes` (16: a 16-byte vector; 32: a 16-bit
+ * row pair's unit), `rows` rows; at most max_cluster CTAs per cluster (0: the device's limit);
+ * stages forced (> 0) or automatic (as many as fit, min_stages .. max_stages); each CTA's
+ * groups_per_cta warp groups each hold a stage, so more stages than that; without clusters a
+ * slice below min_slice bytes is no plan (such short rows suit another schedule; 0: any). */
+typedef struct lf_ring_req {
+    int64_t units, rows;
+    int unit_bytes, max_cluster, stages, min_stages, max_stages, groups_per_cta;
+    int64_t min_slice;
+} lf_ring_req;
+
+static inline lf_ring_req lf_ring_req_make(int64_t units, int unit_bytes, int64_t rows)
+{
+    lf_ring_req r;
+    r.units = units;
+    r.rows = rows;
+    r.unit_bytes = unit_bytes;
+    r.max_cluster = 0;
+    r.stages = 0;
+    r.min_stages = 3;
+    r.max_stages = 8;
+    r.groups_per_cta = 2;
+    r.min_slice = 0;
+    return r;
+}
+
+/* The plan: clusters of `cluster` CTAs (0: nothing fits), `stages` slices of slice_units
+ * units each (dyn_bytes of shared memory), `clusters` clusters (ctas CTAs). */
+typedef struct lf_ring_plan {
+    int cluster, stages;
+    int64_t slice_units, clusters, ctas;
+    size_t dyn_bytes;
+} lf_ring_plan;
+
+/* Among cluster sizes 1, 2, 3, ... up to the cap, those whose slice fits the stages; of those
+ * the one that keeps the most CTAs resident, the smaller cluster on a tie. Every size is tried,
+ * not only powers of two: a cluster lives in one GPC, and at one CTA per SM the size that packs
+ * the GPCs best depends on the chip (an H100 or H200 runs 30 clusters of 4 = 120 of its 132 SMs,
+ * 16 of 8 = 128). The grid: as few clusters as give the busiest one its row count, each then
+ * with a larger share of the bandwidth (4096 rows on 132 SMs: 128 CTAs of 32 rows, not 4 of 32
+ * and 128 of 31). */
+template <typename K>
+static inline cudaError_t lf_ring_plan_make(K kernel, dim3 block, int dev, lf_ring_device *d, const lf_ring_req &r,
+                                            lf_ring_plan *out)
+{
+    memset(out, 0, sizeof *out);
+    if (d->dyn_max <= 0 || r.rows <= 0) return cudaSuccess;
+    const int cap = (r.max_cluster > 0 && r.max_cluster < d->cmax) ? r.max_cluster : d->cmax;
+    int best_groups = 0;
+    for (int c = 1; c <= cap && c <= 16; ++c) {
+        const int64_t su = r.units > 0 ? (r.units + c - 1) / c : 1, bytes = su * r.unit_bytes;
+        int64_t ns = d->dyn_max / bytes;
+        if (ns > r.max_stages) ns = r.max_stages;
+        if (r.stages > 0) {
+            if (ns < r.stages) continue;
+            ns = r.stages;
+        } else if (ns < r.min_stages) {
+            continue;
+        }
+        if (ns <= r.groups_per_cta) continue; /* each group holds a stage: one more is loading */
+        if (c == 1 && bytes < r.min_slice) break;
+        const int dyn = (int)(ns * bytes);
+        int groups = 0;
+        if (d->q_dyn[c] == dyn) {
+            groups = d->q_groups[c];
+        } else if (c == 1) {
+            int sms = 0, per_sm = 0;
+            cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+            if (e == cudaSuccess)
+                e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, (int)(block.x * block.y * block.z), (size_t)dyn);
+            if (e != cudaSuccess) return e;
+            groups = sms * per_sm;
+        } else {
+            groups = lf_max_active_clusters(kernel, c, block, (size_t)dyn);
+        }
+        d->q_dyn[c] = dyn;
+        d->q_groups[c] = groups;
+        if (groups > 0 && (int64_t)groups * c > (int64_t)best_groups * out->cluster) {
+            out->cluster = c;
+            out->stages = (int)ns;
+            out->slice_units = su;
+            out->dyn_bytes = (size_t)dyn;
+            best_groups = groups;
+        }
+    }
+    if (out->cluster == 0) return cudaSuccess;
+    const int64_t most = (r.rows + best_groups - 1) / best_groups; /* the busiest cluster's rows */
+    out->clusters = (r.rows + most - 1) / most;
+    out->ctas = out->clusters * out->cluster;
+    return cudaSuccess;
 }
 
 #endif /* LOSSFUSE_CUDA_CUH */

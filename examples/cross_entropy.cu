@@ -787,25 +787,6 @@ __global__ void __launch_bounds__(CE_THREADS, CE_CTAS_PER_SM) ce_kernel(const ce
 #define CE_RES_POLY 0 /* of each 8 elements, exponentials on the FMA pipe (lf_ex2_fma), fast path */
 #endif
 
-/* The stage ticket, with release / acquire at CTA scope: a group that reads the row it waits for
- * in the ticket is then ordered after the completion of the stage's previous phase (which the
- * loading thread waited for), so its parity wait cannot return on that older phase. Atomics, so
- * that compute-sanitizer's racecheck sees the spin for what it is (plain release / acquire
- * accesses are reported as a race). */
-static __device__ __forceinline__ void ce_ticket_store(int64_t *t, int64_t v)
-{
-    asm volatile("{\n\t.reg .b64 old;\n\tatom.release.cta.shared.exch.b64 old, [%0], %1;\n\t}" ::"r"(
-                     (uint32_t)__cvta_generic_to_shared(t)),
-                 "l"(v)
-                 : "memory");
-}
-static __device__ __forceinline__ int64_t ce_ticket_load(int64_t *t)
-{
-    int64_t v;
-    asm volatile("atom.acquire.cta.shared.add.u64 %0, [%1], 0;" : "=l"(v) : "r"((uint32_t)__cvta_generic_to_shared(t)) : "memory");
-    return v;
-}
-
 /* CE_RES_TRACE (a diagnostic build, off by default): thread 0 of each group adds the SM cycles
  * of each phase of its rows to ce_res_trace[] (0 waiting for the stage, 1 statistics, 2 block
  * merge, 3 cluster exchange, 4 gradient and outputs, 5 the group barrier and the reload, 6 rows,
@@ -901,7 +882,7 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
     /* Load local row kk (label y) into stage q: by one thread. */
     auto load = [&](int q, int64_t kk, int64_t y) {
         stage_y[q] = y; /* published by the arrive (release) */
-        ce_ticket_store(&stage_k[q], kk); /* release: ordered after this stage's previous phase */
+        lf_ticket_store(&stage_k[q], kk); /* release: ordered after this stage's previous phase */
         const uint4 *src;
         const uint32_t bytes = slice_of(kk, y, &src);
         if (bytes == 0) {
@@ -949,7 +930,7 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
          * atomic per warp, not per thread: 256 on one address serialise), __syncwarp orders the
          * warp's lanes after it */
         if ((threadIdx.x & 31u) == 0)
-            while (ce_ticket_load(&stage_k[q]) != k) {
+            while (lf_ticket_load(&stage_k[q]) != k) {
             }
         __syncwarp();
         lf_mbar_wait(&full[q], use_par);
@@ -1178,30 +1159,6 @@ __global__ void __launch_bounds__(CE_WARP_THREADS, SOFTCAP ? 2 : CE_WARP_CTAS_PE
         }                                                                                           \
     } while (0)
 
-/* How many clusters of `c` CTAs (c >= 2) of this kernel, blocks of `block`, `dyn` bytes of
- * dynamic shared memory, the device runs at once; 0 if none can be scheduled. */
-template <typename K>
-static int ce_cluster_groups(K kernel, int c, dim3 block, size_t dyn)
-{
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute attr = {};
-    int n = 0;
-    cfg.gridDim = dim3((unsigned)c, 1, 1);
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = dyn;
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = (unsigned)c;
-    attr.val.clusterDim.y = 1;
-    attr.val.clusterDim.z = 1;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return 0;
-    }
-    return n;
-}
-
 /* How many clusters of `c` CTAs (c = 1: CTAs) of this kernel the device runs at once; 0 if a
  * cluster of c cannot be scheduled. */
 template <typename K>
@@ -1216,7 +1173,7 @@ static int ce_active_groups(K kernel, int c)
             return 0;
         return sms * per_sm;
     }
-    return ce_cluster_groups(kernel, c, dim3(CE_THREADS, 1, 1), CE_SMEM_BYTES);
+    return lf_max_active_clusters(kernel, c, dim3(CE_THREADS, 1, 1), CE_SMEM_BYTES);
 }
 
 #ifndef CE_MAX_DEVICES
@@ -1224,119 +1181,45 @@ static int ce_active_groups(K kernel, int c)
 #endif
 
 /* The row-resident schedule, if the device and the shape allow it (else *launched = false and
- * nothing happens). Plan: among cluster sizes 1, 2, 3, ... up to the cap, those whose slice fits
- * `stages` stages (automatic: at least CE_RES_MIN_STAGES, as many as fit, at most
- * CE_RES_MAX_STAGES); of those the one that keeps the most CTAs resident, the smaller cluster on
- * a tie (each CTA of a cluster exchanges 28 bytes per row with the others). Every size is tried,
- * not only powers of two: a cluster lives in one GPC, and at one CTA per SM the size that packs
- * the GPCs best depends on the chip (an H100 or H200 runs 30 clusters of 4 = 120 of its 132 SMs). */
+ * nothing happens). Plan (lossfuse_cuda.cuh, lf_ring_plan_make): among cluster sizes 1, 2, 3, ...
+ * up to the cap, those whose slice fits `stages` stages (automatic: at least CE_RES_MIN_STAGES,
+ * as many as fit, at most CE_RES_MAX_STAGES); of those the one that keeps the most CTAs
+ * resident, the smaller cluster on a tie (each CTA of a cluster exchanges 28 bytes per row with
+ * the others). */
 template <typename T, bool GRAD, bool FULL, bool SOFTCAP>
 static lf_status ce_launch_resident(const ce_kparams &p, int max_cluster, int stages, bool forced, bool after_divisor,
                                     ce_plan *plan, cudaStream_t stream, cudaError_t *cuda_err, bool *launched)
 {
     auto kernel = ce_resident_kernel<T, GRAD, FULL, SOFTCAP>;
-    /* per instantiation and device, once: the shared memory left for stages, the cluster limit */
-    static int ready_d[CE_MAX_DEVICES], dyn_max_d[CE_MAX_DEVICES], cmax_d[CE_MAX_DEVICES];
-    /* resident groups (CTAs or clusters) per cluster size, for the last shared-memory size asked:
-     * host queries cost microseconds, and a training loop asks the same every step. (Host threads
-     * launching at once may interleave these writes: the worst outcome is a grid of the wrong
-     * size for one launch, which still computes the right result.) */
-    static int q_dyn_d[CE_MAX_DEVICES][17], q_groups_d[CE_MAX_DEVICES][17];
+    static lf_ring_device ring_d[CE_MAX_DEVICES]; /* per instantiation and device: set up once */
     *launched = false;
     int dev = 0;
     CE_CHECK(cudaGetDevice(&dev));
     if (dev < 0 || dev >= CE_MAX_DEVICES) return LF_ERR_DEVICE;
-    if (!ready_d[dev]) {
-        int cc = 0, optin = 0;
-        CE_CHECK(cudaDeviceGetAttribute(&cc, cudaDevAttrComputeCapabilityMajor, dev));
-        dyn_max_d[dev] = 0;
-        cmax_d[dev] = 1;
-        cudaFuncAttributes fa;
-        CE_CHECK(cudaFuncGetAttributes(&fa, kernel));
-        /* the code that runs must be sm_90's: a build for compute_80 only, JIT-compiled on a
-         * Hopper, has the bulk copies compiled out (they trap below sm_90) */
-        if (cc >= 9 && fa.ptxVersion >= 90) {
-            CE_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-            dyn_max_d[dev] = optin - (int)fa.sharedSizeBytes;
-            CE_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dyn_max_d[dev]));
-            cmax_d[dev] = 8;
-            if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) cmax_d[dev] = 16;
-            else (void)cudaGetLastError();
-        }
-        ready_d[dev] = 1;
-    }
-    const int dyn_max = dyn_max_d[dev];
-    if (dyn_max <= 0) return forced ? LF_ERR_DEVICE : LF_OK;
-    const int64_t nvec_max = (p.vocab + lf_elem<T>::per_vec - 1) / lf_elem<T>::per_vec;
-    const int cap = std::min(max_cluster > 0 ? max_cluster : 16, cmax_d[dev]);
-    int best_c = 0, best_ns = 0, best_sv = 0, best_groups = 0;
-    for (int c = 1; c <= cap; ++c) {
-        const int64_t sv = (nvec_max + c - 1) / c, bytes = sv * 16;
-        int ns = (int)std::min<int64_t>(CE_RES_MAX_STAGES, dyn_max / bytes);
-        if (stages > 0) {
-            if (ns < stages) continue;
-            ns = stages;
-        } else if (ns < CE_RES_MIN_STAGES) {
-            continue;
-        }
-        if (ns <= CE_RES_GROUPS) continue; /* each group holds a stage: one more is loading */
-        if (!forced && c == 1 && bytes < CE_RES_MIN_SLICE) break; /* short rows: streamed */
-        const int dyn = (int)(ns * bytes);
-        int groups = 0;
-        if (q_dyn_d[dev][c] == dyn) {
-            groups = q_groups_d[dev][c];
-        } else if (c == 1) {
-            int sms = 0, per_sm = 0;
-            CE_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-            CE_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, CE_RES_THREADS, dyn));
-            groups = sms * per_sm;
-        } else {
-            groups = ce_cluster_groups(kernel, c, dim3(CE_RES_GROUP, CE_RES_GROUPS, 1), (size_t)dyn);
-        }
-        q_dyn_d[dev][c] = dyn;
-        q_groups_d[dev][c] = groups;
-        if (groups > 0 && (int64_t)groups * c > (int64_t)best_groups * best_c) {
-            best_c = c;
-            best_ns = ns;
-            best_sv = (int)sv;
-            best_groups = groups;
-        }
-    }
-    if (best_c == 0) return forced ? LF_ERR_SIZE : LF_OK;
-    /* The busiest cluster sets the time: as few clusters as give the same most rows per cluster,
-     * each then with a larger share of the bandwidth (4096 rows on 132 SMs: 128 CTAs of 32 rows,
-     * not 4 of 32 and 128 of 31) */
-    const int64_t most = (p.n_rows + best_groups - 1) / best_groups;
-    const int64_t nclusters = (p.n_rows + most - 1) / most;
+    CE_CHECK(lf_ring_setup(kernel, dev, &ring_d[dev]));
+    if (ring_d[dev].dyn_max <= 0) return forced ? LF_ERR_DEVICE : LF_OK;
+    lf_ring_req r = lf_ring_req_make((p.vocab + lf_elem<T>::per_vec - 1) / lf_elem<T>::per_vec, 16, p.n_rows);
+    r.max_cluster = max_cluster;
+    r.stages = stages;
+    r.min_stages = CE_RES_MIN_STAGES;
+    r.max_stages = CE_RES_MAX_STAGES;
+    r.groups_per_cta = CE_RES_GROUPS;
+    r.min_slice = forced ? 0 : CE_RES_MIN_SLICE; /* short rows: streamed */
+    const dim3 block(CE_RES_GROUP, CE_RES_GROUPS, 1);
+    lf_ring_plan pl;
+    CE_CHECK(lf_ring_plan_make(kernel, block, dev, &ring_d[dev], r, &pl));
+    if (pl.cluster == 0) return forced ? LF_ERR_SIZE : LF_OK;
     if (plan) {
         plan->schedule = CE_SCHED_RESIDENT;
-        plan->cluster = best_c;
+        plan->cluster = pl.cluster;
         plan->pieces = 1;
-        plan->stages = best_ns;
-        plan->clusters = (int)nclusters;
-        plan->ctas = (int)(nclusters * best_c);
+        plan->stages = pl.stages;
+        plan->clusters = (int)pl.clusters;
+        plan->ctas = (int)pl.ctas;
     }
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute attr[2] = {};
-    cfg.gridDim = dim3((unsigned)(nclusters * best_c), 1, 1);
-    cfg.blockDim = dim3(CE_RES_GROUP, CE_RES_GROUPS, 1);
-    cfg.dynamicSmemBytes = (size_t)best_ns * best_sv * 16;
-    cfg.stream = stream;
-    cfg.attrs = attr;
-    if (best_c > 1) {
-        attr[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
-        attr[cfg.numAttrs].val.clusterDim.x = (unsigned)best_c;
-        attr[cfg.numAttrs].val.clusterDim.y = 1;
-        attr[cfg.numAttrs].val.clusterDim.z = 1;
-        ++cfg.numAttrs;
-    }
-    if (after_divisor) { /* start while ce_divisor_kernel runs: the kernel waits where it reads it */
-        attr[cfg.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr[cfg.numAttrs].val.programmaticStreamSerializationAllowed = 1;
-        ++cfg.numAttrs;
-    }
-    CE_CHECK(cudaLaunchKernelEx(&cfg, kernel, p, best_c, best_ns, best_sv, (int)nclusters));
-    CE_CHECK(cudaGetLastError());
+    /* after_divisor: start while ce_divisor_kernel runs; the kernel waits where it reads it */
+    CE_CHECK(lf_launch_clusters(kernel, pl.ctas, pl.cluster, block, pl.dyn_bytes, stream, after_divisor, p, pl.cluster,
+                                pl.stages, (int)pl.slice_units, (int)pl.clusters));
     *launched = true;
     return LF_OK;
 }
@@ -1456,22 +1339,8 @@ static lf_status ce_launch_kernel(const ce_kparams &p, int max_cluster, int sche
         plan->clusters = (int)nclusters;
         plan->ctas = (int)(nclusters * c);
     }
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute attr = {};
-    cfg.gridDim = dim3((unsigned)(nclusters * c), 1, 1);
-    cfg.blockDim = dim3(CE_THREADS, 1, 1);
-    cfg.dynamicSmemBytes = CE_SMEM_BYTES;
-    cfg.stream = stream;
-    if (c > 1) {
-        attr.id = cudaLaunchAttributeClusterDimension;
-        attr.val.clusterDim.x = (unsigned)c;
-        attr.val.clusterDim.y = 1;
-        attr.val.clusterDim.z = 1;
-        cfg.attrs = &attr;
-        cfg.numAttrs = 1;
-    }
-    CE_CHECK(cudaLaunchKernelEx(&cfg, kernel, p, c, npieces, (int)nclusters));
-    CE_CHECK(cudaGetLastError());
+    CE_CHECK(lf_launch_clusters(kernel, nclusters * c, c, dim3(CE_THREADS, 1, 1), CE_SMEM_BYTES, stream, false, p, c, npieces,
+                                (int)nclusters));
     return LF_OK;
 }
 

@@ -37,6 +37,14 @@
  *   also spills registers, and 1 x 512 threads x 2 x 96 KB at V = 32K; the latter is ~13% faster
  *   at V >= 152K); deeper pipelines (3-4 buffers) gained nothing. Where the time goes now is
  *   the per-piece work outside the element loops (bench/RESULTS.md, design log).
+ *   On sm_90 a second schedule reads each pair from HBM exactly once (kl_res_kernel, as
+ *   examples/cross_entropy.cu's row-resident one): a ring of whole row-pair slices in shared
+ *   memory, filled by the copy engine, rows wider than three stages split over a cluster whose
+ *   CTAs exchange their states over DSMEM. MEASURED: on an H100 forward / reverse KL 19-32%
+ *   faster than streamed at V = 32K-152K (up to 85% of copy); on an H200, whose extra bandwidth
+ *   leaves these kernels bound by their arithmetic (two exponentials per element and pass, the
+ *   cross terms), 2-15% at V = 131K-152K and nothing at 32K; JSD and clusters of 16 mixed. The
+ *   automatic plan takes it where it was not slower (kl_schedule).
  * Contract (as DESIGN.md and examples/cross_entropy.cu)
  *   - Masked rows (mask byte 0, or label == ignore_index) have loss 0, zero gradient, weight 0.
  *     A label outside [0, V) that is not ignore_index adds 1 to *n_errors and masks the row.
@@ -108,12 +116,32 @@ typedef struct kl_args {
     unsigned int *n_errors;   /* optional: += rows with a bad label */
     void *workspace;       /* kl_workspace_bytes(n_rows) bytes, zeroed once before first use */
     size_t workspace_bytes;
+    int schedule;          /* KL_SCHED_AUTO (0), _STREAM or _RESIDENT: see kl_schedule */
+    int max_cluster;       /* resident: at most this many CTAs per cluster (0: automatic) */
+    int stages;            /* resident: shared-memory stages per CTA, 3..8 (0: automatic) */
     struct kl_plan *plan;  /* optional host out */
 } kl_args;
 
+/* How row pairs are read.
+ *   KL_SCHED_STREAM    any GPU, any dtypes, dense or sparse teacher: persistent CTAs stream
+ *                      pieces with per-thread cp.async; passes after the first re-read the
+ *                      pieces that are no longer staged (from L2 when still there).
+ *   KL_SCHED_RESIDENT  sm_90, 16-bit student and dense 16-bit teacher: one CTA per SM holds
+ *                      whole row-pair slices in a ring of stages filled by the copy engine;
+ *                      pairs too wide for three stages are split over a cluster. Each pair is
+ *                      read from HBM once. Where it does not apply, LF_ERR_ARG (or, for the
+ *                      device, LF_ERR_DEVICE).
+ *   KL_SCHED_AUTO      resident for forward + backward of forward / reverse KL and soft CE where
+ *                      it applies and a pair needs at most 8 CTAs (V up to ~200K in bf16),
+ *                      else streamed: where it measured faster (kl_launch_resident). */
+enum kl_schedule { KL_SCHED_AUTO = 0, KL_SCHED_STREAM = 1, KL_SCHED_RESIDENT = 2 };
+
 typedef struct kl_plan {
-    int pieces;      /* pieces per row pair; 1 = each pair read from HBM once */
-    int piece_units; /* 8-element units per piece */
+    int schedule;    /* KL_SCHED_STREAM or KL_SCHED_RESIDENT */
+    int pieces;      /* streamed: pieces per row pair; 1 = each pair read from HBM once */
+    int piece_units; /* 8-element units per piece (resident: per CTA slice) */
+    int cluster;     /* resident: CTAs per cluster sharing a row pair (1: none) */
+    int stages;      /* resident: row-pair slices staged per CTA */
     int ctas;        /* persistent CTAs launched */
 } kl_plan;
 
@@ -257,6 +285,52 @@ __global__ void __launch_bounds__(1024) kl_divisor_kernel(const kl_kparams p)
     if (threadIdx.x == 0) p.ws->divisor = (float)acc;
 }
 
+/* A row's outputs (one thread). A row without two distributions (NaN, +inf, no mass on a side)
+ * is NaN throughout, as in lf_ref_kl_row: no output of it may look like a number. */
+static __device__ __forceinline__ void kl_row_outputs(const kl_kparams &p, int64_t row, const lf_dual_out &o, float loss)
+{
+    const bool ok = fabsf(o.lse_a) < LF_INF_F && fabsf(o.lse_b) < LF_INF_F;
+    if (p.kl_fwd) p.kl_fwd[row] = o.kl_fwd;
+    if (p.kl_rev) p.kl_rev[row] = o.kl_rev;
+    if (p.ent_s) p.ent_s[row] = ok ? o.ent_a : NAN;
+    if (p.ent_t) p.ent_t[row] = ok ? o.ent_b : NAN;
+    if (p.reduction == LF_REDUCE_NONE) p.loss[row] = loss;
+    else p.ws_loss[row] = loss;
+}
+
+/* The outputs of a masked row: all zero. */
+static __device__ __forceinline__ lf_dual_out kl_dual_out_zero(void)
+{
+    lf_dual_out o;
+    memset(&o, 0, sizeof o);
+    return o;
+}
+
+/* After a CTA's rows (sum / mean; THREADS threads of the CTA call it, bar their barrier as
+ * lf_block_bar): the CTA that completes the count sums all rows' losses in a fixed order. */
+template <int THREADS>
+static __device__ __forceinline__ void kl_batch_reduce(const kl_kparams &p, double *fin, int *is_last, int bar)
+{
+    if (threadIdx.x == 0) {
+        __threadfence();
+        *is_last = atomicAdd(&p.ws->rows_done, 1ull) == (unsigned long long)(gridDim.x - 1);
+    }
+    lf_block_bar<THREADS>(bar);
+    if (!*is_last) return;
+    __threadfence();
+    double a = 0.0;
+    for (int64_t i = threadIdx.x; i < p.n_rows; i += THREADS) a += (double)__ldcg(p.ws_loss + i);
+    a = lf_block_sum_f64<THREADS>(a, fin, bar);
+    if (threadIdx.x == 0) {
+        if (p.reduction == LF_REDUCE_MEAN) {
+            const double d = (double)(p.divisor ? *p.divisor : p.ws->divisor);
+            a = d == 0.0 ? a * 0.0 : a / d; /* 0, or NaN when a row is NaN: never hidden */
+        }
+        p.loss[0] = (float)a;
+        p.ws->rows_done = 0;
+    }
+}
+
 typedef struct kl_job {
     int64_t row, lr;
     const void *xs, *xt; /* the row pair (set with the row: no address arithmetic per job) */
@@ -276,7 +350,7 @@ template <typename TS, typename TT, bool LIN, bool SPARSE>
 __global__ void __launch_bounds__(KL_THREADS, KL_CTAS_PER_SM) kl_kernel(const kl_kparams p, int npieces, int nctas)
 {
     extern __shared__ uint4 kl_smem[];
-    __shared__ float red[2][8 * (KL_THREADS / 32)]; /* alternate rows: one barrier per merge */
+    __shared__ lf_dual_acc red[2][KL_THREADS / 32]; /* alternate rows: one barrier per merge */
     __shared__ float2 red2[2][KL_THREADS / 32];
     __shared__ double fin[KL_THREADS / 32];
     __shared__ int is_last;
@@ -381,18 +455,7 @@ __global__ void __launch_bounds__(KL_THREADS, KL_CTAS_PER_SM) kl_kernel(const kl
     memset(&dout, 0, sizeof dout);
     int slot = 0;
 
-    /* The row's outputs (thread 0). */
-    auto row_outputs = [&](int64_t row, float loss) {
-        /* a row without two distributions (NaN, +inf, no mass on a side) is NaN throughout, as
-         * in lf_ref_kl_row: no output of it may look like a number */
-        const bool ok = fabsf(dout.lse_a) < LF_INF_F && fabsf(dout.lse_b) < LF_INF_F;
-        if (p.kl_fwd) p.kl_fwd[row] = dout.kl_fwd;
-        if (p.kl_rev) p.kl_rev[row] = dout.kl_rev;
-        if (p.ent_s) p.ent_s[row] = ok ? dout.ent_a : NAN;
-        if (p.ent_t) p.ent_t[row] = ok ? dout.ent_b : NAN;
-        if (p.reduction == LF_REDUCE_NONE) p.loss[row] = loss;
-        else p.ws_loss[row] = loss;
-    };
+    auto row_outputs = [&](int64_t row, float loss) { kl_row_outputs(p, row, dout, loss); };
 
     /* The pipeline: job jj is processed while the copies of job jj+1 are in flight into the
      * other buffer (more stages were measured: no gain, bench/RESULTS.md). A thread only ever
@@ -487,27 +550,222 @@ __global__ void __launch_bounds__(KL_THREADS, KL_CTAS_PER_SM) kl_kernel(const kl
         cur = nxt;
     }
     lf_cp_async_wait<0>();
-    if (p.reduction == LF_REDUCE_NONE) return;
+    if (p.reduction != LF_REDUCE_NONE) kl_batch_reduce<KL_THREADS>(p, fin, &is_last, 0);
+}
 
-    /* Last-CTA-done: the CTA that completes the count sums all rows in a fixed order. */
-    if (threadIdx.x == 0) {
-        __threadfence();
-        is_last = atomicAdd(&p.ws->rows_done, 1ull) == (unsigned long long)(nctas - 1);
+/* ---- The row-resident schedule (sm_90, 16-bit student and teacher, dense teacher) ----------
+ * As examples/cross_entropy.cu's ce_resident_kernel: each CTA (or CTA of a cluster: its slice
+ * of the row pair) holds a ring of `nstages` shared-memory stages, each one row slice of BOTH
+ * rows ([student units | teacher units], su units each), loaded by two bulk copies (the copy
+ * engine) that complete on the stage's mbarrier. So each pair is read from HBM once, then from
+ * shared memory: pass 1, JSD / TVD's pass 2 and the gradient never go back to global memory.
+ * Two warp groups (blockDim = (KL_RES_GROUP, 2)) take alternate rows and share the ring; each
+ * merges with its own named barrier and, in a cluster, exchanges its rows' states with the same
+ * group of the other CTAs (lf_cluster_post / _posts_wait, no cluster barrier per row). The
+ * stage ticket (lf_ticket_*) orders a group's parity wait after the stage's previous use.
+ * Per row: wait for the stage, pass 1, block + cluster merge, (pass 2, its merges,) the
+ * gradient from the stage, the group barrier, then thread 0 reloads the stage with the row
+ * nstages further on (its status computed when the row started) and prefetches the next into
+ * L2. Rank 0 of a cluster also takes the row's edge elements (from global memory) and writes
+ * the row's outputs. 16-bit sides only: a bulk copy cannot split an fp32 side's units into the
+ * two halves that the unit loops read (section 8's piece layout). */
+#ifndef KL_RES_GROUP
+#define KL_RES_GROUP 256
+#endif
+#define KL_RES_GROUPS 2
+#define KL_RES_THREADS (KL_RES_GROUP * KL_RES_GROUPS)
+#define KL_RES_MIN_STAGES 3
+#define KL_RES_MAX_STAGES 8
+
+template <typename TS, typename TT, bool LIN>
+__global__ void __launch_bounds__(KL_RES_THREADS, 1)
+    kl_res_kernel(const kl_kparams p, int nranks, int nstages, int su, int nclusters)
+{
+    constexpr int TH = KL_RES_GROUP, G = KL_RES_GROUPS;
+    static_assert(sizeof(TS) == 2 && sizeof(TT) == 2, "the resident schedule stages 16-bit sides");
+    extern __shared__ uint4 kl_smem[]; /* [nstages][2 su] */
+    __shared__ uint64_t full[KL_RES_MAX_STAGES];
+    __shared__ int stage_st[KL_RES_MAX_STAGES];    /* the status of the row in the stage */
+    __shared__ int64_t stage_k[KL_RES_MAX_STAGES]; /* the ticket: local row last loaded, -1 none */
+    __shared__ int st0[KL_RES_MAX_STAGES + G];     /* statuses of the first rows */
+    __shared__ lf_dual_acc red[G][2][TH / 32];
+    __shared__ float2 red2[G][2][TH / 32];
+    __shared__ lf_dual_acc xa[G][2][16]; /* cluster exchange, pass 1: per group, two sets */
+    __shared__ float2 xb[G][2][16];      /* ... pass 2 */
+    __shared__ uint64_t xbar[G][2][2];   /* [group][pass][set] */
+    __shared__ double fin[TH / 32];
+    __shared__ int is_last;
+
+    const int grp = (int)threadIdx.y, bar = 1 + grp;
+    const int rank = (int)(blockIdx.x % nranks);
+    const int64_t cid = blockIdx.x / nranks, N = p.n_rows, V = p.vocab;
+    const int64_t my_rows = cid < N ? (N - 1 - cid) / nclusters + 1 : 0;
+    const bool three = p.kind == LF_KL_JSD || p.kind == LF_KL_TVD;
+    const bool grad = p.grad != nullptr;
+    if (threadIdx.x == 0 && grp == 0) {
+        for (int q = 0; q < nstages; ++q) {
+            lf_mbar_init(&full[q], 1);
+            stage_k[q] = -1;
+        }
+        for (int g = 0; g < G; ++g)
+            for (int i = 0; i < 4; ++i) lf_mbar_init(&xbar[g][i >> 1][i & 1], (unsigned)nranks);
+        lf_mbar_init_fence();
+    }
+    if (grp == G - 1 && (int)threadIdx.x < nstages + G && threadIdx.x < my_rows)
+        st0[threadIdx.x] = kl_row_status(p, cid + (int64_t)threadIdx.x * nclusters);
+    __syncthreads();
+    if (nranks > 1) lf_cluster_sync(); /* every CTA's mbarriers exist before any post */
+
+    const float dl_all = (grad && p.dloss && p.reduction != LF_REDUCE_NONE) ? p.dloss[0] : 1.0f;
+    float inv_div = 1.0f;
+    if (grad && p.reduction == LF_REDUCE_MEAN) {
+        const float d = p.divisor ? *p.divisor : p.ws->divisor;
+        inv_div = d == 0.0f ? 0.0f : 1.0f / d;
+    }
+    auto row_of = [&](int64_t kk) { return cid + kk * nclusters; };
+    auto status_of = [&](int64_t kk) -> int {
+        if (kk >= my_rows) return 1;
+        return kk < nstages + G ? st0[kk] : kl_row_status(p, row_of(kk));
+    };
+    /* This CTA's units of local row kk: the first, the count, and the two rows' bodies. */
+    auto slice_of = [&](int64_t kk, const TS **xs, const TT **xt, int *ub, int *nu) {
+        const int64_t row = row_of(kk);
+        *xs = (const TS *)p.student + row * p.s_stride;
+        *xt = (const TT *)p.teacher + row * p.t_stride;
+        const lf_dual_span sp = lf_dual_span_make(*xs, *xt, V);
+        *ub = rank * su;
+        *nu = max(0, min(su, sp.nunit - *ub));
+        *xs += sp.head + 8 * (int64_t)*ub;
+        *xt += sp.head + 8 * (int64_t)*ub;
+    };
+    auto load = [&](int q, int64_t kk, int status) { /* one thread */
+        stage_st[q] = status; /* published by the arrive (release) */
+        lf_ticket_store(&stage_k[q], kk);
+        const TS *xs;
+        const TT *xt;
+        int ub, nu;
+        slice_of(kk, &xs, &xt, &ub, &nu);
+        if (status || nu == 0) {
+            lf_mbar_arrive(&full[q]);
+        } else {
+            uint4 *b = kl_smem + (size_t)q * 2 * su;
+            lf_mbar_arrive_tx(&full[q], 32u * (uint32_t)nu);
+            lf_bulk_load(b, xs, 16u * (uint32_t)nu, &full[q]);
+            lf_bulk_load(b + su, xt, 16u * (uint32_t)nu, &full[q]);
+        }
+    };
+    auto prefetch = [&](int64_t kk, int status) { /* one thread: row kk into L2 */
+        if (kk >= my_rows || status) return;
+        const TS *xs;
+        const TT *xt;
+        int ub, nu;
+        slice_of(kk, &xs, &xt, &ub, &nu);
+        if (nu == 0) return;
+        lf_bulk_prefetch_l2(xs, 16u * (uint32_t)nu);
+        lf_bulk_prefetch_l2(xt, 16u * (uint32_t)nu);
+    };
+    if (threadIdx.x == 0 && grp == 0) {
+        for (int q = 0; q < nstages && q < my_rows; ++q) load(q, q, st0[q]);
+        if (nstages < my_rows) prefetch(nstages, st0[nstages]);
+    }
+
+    unsigned x_phase = 0; /* bit 2 pass + set: the parity of xbar[grp][pass][set]'s next phase */
+    int xq = 0, par = 0, q = grp;
+    unsigned use_par = 0;
+    for (int64_t k = grp; k < my_rows; k += G) {
+        const int64_t row = row_of(k);
+        const TS *xs = (const TS *)p.student + row * p.s_stride;
+        const TT *xt = (const TT *)p.teacher + row * p.t_stride;
+        const lf_dual_span sp = lf_dual_span_make(xs, xt, V);
+        TS *out = grad ? (TS *)p.grad + row * p.grad_stride : nullptr;
+        const float w = p.weights ? p.weights[row] : 1.0f;
+        const float dl = (grad && p.dloss && p.reduction == LF_REDUCE_NONE) ? p.dloss[row] : 1.0f;
+        const int64_t k_next = k + nstages;
+        int st_next = 1, st_pf = 1; /* thread 0: the rows it loads / prefetches after this one */
+        if (threadIdx.x == 0) {
+            st_next = status_of(k_next);
+            st_pf = status_of(k_next + 1);
+        }
+        if ((threadIdx.x & 31u) == 0)
+            while (lf_ticket_load(&stage_k[q]) != k) {
+            }
+        __syncwarp();
+        lf_mbar_wait(&full[q], use_par);
+        const int status = stage_st[q];
+        const int ub = rank * su, nu = max(0, min(su, sp.nunit - ub));
+        if (status) {
+            if (grad) { /* this CTA's units and, on rank 0, the edges */
+                const TS z = lf_elem<TS>::from_f32(0.0f);
+                for (int64_t j = sp.head + 8 * (int64_t)ub + threadIdx.x; j < sp.head + 8 * (int64_t)(ub + nu); j += TH) out[j] = z;
+                if (rank == 0)
+                    for (int e = (int)threadIdx.x; e < sp.nedge; e += TH) out[lf_dual_edge_index(sp, e)] = z;
+            }
+            if (rank == 0 && threadIdx.x == 0) {
+                if (status == 2 && p.n_errors) atomicAdd(p.n_errors, 1u);
+                kl_row_outputs(p, row, kl_dual_out_zero(), 0.0f);
+            }
+        } else {
+            const uint4 *bs = kl_smem + (size_t)q * 2 * su, *bt = bs + su;
+            lf_dual_acc acc = lf_dual_acc_init();
+            if (rank == 0) lf_dual_edge_stats<TH, TS, TT, LIN, LF_DUAL_FULL>(acc, xs, xt, sp, p.xf);
+            if (p.terms == LF_DUAL_RB) lf_dual_piece_stats<TH, TS, TT, LIN, LF_DUAL_RB>(acc, bs, bt, nu, su, p.xf);
+            else if (p.terms == LF_DUAL_RA) lf_dual_piece_stats<TH, TS, TT, LIN, LF_DUAL_RA>(acc, bs, bt, nu, su, p.xf);
+            else lf_dual_piece_stats<TH, TS, TT, LIN, LF_DUAL_FULL>(acc, bs, bt, nu, su, p.xf);
+            acc = lf_block_dual_acc<TH>(acc, p.xf.cs, red[grp][par], bar);
+            if (nranks > 1) {
+                lf_cluster_post(acc, xa[grp][xq], &xbar[grp][0][xq], rank, nranks);
+                lf_cluster_posts_wait(&xbar[grp][0][xq], (x_phase >> xq) & 1u);
+                x_phase ^= 1u << xq;
+                acc = lf_dual_acc_merge_n(xa[grp][xq], nranks, p.xf.cs);
+            }
+            const lf_dual_out dout = lf_dual_final(lf_dual_acc_final(acc, p.xf));
+            const float gs = grad ? p.grad_scale * (p.reduction == LF_REDUCE_NONE ? dl : dl_all) * inv_div * w * p.tau2_scale : 0.0f;
+            lf_kl_coef coef = lf_kl_coef_make(p.kind, p.beta, gs, dout, p.xf, LIN);
+            float l;
+            if (three) {
+                float2 acc2 = make_float2(0.0f, 0.0f);
+                lf_kl_piece_stats2<TH, TS, TT, LIN>(acc2, bs, bt, nu, su, p.xf, coef);
+                if (rank == 0) lf_kl_edge_stats2<TH, TS, TT, LIN>(acc2, xs, xt, sp, p.xf, coef);
+                float2 sums = lf_block_sum2_f32<TH>(acc2, red2[grp][par], bar);
+                if (nranks > 1) {
+                    lf_cluster_post(sums, xb[grp][xq], &xbar[grp][1][xq], rank, nranks);
+                    lf_cluster_posts_wait(&xbar[grp][1][xq], (x_phase >> (2 + xq)) & 1u);
+                    x_phase ^= 1u << (2 + xq);
+                    sums = xb[grp][xq][0];
+                    for (int r = 1; r < nranks; ++r) {
+                        sums.x += xb[grp][xq][r].x;
+                        sums.y += xb[grp][xq][r].y;
+                    }
+                }
+                l = lf_kl_coef_set_stats2(coef, sums);
+                if (!(fabsf(dout.lse_a) < LF_INF_F) || !(fabsf(dout.lse_b) < LF_INF_F)) l = NAN;
+            } else {
+                l = p.kind == LF_KL_FORWARD ? dout.kl_fwd : p.kind == LF_KL_REVERSE ? dout.kl_rev : dout.kl_fwd + dout.ent_b;
+            }
+            if (nranks > 1) xq ^= 1;
+            par ^= 1;
+            if (grad) {
+                const bool vec_ok = ((uintptr_t)(out + sp.head) & 15u) == 0;
+                lf_kl_piece_grad<TH, TS, TT, LIN>(out, vec_ok, bs, bt, sp, ub, nu, su, p.xf, coef);
+                if (rank == 0) lf_kl_edge_grad<TH, TS, TT, LIN>(out, xs, xt, sp, p.xf, coef);
+            }
+            if (rank == 0 && threadIdx.x == 0) kl_row_outputs(p, row, dout, l * p.tau2_scale * w);
+        }
+        /* the group is done with the stage: its thread 0 reloads it */
+        lf_block_bar<TH>(bar);
+        if (threadIdx.x == 0 && k_next < my_rows) {
+            load(q, k_next, st_next);
+            prefetch(k_next + 1, st_pf);
+        }
+        q += G;
+        if (q >= nstages) {
+            q -= nstages;
+            use_par ^= 1u;
+        }
     }
     __syncthreads();
-    if (!is_last) return;
-    __threadfence();
-    double a = 0.0;
-    for (int64_t i = threadIdx.x; i < N; i += KL_THREADS) a += (double)__ldcg(p.ws_loss + i);
-    a = lf_block_sum_f64<KL_THREADS>(a, fin);
-    if (threadIdx.x == 0) {
-        if (p.reduction == LF_REDUCE_MEAN) {
-            const double d = (double)(p.divisor ? *p.divisor : p.ws->divisor);
-            a = d == 0.0 ? a * 0.0 : a / d; /* 0, or NaN when a row is NaN: never hidden */
-        }
-        p.loss[0] = (float)a;
-        p.ws->rows_done = 0;
-    }
+    if (nranks > 1) lf_cluster_sync(); /* no CTA leaves while a peer may still post to it */
+    if (p.reduction != LF_REDUCE_NONE && grp == 0) kl_batch_reduce<TH>(p, fin, &is_last, bar);
 }
 
 /* ============================================================================================
@@ -553,8 +811,11 @@ static lf_status kl_launch_kernel(kl_kparams p, kl_plan *plan, cudaStream_t stre
     const int npieces = (int)((units + p.piece_units - 1) / p.piece_units);
     const int nctas = (int)(p.n_rows < active ? p.n_rows : active);
     if (plan) {
+        plan->schedule = KL_SCHED_STREAM;
         plan->pieces = npieces < 1 ? 1 : npieces;
         plan->piece_units = p.piece_units;
+        plan->cluster = 1;
+        plan->stages = 0;
         plan->ctas = nctas;
     }
     kernel<<<nctas, KL_THREADS, smem, stream>>>(p, npieces < 1 ? 1 : npieces, nctas);
@@ -562,19 +823,93 @@ static lf_status kl_launch_kernel(kl_kparams p, kl_plan *plan, cudaStream_t stre
     return LF_OK;
 }
 
-template <typename TS>
-static lf_status kl_dispatch_t(const kl_kparams &p, lf_dtype tt, bool lin, kl_plan *plan, cudaStream_t s, cudaError_t *e)
+/* The row-resident schedule, if it applies (else *launched = false and nothing happens; with
+ * `forced` an error instead). Plan (lossfuse_cuda.cuh, lf_ring_plan_make): the cluster size
+ * whose slices of the pair (student + teacher units) fit `stages` stages (automatic: at least
+ * KL_RES_MIN_STAGES, as many as fit, at most KL_RES_MAX_STAGES) and keeps the most CTAs
+ * resident, the smaller on a tie. */
+template <typename TS, typename TT, bool LIN>
+static lf_status kl_launch_resident(const kl_kparams &p, int max_cluster, int stages, bool forced, kl_plan *plan,
+                                    cudaStream_t stream, cudaError_t *cuda_err, bool *launched)
 {
+    *launched = false;
+    if constexpr (sizeof(TS) != 2 || sizeof(TT) != 2) {
+        return forced ? LF_ERR_ARG : LF_OK;
+    } else {
+        auto kernel = kl_res_kernel<TS, TT, LIN>;
+        static lf_ring_device ring_d[KL_MAX_DEVICES]; /* per instantiation and device: set up once */
+        int dev = 0;
+        KL_CHECK(cudaGetDevice(&dev));
+        if (dev < 0 || dev >= KL_MAX_DEVICES) return LF_ERR_DEVICE;
+        KL_CHECK(lf_ring_setup(kernel, dev, &ring_d[dev]));
+        if (ring_d[dev].dyn_max <= 0) return forced ? LF_ERR_DEVICE : LF_OK;
+        /* units of a pair: 8 elements of each row, 32 bytes; a pair's own span may have one less */
+        lf_ring_req r = lf_ring_req_make(p.vocab / 8, 32, p.n_rows);
+        r.max_cluster = max_cluster;
+        r.stages = stages;
+        r.min_stages = KL_RES_MIN_STAGES;
+        r.max_stages = KL_RES_MAX_STAGES;
+        r.groups_per_cta = KL_RES_GROUPS;
+        const dim3 block(KL_RES_GROUP, KL_RES_GROUPS, 1);
+        lf_ring_plan pl;
+        KL_CHECK(lf_ring_plan_make(kernel, block, dev, &ring_d[dev], r, &pl));
+        if (pl.cluster == 0) return forced ? LF_ERR_SIZE : LF_OK;
+        /* Automatically up to clusters of 8 (bench_kl --variants, 2026-11-25, forward / reverse
+         * KL against streaming): H100 19-32% faster at V = 32K-152K, H200 2-15% faster at V =
+         * 131K / 152K and within 3% at 32K (the H200's extra bandwidth leaves these kernels
+         * bound by their arithmetic). On clusters of 16 (V = 256K) the H100 gained 11-16% but the
+         * H200 lost 13-16%: streamed there (bench/RESULTS.md). */
+        if (!forced && pl.cluster > 8) return LF_OK;
+        if (plan) {
+            plan->schedule = KL_SCHED_RESIDENT;
+            plan->pieces = 1;
+            plan->piece_units = (int)pl.slice_units;
+            plan->cluster = pl.cluster;
+            plan->stages = pl.stages;
+            plan->ctas = (int)pl.ctas;
+        }
+        KL_CHECK(lf_launch_clusters(kernel, pl.ctas, pl.cluster, block, pl.dyn_bytes, stream, false, p, pl.cluster, pl.stages,
+                                    (int)pl.slice_units, (int)pl.clusters));
+        *launched = true;
+        return LF_OK;
+    }
+}
+
+template <typename TS, typename TT, bool LIN, bool SPARSE>
+static lf_status kl_launch_any(const kl_kparams &p, int schedule, int max_cluster, int stages, kl_plan *plan, cudaStream_t s,
+                               cudaError_t *e)
+{
+    /* automatically: forward + backward of the one-pass kinds (JSD and TVD, whose second pass and
+     * second exchange sit on each row's critical path, measured slower resident: 2.66 vs 2.30 ms
+     * at 4096 x 131072 on an H200) */
+    const bool one_pass = p.kind == LF_KL_FORWARD || p.kind == LF_KL_REVERSE || p.kind == LF_KL_SOFT_CE;
+    if (!SPARSE && (schedule == KL_SCHED_RESIDENT || (schedule == KL_SCHED_AUTO && p.grad && one_pass))) {
+        bool launched = false;
+        const lf_status st = kl_launch_resident<TS, TT, LIN>(p, max_cluster, stages, schedule == KL_SCHED_RESIDENT, plan, s, e, &launched);
+        if (st != LF_OK || launched) return st;
+    } else if (schedule == KL_SCHED_RESIDENT) {
+        return LF_ERR_ARG; /* a sparse teacher is built in shared memory, piece by piece: streamed */
+    }
+    return kl_launch_kernel<TS, TT, LIN, SPARSE>(p, plan, s, e);
+}
+
+template <typename TS>
+static lf_status kl_dispatch_t(const kl_kparams &p, lf_dtype tt, bool lin, const kl_args *a, cudaStream_t s, cudaError_t *e)
+{
+    const int sc = a->schedule, mc = a->max_cluster, ns = a->stages;
+    kl_plan *const pl = a->plan;
     if (p.topk_idx) /* a sparse teacher, built as fp32 in shared memory */
-        return lin ? kl_launch_kernel<TS, float, true, true>(p, plan, s, e) : kl_launch_kernel<TS, float, false, true>(p, plan, s, e);
+        return lin ? kl_launch_any<TS, float, true, true>(p, sc, mc, ns, pl, s, e) : kl_launch_any<TS, float, false, true>(p, sc, mc, ns, pl, s, e);
     switch (tt) {
     case LF_F32:
-        return lin ? kl_launch_kernel<TS, float, true, false>(p, plan, s, e) : kl_launch_kernel<TS, float, false, false>(p, plan, s, e);
+        return lin ? kl_launch_any<TS, float, true, false>(p, sc, mc, ns, pl, s, e)
+                   : kl_launch_any<TS, float, false, false>(p, sc, mc, ns, pl, s, e);
     case LF_BF16:
-        return lin ? kl_launch_kernel<TS, __nv_bfloat16, true, false>(p, plan, s, e)
-                   : kl_launch_kernel<TS, __nv_bfloat16, false, false>(p, plan, s, e);
+        return lin ? kl_launch_any<TS, __nv_bfloat16, true, false>(p, sc, mc, ns, pl, s, e)
+                   : kl_launch_any<TS, __nv_bfloat16, false, false>(p, sc, mc, ns, pl, s, e);
     default:
-        return lin ? kl_launch_kernel<TS, __half, true, false>(p, plan, s, e) : kl_launch_kernel<TS, __half, false, false>(p, plan, s, e);
+        return lin ? kl_launch_any<TS, __half, true, false>(p, sc, mc, ns, pl, s, e)
+                   : kl_launch_any<TS, __half, false, false>(p, sc, mc, ns, pl, s, e);
     }
 }
 
@@ -601,6 +936,8 @@ static lf_status kl_launch(const kl_args *a, cudaStream_t stream, cudaError_t *c
     }
     if (a->s_dtype != LF_F32 && a->s_dtype != LF_BF16 && a->s_dtype != LF_F16) return LF_ERR_ARG;
     if ((int)a->reduction < 0 || (int)a->reduction > 2) return LF_ERR_ARG;
+    if (a->schedule < KL_SCHED_AUTO || a->schedule > KL_SCHED_RESIDENT || a->max_cluster < 0) return LF_ERR_ARG;
+    if (a->stages != 0 && (a->stages < KL_RES_GROUPS + 1 || a->stages > KL_RES_MAX_STAGES)) return LF_ERR_ARG;
     if (a->grad && a->grad_stride < a->vocab) return LF_ERR_SIZE;
     if (a->grad && a->n_rows > 0) {
         /* In place means the student's own rows; any other overlap with the student or the
@@ -691,9 +1028,9 @@ static lf_status kl_launch(const kl_args *a, cudaStream_t stream, cudaError_t *c
         KL_CHECK(cudaGetLastError());
     }
     switch (a->s_dtype) {
-    case LF_F32: return kl_dispatch_t<float>(p, a->t_dtype, lin, a->plan, stream, cuda_err);
-    case LF_BF16: return kl_dispatch_t<__nv_bfloat16>(p, a->t_dtype, lin, a->plan, stream, cuda_err);
-    default: return kl_dispatch_t<__half>(p, a->t_dtype, lin, a->plan, stream, cuda_err);
+    case LF_F32: return kl_dispatch_t<float>(p, a->t_dtype, lin, a, stream, cuda_err);
+    case LF_BF16: return kl_dispatch_t<__nv_bfloat16>(p, a->t_dtype, lin, a, stream, cuda_err);
+    default: return kl_dispatch_t<__half>(p, a->t_dtype, lin, a, stream, cuda_err);
     }
 }
 

@@ -106,7 +106,11 @@ struct Case {
     int64_t topk = -1, kpad = 0;
     lf_kl_rest rest = LF_KL_REST_SPREAD;
     bool plant_topk = false; /* rows 0-6: repeated / out-of-range indices, NaN / -inf / +inf lp, no rest mass */
+    int schedule = KL_SCHED_AUTO, max_cluster = 0, stages = 0;
+    int expect_schedule = 0; /* on sm_90: the plan must be this schedule ... */
+    int expect_cluster = 0;  /* ... with clusters of this size */
 };
+static int g_cc_major = 0;
 
 static const char *g_only = NULL;
 
@@ -345,6 +349,12 @@ static void run_case(const Case &c)
     a.n_errors = (unsigned *)cnt.p;
     a.workspace = ws.p;
     a.workspace_bytes = ws.bytes;
+    a.schedule = c.schedule;
+    a.max_cluster = c.max_cluster;
+    a.stages = c.stages;
+    kl_plan plan;
+    memset(&plan, 0, sizeof plan);
+    a.plan = &plan;
 
     /* rows to check */
     std::set<int64_t> rows;
@@ -369,6 +379,27 @@ static void run_case(const Case &c)
         f.n_errors = (unsigned *)cnt2.p;
         f.dloss = NULL;
         f.workspace = ws2.p;
+        /* the same schedule and plan as the launch checked (per-row sums are bit-identical
+         * within a schedule and plan, not across them) */
+        kl_plan fp;
+        memset(&fp, 0, sizeof fp);
+        {
+            kl_args probe = a; /* the plan the checked launch will take, from a launch on a copy */
+            DevBuf gtmp(c.grad ? (size_t)N * gs * es : 4), ws3(kl_workspace_bytes(N));
+            CK(cudaMemset(ws3.p, 0, ws3.bytes));
+            if (c.grad) probe.grad = gtmp.p, probe.grad_stride = gs;
+            probe.workspace = ws3.p;
+            probe.loss = (float *)l2.p;
+            probe.kl_fwd = probe.kl_rev = probe.ent_s = probe.ent_t = NULL;
+            probe.n_errors = (unsigned *)cnt2.p;
+            probe.plan = &fp;
+            cudaError_t pe;
+            EXPECT(kl_launch(&probe, 0, &pe) == LF_OK, "plan probe failed: %s", cudaGetErrorString(pe));
+            CK(cudaDeviceSynchronize());
+            CK(cudaMemset(cnt2.p, 0, 4));
+        }
+        f.schedule = fp.schedule;
+        f.plan = NULL;
         cudaError_t ce;
         EXPECT(kl_launch(&f, 0, &ce) == LF_OK, "forward-only launch failed: %s", cudaGetErrorString(ce));
         CK(cudaDeviceSynchronize());
@@ -381,6 +412,11 @@ static void run_case(const Case &c)
     EXPECT(st == LF_OK, "kl_launch: %s (%s)", lf_status_str(st), cudaGetErrorString(ce));
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
+    if (g_cc_major >= 9 && c.expect_schedule)
+        EXPECT(plan.schedule == c.expect_schedule, "plan: schedule %d, want %d", plan.schedule, c.expect_schedule);
+    if (g_cc_major >= 9 && c.expect_cluster)
+        EXPECT(plan.cluster == c.expect_cluster, "plan: cluster %d, want %d", plan.cluster, c.expect_cluster);
+    if (c.schedule != KL_SCHED_AUTO) EXPECT(plan.schedule == c.schedule, "plan: schedule %d, forced %d", plan.schedule, c.schedule);
 
     /* ---- counters and per-row outputs: every element written ---- */
     unsigned errs;
@@ -606,6 +642,16 @@ static void test_arguments(void)
     b = a;
     b.teacher = NULL;
     EXPECT(kl_launch(&b, 0, &ce) == LF_ERR_NULL, "NULL teacher accepted");
+    b = a;
+    b.schedule = 3;
+    EXPECT(kl_launch(&b, 0, &ce) == LF_ERR_ARG, "schedule 3 accepted");
+    b = a;
+    b.stages = 2;
+    EXPECT(kl_launch(&b, 0, &ce) == LF_ERR_ARG, "2 stages accepted");
+    b = a;
+    b.s_dtype = b.t_dtype = LF_F32;
+    b.schedule = KL_SCHED_RESIDENT;
+    EXPECT(kl_launch(&b, 0, &ce) == LF_ERR_ARG, "resident schedule with fp32 rows accepted");
     /* a sparse teacher's arguments */
     DevBuf ki(64 * 4), kp(64 * 4);
     kl_args sp = a;
@@ -617,6 +663,9 @@ static void test_arguments(void)
     b = sp;
     b.teacher = xt.p;
     EXPECT(kl_launch(&b, 0, &ce) == LF_ERR_ARG, "dense and sparse teacher together accepted");
+    b = sp;
+    b.schedule = KL_SCHED_RESIDENT;
+    EXPECT(kl_launch(&b, 0, &ce) == LF_ERR_ARG, "resident schedule with a sparse teacher accepted");
     b = sp;
     b.topk = 9;
     b.topk_stride = 9;
@@ -711,6 +760,7 @@ int main(int argc, char **argv)
     if (!g_seed) g_seed = (uint64_t)time(NULL);
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
+    g_cc_major = prop.major;
     printf("test_kl_gpu on %s (sm_%d%d), seed %llu%s\n", prop.name, prop.major, prop.minor, (unsigned long long)g_seed,
            g_small ? ", small sizes" : "");
 
@@ -881,6 +931,73 @@ int main(int argc, char **argv)
         c.N = g_small ? 20 : 512;
         c.V = g_small ? 40000 : 151936;
         c.grad = 2;
+        run_case(c);
+    }
+
+    /* The two schedules side by side (the automatic plan takes the row-resident one for a 16-bit
+     * pair with a gradient on sm_90, and the options above ran on it there): the streamed one
+     * forced on the same cases, and resident plans off the automatic path -- clusters of 3 (the
+     * pass-1 and pass-2 exchanges), the smallest and the largest ring, rows that leave a CTA of
+     * the cluster without units, the automatic plan's choice, determinism over a cluster. */
+    if (g_cc_major >= 9) {
+        for (lf_kl_kind kd : kinds) {
+            Case b;
+            b.V = g_small ? 16385 : 50257;
+            b.N = g_small ? 9 : 41;
+            b.kind = kd;
+            b.check_all = true;
+            Case c;
+            c = b; c.name = "streamed forced, masks + weights, in place"; c.schedule = KL_SCHED_STREAM; c.labels = true; c.bad_frac = 0.1; c.weights = true; c.grad = 2; run_case(c);
+            c = b; c.name = "resident clusters of 3, stats, NaN rows"; c.schedule = KL_SCHED_RESIDENT; c.max_cluster = 3; c.expect_cluster = g_small ? 0 : 3; c.stats = true; c.plant_nonfinite = true; c.red = LF_REDUCE_NONE; run_case(c);
+            c = b; c.name = "resident clusters of 3, -inf masks, fp16 pair"; c.schedule = KL_SCHED_RESIDENT; c.max_cluster = 3; c.sdt = c.tdt = LF_F16; c.plant_masks = true; c.stats = true; run_case(c);
+            c = b; c.name = "resident clusters of at most 5, 3 stages, strides +5 / +3"; c.schedule = KL_SCHED_RESIDENT; c.max_cluster = 5; c.stages = 3; c.spad = 5; c.tpad = 3; c.grad = 2; run_case(c);
+            c = b; c.name = "resident 8 stages, tau 0.05, labels"; c.schedule = KL_SCHED_RESIDENT; c.V = 3001; c.stages = 8; c.tau = 0.05f; c.labels = true; c.bad_frac = 0.2; c.stats = true; run_case(c);
+            c = b; c.name = "resident V = 100, mean, dloss"; c.schedule = KL_SCHED_RESIDENT; c.V = 100; c.dloss = true; c.stats = true; run_case(c);
+            c = b; c.name = "resident V = 7 (edges only)"; c.schedule = KL_SCHED_RESIDENT; c.V = 7; c.grad = 2; run_case(c);
+            c = b; c.name = "resident unaligned pair (teacher +1 elem)"; c.schedule = KL_SCHED_RESIDENT; c.t_offset = 1; c.stats = true; run_case(c);
+            c = b; c.name = "resident forward only, stats"; c.schedule = KL_SCHED_RESIDENT; c.grad = 0; c.stats = true; c.red = LF_REDUCE_NONE; run_case(c);
+            c = b; c.name = "resident all masked"; c.schedule = KL_SCHED_RESIDENT; c.labels = true; c.ignore_frac = 1.0; c.stats = true; run_case(c);
+        }
+        /* automatic plans (kl_schedule): resident for forward / reverse KL with a gradient at
+         * V = 131K and 32K (clusters of 8 and 2 on an H100 / H200), streamed for JSD, forward
+         * only and an fp32 teacher */
+        Case c;
+        c.name = "automatic plan";
+        c.N = g_small ? 300 : 4096;
+        c.V = 131072;
+        c.kind = LF_KL_REVERSE;
+        c.expect_schedule = KL_SCHED_RESIDENT;
+        run_case(c);
+        c.name = "automatic plan, JSD";
+        c.kind = LF_KL_JSD;
+        c.expect_schedule = KL_SCHED_STREAM;
+        run_case(c);
+        c.name = "automatic plan, forward only";
+        c.kind = LF_KL_FORWARD;
+        c.grad = 0;
+        run_case(c);
+        c.name = "automatic plan, fp32 teacher";
+        c.grad = 1;
+        c.tdt = LF_F32;
+        run_case(c);
+        c.name = "automatic plan, V = 32K";
+        c.tdt = LF_BF16;
+        c.V = 32768;
+        c.expect_schedule = KL_SCHED_RESIDENT;
+        run_case(c);
+        c = Case();
+        c.name = "resident determinism, clusters, JSD in place";
+        c.schedule = KL_SCHED_RESIDENT;
+        c.kind = LF_KL_JSD;
+        c.N = g_small ? 100 : 1024;
+        c.V = g_small ? 40000 : 151936;
+        c.grad = 2;
+        c.determinism = true;
+        run_case(c);
+        c.name = "resident determinism, TVD, weights";
+        c.kind = LF_KL_TVD;
+        c.grad = 1;
+        c.weights = true;
         run_case(c);
     }
 
