@@ -292,10 +292,17 @@ __global__ void dpo_pair_kernel(const dpo_kparams k)
             rc = dpo_score(k, c, norm, (double)k.ref[c]);
             rr = dpo_score(k, r, norm, (double)k.ref[r]);
         }
-        const float h = (float)((sc - rc) - (sr - rr));
+        const double hd = (sc - rc) - (sr - rr);
+        const float h = (float)hd;
         switch (k.o.kind) {
         case LF_DPO_HINGE: l = lf_dpo_hinge(h, k.o.beta, &dh); break;
-        case LF_DPO_IPO: l = lf_dpo_ipo(h, k.o.beta, &dh); break;
+        case LF_DPO_IPO: { /* h - 1 / (2 beta) in double: near the target margin it cancels, and in float
+                            * the roundings of h and of 1 / (2 beta) would be all of its derivative */
+            const double rd = hd - 0.5 / (double)k.o.beta;
+            l = (float)(rd * rd);
+            dh = (float)(2.0 * rd);
+            break;
+        }
         case LF_DPO_SIMPO: l = lf_simpo(h, k.o.beta, k.o.gamma, &dh); break;
         default: l = lf_dpo_sigmoid(h, k.o.beta, k.o.label_smoothing, &dh); break;
         }

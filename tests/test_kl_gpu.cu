@@ -463,6 +463,8 @@ static void run_case(const Case &c)
     double ref_sum = 0.0, ref_tol = 0.0;
     std::vector<double> dx(V), lq(V);
     std::vector<char> grow((size_t)V * es);
+    std::vector<char> tracked(V, 0); /* sparse: the row's top-k entries */
+    double rest_rel = 0.0;           /* sparse, spread: an untracked entry's relative uncertainty */
     for (int64_t i : rows) {
         const float *xsr = hs[i].data();
         lf_kl_row r;
@@ -472,6 +474,23 @@ static void run_case(const Case &c)
                 std::fill(lq.begin(), lq.end(), 0.0); /* a masked row: any finite teacher */
             }
             r = lf_ref_kl_row_lq(xsr, lq.data(), V, &o, dx.data());
+            /* A spread rest is log((1 - sum_i exp(lp_i)) / (V - k)): where the pairs carry nearly
+             * all the mass, 1 - sum cancels. The device (kl_topk_prep_kernel: lanes, then a
+             * 5-level shuffle tree, CUDA's double exp) and the reference (in order, the host's exp)
+             * may differ by (k + 6) 2^-53 sum from the order and 2 k 2^-53 sum from the exps, so
+             * each untracked teacher entry by that relative to 1 - sum (over tau); twice that. */
+            rest_rel = 0.0;
+            std::fill(tracked.begin(), tracked.end(), (char)0);
+            if (c.rest == LF_KL_REST_SPREAD && K < V) {
+                double in = 0.0;
+                for (int64_t q = 0; q < K; ++q) {
+                    const float l = klp[i * kst + q];
+                    if (l < INFINITY) in += exp((double)l);
+                    const int32_t id = kidx[i * kst + q];
+                    if (id >= 0 && id < V) tracked[id] = 1;
+                }
+                if (in < 1.0) rest_rel = 2.0 * (double)(3 * K + 6) * 0x1p-53 * in / (1.0 - in) / c.tau;
+            }
         } else if (c.tkind == KL_TEACHER_LOGITS) {
             r = lf_ref_kl_row(xsr, ht[i].data(), V, &o, dx.data());
         } else {
@@ -545,6 +564,7 @@ static void run_case(const Case &c)
              * that; at tau 0.05 against a spread sparse teacher it reaches hundreds of nats) */
             double e32 = sc * (pj[j] + qj[j]) * (rel32 * (1.0 + ratio) + 0x1p-21 * (1.0 + lsem + zmax)) +
                          sc * 0x1p-126 * (2.0 + ratio + lr[j]);
+            if (sparse && !tracked[j]) e32 += sc * (pj[j] + qj[j]) * rest_rel * (1.0 + ratio);
             if (c.kind == LF_KL_TVD) {
                 e32 += sc * pj[j] * (band + 1e-6);
                 if (fabs(pj[j] - qj[j]) <= 8.0 * rel32 * (pj[j] + qj[j])) e32 += sc * pj[j];
