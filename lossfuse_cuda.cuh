@@ -67,8 +67,9 @@
  *      global ids under the zigzag layout, lossfuse.h section 10)
  *  11. Tensor (vocabulary) parallelism: lf_tp_merge_warp (a row's all-gathered 12-byte shares
  *      merged by one warp, the P loads in parallel, in lossfuse.h's lf_tp_merge order)
- *  12. Host: launching clusters (lf_launch_clusters, lf_max_active_clusters) and planning a
- *      persistent grid whose CTAs stage row slices in a ring (lf_ring_setup, lf_ring_plan_make)
+ *  12. Host: launching clusters (lf_launch_clusters, lf_max_active_clusters; the device side of
+ *      programmatic dependent launch, lf_pdl_trigger / lf_pdl_wait) and planning a persistent
+ *      grid whose CTAs stage row slices in a ring (lf_ring_setup, lf_ring_plan_make)
  *
  * Configuration macros: those of lossfuse.h (LF_HD, LF_USE_EXP2, LF_ASSERT). Nothing else.
  *
@@ -2818,6 +2819,26 @@ static inline int lf_max_active_clusters(K kernel, int c, dim3 block, size_t dyn
         return 0;
     }
     return n;
+}
+
+/* Programmatic dependent launch (sm_90), the device side: a kernel launched with the
+ * programmatic-serialization attribute (lf_launch_clusters' pdl) may start while the kernel
+ * before it in the stream still runs, once every CTA of that one has called lf_pdl_trigger (or
+ * exited); lf_pdl_wait then blocks until that kernel has completed and its writes are visible.
+ * So a dependent kernel does its independent work (loads of its own inputs) before
+ * lf_pdl_wait and everything that reads the previous kernel's results after it. Both are
+ * no-ops below sm_90 and in a kernel launched without the attribute. */
+static __device__ __forceinline__ void lf_pdl_trigger(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void lf_pdl_wait(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
 }
 
 /* Launch `kernel` on `ctas` CTAs in clusters of `cluster` (1: none) along x, with programmatic

@@ -217,23 +217,6 @@ static __device__ __forceinline__ float ce_mean_divisor(const ce_kparams &p)
     return p.divisor ? *p.divisor : p.ws->divisor;
 }
 
-/* Programmatic dependent launch (sm_90): a kernel launched with the programmatic-serialization
- * attribute may start while the kernel before it in the stream still runs (once that one has
- * called ce_pdl_trigger); ce_pdl_wait then waits until it has finished and its writes are
- * visible. Both are no-ops below sm_90 and for a kernel launched without the attribute. */
-static __device__ __forceinline__ void ce_pdl_trigger(void)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-static __device__ __forceinline__ void ce_pdl_wait(void)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
 /* The default mean divisor, sum of w_y over valid rows, in a fixed order: launched before the
  * main kernel only for reduction mean without a caller-provided divisor. The row-resident kernel
  * starts at once and waits for it only where it first needs the divisor, its first gradient, so
@@ -253,7 +236,7 @@ static int ce_divisor_ctas(int64_t n_rows)
 __global__ void __launch_bounds__(CE_DIV_THREADS) ce_divisor_kernel(const ce_kparams p)
 {
     __shared__ double scratch[CE_DIV_THREADS / 32];
-    ce_pdl_trigger();
+    lf_pdl_trigger();
     const int64_t step = (int64_t)gridDim.x * CE_DIV_THREADS;
     double acc = 0.0;
     for (int64_t i0 = (int64_t)blockIdx.x * CE_DIV_THREADS + threadIdx.x; i0 < p.n_rows; i0 += CE_DIV_U * step) {
@@ -783,6 +766,9 @@ __global__ void __launch_bounds__(CE_THREADS, CE_CTAS_PER_SM) ce_kernel(const ce
 #ifndef CE_RES_PREFETCH
 #define CE_RES_PREFETCH 1 /* rows beyond the ring prefetched into L2 (0: none; measured: 1 best) */
 #endif
+#ifndef CE_RES_PROBE_NOXCHG
+#define CE_RES_PROBE_NOXCHG 0 /* a timing probe, WRONG results: 1 skips the cluster exchange (what it costs) */
+#endif
 #ifndef CE_RES_POLY
 #define CE_RES_POLY 0 /* of each 8 elements, exponentials on the FMA pipe (lf_ex2_fma), fast path */
 #endif
@@ -989,7 +975,7 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
                 st.lse = lf_block_lse<TH>(st.lse, reinterpret_cast<lf_lse *>(red[grp][par]), bar);
             }
             CE_TR(2);
-            if (nranks > 1) {
+            if (nranks > 1 && !CE_RES_PROBE_NOXCHG) {
                 lf_cluster_stats_post(st, xs[grp][xq], &xbar[grp][xq], rank, nranks);
                 st = lf_cluster_stats_collect<FULL>(xs[grp][xq], &xbar[grp][xq], (x_phase >> xq) & 1u, nranks);
                 x_phase ^= 1u << xq;
@@ -1004,7 +990,7 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
                 const float wsum = (FULL && p.class_w) ? st.w : (float)V;
                 const float g = p.grad_scale * (p.reduction == LF_REDUCE_NONE ? dl : dl_all);
                 if (inv_div < 0.0f) {
-                    ce_pdl_wait();
+                    lf_pdl_wait();
                     const float d = ce_mean_divisor(p);
                     inv_div = d == 0.0f ? 0.0f : 1.0f / d;
                 }
@@ -1067,7 +1053,7 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
         ce_parts(p)[2 * blockIdx.x] = a;
         ce_parts(p)[2 * blockIdx.x + 1] = z;
     }
-    ce_pdl_wait(); /* the divisor is read below (a no-op when waited for already) */
+    lf_pdl_wait(); /* the divisor is read below (a no-op when waited for already) */
     /* every CTA may have written row losses (the label's owner writes them): all count */
     ce_batch_reduce<TH>(p, (unsigned long long)gridDim.x, fin, &is_last, bar, parts);
 }

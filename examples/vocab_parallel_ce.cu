@@ -249,11 +249,11 @@ __global__ void __launch_bounds__(1024) tp_prep_kernel(const tp_kparams p, int w
 }
 
 /* Programmatic dependent launch (sm_90): a step kernel lets the next one start as soon as all
- * its CTAs are running (ce_pdl_trigger), so that the next step's CTAs fill the SMs while this
+ * its CTAs are running (lf_pdl_trigger), so that the next step's CTAs fill the SMs while this
  * one's last wave drains, instead of after it; what reads another step's results waits for it
- * first (ce_pdl_wait: returns when the preceding kernels are complete and their writes visible).
+ * first (lf_pdl_wait: returns when the preceding kernels are complete and their writes visible).
  * No-ops before sm_90 (and when launched without the attribute). These are cross_entropy.cu's
- * ce_pdl_trigger / ce_pdl_wait. */
+ * lf_pdl_trigger / lf_pdl_wait. */
 
 
 /* The read-once schedule over NCCL's symmetric memory (tp_persist_kernel, section 3's
@@ -366,7 +366,7 @@ static __device__ __forceinline__ bool tp_stats_cta(const tp_kparams &p, int64_t
         st.wz = 0.0f;
     }
     if (threadIdx.x != 0) return false;
-    ce_pdl_wait(); /* the prep's weight sums; the previous steps' hand-offs */
+    lf_pdl_wait(); /* the prep's weight sums; the previous steps' hand-offs */
     if (p.nsplit > 1) {
         float *mine = p.part + (row * p.nsplit + split) * 3;
         mine[0] = st.lse.m;
@@ -468,7 +468,7 @@ static __device__ __forceinline__ void tp_grad_cta(const tp_kparams &p, int64_t 
         return;
     }
     if (!GRAD) {
-        ce_pdl_wait();
+        lf_pdl_wait();
         if (threadIdx.x < 32) {
             if (L) tp_lsa_wait(*L, k, p.tp);
             tp_row_finish(p, row, y, r0, C, true, nullptr);
@@ -484,7 +484,7 @@ static __device__ __forceinline__ void tp_grad_cta(const tp_kparams &p, int64_t 
     /* the edge elements and the label element: loaded before anything of the row is written
      * (in place), each by the thread that will write it */
     const lf_edge edge = split == 0 ? lf_row_edge_load<T>(x, sp) : lf_edge{0.0f, -1};
-    ce_pdl_wait(); /* the shares (statistics two steps ago, then the exchange) */
+    lf_pdl_wait(); /* the shares (statistics two steps ago, then the exchange) */
     if (threadIdx.x < 32) {
         if (L) tp_lsa_wait(*L, k, p.tp); /* the shares of chunk k from every rank */
         tp_row_finish(p, row, y, r0, C, split == 0, &coef_s); /* lane 0 sets coef_s */
@@ -533,13 +533,13 @@ __global__ void __launch_bounds__(TP_THREADS) tp_step_kernel(const tp_kparams p,
     __shared__ lf_row_stats red[TP_THREADS / 32];
     __shared__ lf_grad_coef coef_s;
     const int64_t y = blockIdx.y;
-    ce_pdl_trigger();
+    lf_pdl_trigger();
     if (y < gC) tp_grad_cta<T, GRAD, FULL, SOFTCAP>(p, g_r0, gC, gC - 1 - y, (int)blockIdx.x, tp_smem, coef_s);
     else tp_stats_cta<T, FULL, SOFTCAP>(p, s_r0, sC, y - gC, (int)blockIdx.x, tp_smem, red);
     /* Every CTA waits for the previous step before it exits (a CTA whose rows are all ignored
      * would not otherwise), so no step completes before its predecessor: the gradient of step
      * k + 2, which waits only for step k + 1, may rely on step k's shares. */
-    if (threadIdx.x == 0) ce_pdl_wait();
+    if (threadIdx.x == 0) lf_pdl_wait();
 }
 
 /* The read-once schedule (see tp_lsa): one launch, CTAs taking work items from a counter in
