@@ -14,6 +14,8 @@
  *   mode=pref     S = 12480 items, P = 50000 pairs, 32 bins, Bradley-Terry with budget and
  *                 coverage penalties, forward + gradient; impl=lossfuse_fast (memset + two
  *                 kernels), lossfuse_fast_single (one cooperative launch), lossfuse_det;
+ *                 _zeroed: the same with workspace_zeroed (no clearing step: one node or
+ *                 one grid barrier fewer);
  *                 the time of one loss under CUDA-graph replay (200 back to back) and of plain
  *                 stream launches (launch_us=). bytes: the inputs read once.
  *   mode=segsum   10^8 fp32 values in 10^5 sequences of random length (some empty), sums per
@@ -156,6 +158,8 @@ static void bench_dpo(int64_t T, int64_t V, int nseq, int iters, void *flush, si
 }
 
 /* ------------------------------------------------------------------ pairwise -------------- */
+/* mode 0 fast, 1 fast_single, 2 det, 3 fast_zeroed, 4 fast_single_zeroed (workspace_zeroed:
+ * the workspace zeroed once, then no clearing step) */
 static void bench_pref(int mode, cudaEvent_t e0, cudaEvent_t e1)
 {
     const int det = mode == 2;
@@ -219,7 +223,9 @@ static void bench_pref(int mode, cudaEvent_t e0, cudaEvent_t e1)
     a.budget = bud;
     a.coverage = cvd;
     a.deterministic = det;
-    a.single_launch = mode == 1;
+    a.single_launch = mode == 1 || mode == 4;
+    a.workspace_zeroed = mode >= 3;
+    CK(cudaMemset(ws, 0, wsb));
     a.loss = loss;
     a.grad = grad;
     a.n_errors = err;
@@ -260,7 +266,7 @@ static void bench_pref(int mode, cudaEvent_t e0, cudaEvent_t e1)
     const size_t in_bytes = (size_t)P * 16 + (size_t)S * 16;
     printf("RESULT impl=lossfuse_%s mode=pref N=%lld V=%lld dtype=fp32 ms=%.5f bytes=%zu extra_bytes=%zu status=ok graph_us=%.2f "
            "launch_us=%.2f graph_nodes=%zu bins=%lld\n",
-           det ? "det" : mode == 1 ? "fast_single" : "fast", (long long)S, (long long)P, median(tg), in_bytes, wsb, median(tg) * 1e3, median(tl) * 1e3, nodes,
+           det ? "det" : mode == 1 ? "fast_single" : mode == 3 ? "fast_zeroed" : mode == 4 ? "fast_single_zeroed" : "fast", (long long)S, (long long)P, median(tg), in_bytes, wsb, median(tg) * 1e3, median(tl) * 1e3, nodes,
            (long long)B);
     fflush(stdout);
     CK(cudaGraphExecDestroy(gexec));
@@ -393,7 +399,7 @@ int main(int argc, char **argv)
     const size_t flush_bytes = 256u << 20;
     void *flush;
     CK(cudaMalloc(&flush, flush_bytes));
-    for (int mode = 0; mode < 3; ++mode) bench_pref(mode, e0, e1);
+    for (int mode = 0; mode < 5; ++mode) bench_pref(mode, e0, e1);
     bench_seg(prop, flush, flush_bytes, e0, e1);
     size_t pos = 0;
     int64_t T, V;

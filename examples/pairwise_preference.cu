@@ -16,14 +16,19 @@
  * Launches (all on the caller's stream; CUDA-graph capturable)
  *   fast mode (the default): a memset and two kernels (with single_launch: ONE cooperative
  *     launch, pref_coop_kernel, the three steps separated by grid barriers):
- *     1. clear the workspace's accumulators (item gradient sums, bin totals)
+ *     1. clear the workspace's accumulators (item gradient sums, bin totals, a counter); with
+ *        workspace_zeroed this step is skipped (two graph nodes, or one grid barrier fewer):
+ *        every call leaves them zeroed (step 3)
  *     2. pairs and items, grid-stride: each pair's check, weighted loss term and gradient term
  *        w dl/dd, added +- into the two items' accumulators with float atomics (warp-
  *        aggregated with PREF_AGGREGATE); each item's gated mass into a per-CTA shared-memory histogram, then one
  *        atomic per bin and CTA; per-CTA double partial sums of the loss terms and weights
  *     3. items: every CTA sums the partials in a fixed order (the divisor, the pair loss),
- *        then grad_i = acc_i / divisor + d penalty / d s_i; CTA 0 writes the loss and the
- *        histogram: loss[0] = pair loss + penalty, loss[1] pair loss, loss[2] penalty
+ *        then grad_i = acc_i / divisor + d penalty / d s_i (acc_i is cleared as it is read);
+ *        CTA 0 writes the loss and the histogram: loss[0] = pair loss + penalty, loss[1] pair
+ *        loss, loss[2] penalty; the last CTA to finish clears the bin totals. Launched with
+ *        programmatic dependent launch (sm_90): it loads each item's bin, score, mass, budget
+ *        and coverage while step 2 still runs, and waits only for what step 2 writes
  *   deterministic mode: no float atomics. The sum of the valid weights (one CTA); pairs write
  *     (i, +g_p), (j, -g_p) entries, sorted by item with a stable radix sort (CUB) and each
  *     item's run summed in pair order (lossfuse_cuda.cuh section 9); the histogram likewise;
@@ -66,16 +71,24 @@ typedef struct pref_args {
     const float *budget, *coverage; /* [n_bins] each (NULL when its weight is 0) */
     const float *divisor;      /* device scalar, or NULL: the sum of the valid pairs' weights */
     int deterministic;         /* 1: no float atomics anywhere (bit-identical gradient) */
-    int single_launch;         /* fast mode: 0 (default) a memset and two kernels; 1 one
+    int single_launch;         /* fast mode: 0 (default) a memset and two kernels (the second
+                                * started early by programmatic dependent launch on sm_90); 1 one
                                 * cooperative launch (all CTAs resident, grid barriers) where the
-                                * device supports it: one graph node instead of three, the same
-                                * time on an H100 (bench/RESULTS.md) */
+                                * device supports it: one graph node instead of three, but ~1 us
+                                * slower than the default on an H200 (bench/RESULTS.md) */
     float *loss;               /* [3] device: total, pair part, penalty part */
     float *grad;               /* [S] device, or NULL (forward only) */
     float *hist;               /* [n_bins] device, or NULL */
     unsigned int *n_errors;    /* optional device counter */
-    void *workspace;           /* pref_workspace_bytes(...) bytes; no zeroing needed */
+    void *workspace;           /* pref_workspace_bytes(...) bytes; no zeroing needed (but see
+                                * workspace_zeroed) */
     size_t workspace_bytes;
+    int workspace_zeroed;      /* fast mode: 1 = the workspace's accumulators are known to be zero,
+                                * so the launch skips clearing them (one graph node or one grid
+                                * barrier fewer). True when the workspace was zeroed (cudaMemset)
+                                * and has been used since only by fast-mode calls with the same
+                                * n_items and n_bins: every fast-mode call leaves it zeroed, the
+                                * first one too. 0 (default): no assumption. */
 } pref_args;
 
 static pref_args pref_args_default(void)
@@ -100,7 +113,8 @@ static pref_args pref_args_default(void)
 #endif      /* bins counted in shared memory first (more: global atomics) */
 typedef struct pref_ws {
     float *pair_loss, *pair_w, *bin_pen, *hist, *div;
-    float *acc;       /* fast mode: [S] item gradient sums, then hist follows it (one memset) */
+    float *acc;       /* fast mode: [S] item gradient sums, then hist and done follow it (one memset) */
+    unsigned *done;   /* fast mode: CTAs of the item step that are done (the last clears hist) */
     double *partial;  /* fast mode: [2][PREF_FUSED_MAX_GRID] per-CTA loss and weight sums */
     int32_t *keys, *keys_sorted;
     float *vals, *vals_sorted;
@@ -121,9 +135,10 @@ static pref_ws pref_ws_layout(void *base, int64_t S, int64_t P, int64_t B, int d
         off += pref_align(bytes);
         return r;
     };
-    if (!det) { /* acc and hist adjacent: one memset clears both */
+    if (!det) { /* acc, hist and done adjacent: one memset clears them */
         w.acc = (float *)take(4 * (size_t)(S > 0 ? S : 1));
         w.hist = (float *)take(4 * (size_t)(B > 0 ? B : 1));
+        w.done = (unsigned *)take(4);
         w.partial = (double *)take(2 * 8 * (size_t)PREF_FUSED_MAX_GRID);
         w.total = off;
         return w;
@@ -231,13 +246,18 @@ static __device__ __forceinline__ int32_t pref_item_bin(const pref_kparams &k, i
     return b;
 }
 
-/* d penalty / d h_b at a bin total h */
-static __device__ __forceinline__ float pref_dpen(const pref_kparams &k, int32_t b, float h)
+/* d penalty / d h_b at a bin total h, the bin's budget and coverage given (read only where
+ * their weights are on) */
+static __device__ __forceinline__ float pref_dpen_at(const pref_kparams &k, float h, float budget, float coverage)
 {
     float dh = 0.0f;
-    if (k.o.budget_weight > 0.0f && h > k.budget[b]) dh += 2.0f * k.o.budget_weight * (h - k.budget[b]);
-    if (k.o.coverage_weight > 0.0f && h < k.coverage[b]) dh -= 2.0f * k.o.coverage_weight * (k.coverage[b] - h);
+    if (k.o.budget_weight > 0.0f && h > budget) dh += 2.0f * k.o.budget_weight * (h - budget);
+    if (k.o.coverage_weight > 0.0f && h < coverage) dh -= 2.0f * k.o.coverage_weight * (coverage - h);
     return dh;
+}
+static __device__ __forceinline__ float pref_dpen(const pref_kparams &k, int32_t b, float h)
+{
+    return pref_dpen_at(k, h, k.o.budget_weight > 0.0f ? k.budget[b] : 0.0f, k.o.coverage_weight > 0.0f ? k.coverage[b] : 0.0f);
 }
 
 /* the penalty of bin b at total h */
@@ -327,6 +347,7 @@ static __device__ __forceinline__ void pref_block_sum2(double *x, double *y, dou
  * before the first use. Pair terms go into ws.acc unscaled (the divisor is not known yet). */
 static __device__ __forceinline__ void pref_fused_pairs(const pref_kparams &k, float *shist, double *scratch)
 {
+    lf_pdl_trigger(); /* step 3 may start (it waits for this step's results itself) */
     const bool smem_hist = k.B <= PREF_SMEM_BINS;
     if (smem_hist)
         for (int64_t b = threadIdx.x; b < k.B; b += PREF_THREADS) shist[b] = 0.0f;
@@ -391,31 +412,53 @@ __global__ void __launch_bounds__(PREF_THREADS) pref_fused_pairs_kernel(const pr
 
 /* fast mode, 3. items: the partials summed in a fixed order by every CTA (the same bits in
  * each), then each item's gradient; CTA 0 writes the loss and the histogram. */
-/* item i's accumulated pair terms (not yet divided) and its penalty gradient: every per-item
- * load first, only the bin total waits for the bin id */
-static __device__ __forceinline__ void pref_item_terms(const pref_kparams &k, int64_t i, float *acc, float *pen)
+/* What item i needs that step 2 does not write (loaded before lf_pdl_wait): its bin, mass,
+ * gate derivative and its bin's budget and coverage. */
+typedef struct pref_item_pre {
+    int32_t b; /* -1: no bin (or no penalties) */
+    float mass, dg, budget, coverage;
+} pref_item_pre;
+
+static __device__ __forceinline__ pref_item_pre pref_item_load(const pref_kparams &k, int64_t i)
+{
+    pref_item_pre r;
+    r.b = k.B > 0 ? pref_item_bin(k, i, false) : -1;
+    r.mass = k.B > 0 && k.item_mass ? k.item_mass[i] : 1.0f;
+    r.dg = 0.0f;
+    r.budget = r.coverage = 0.0f;
+    if (r.b >= 0) {
+        pref_gate(k, k.scores[i], &r.dg);
+        if (k.o.budget_weight > 0.0f) r.budget = k.budget[r.b];
+        if (k.o.coverage_weight > 0.0f) r.coverage = k.coverage[r.b];
+    }
+    return r;
+}
+
+/* item i's accumulated pair terms (not yet divided; the accumulator is cleared for the next
+ * call) and its penalty gradient, after step 2 */
+static __device__ __forceinline__ void pref_item_terms(const pref_kparams &k, int64_t i, const pref_item_pre &r, float *acc, float *pen)
 {
     *acc = k.ws.acc[i];
+    k.ws.acc[i] = 0.0f;
     *pen = 0.0f;
-    const int32_t b = k.B > 0 ? pref_item_bin(k, i, false) : -1;
-    const float si = k.B > 0 ? k.scores[i] : 0.0f, mi = k.B > 0 && k.item_mass ? k.item_mass[i] : 1.0f;
-    if (b >= 0) {
-        const float dh = pref_dpen(k, b, k.ws.hist[b]);
-        if (dh != 0.0f) {
-            float dg;
-            pref_gate(k, si, &dg);
-            *pen = dh * mi * dg;
-        }
+    if (r.b >= 0) {
+        const float dh = pref_dpen_at(k, k.ws.hist[r.b], r.budget, r.coverage);
+        if (dh != 0.0f) *pen = dh * r.mass * r.dg;
     }
 }
 
 static __device__ __forceinline__ void pref_fused_items(const pref_kparams &k, int nparts, double *scratch, double *scratch2)
 {
-    /* this thread's first item is loaded before the partials are reduced (they do not depend
-     * on each other): the two memory latencies overlap */
+    /* this thread's first item's own inputs are loaded before waiting for step 2 (with
+     * programmatic dependent launch, while it still runs); its results after */
     const int64_t i0 = (int64_t)blockIdx.x * PREF_THREADS + threadIdx.x, istride = (int64_t)gridDim.x * PREF_THREADS;
+    const bool items = k.grad && i0 < k.S;
+    pref_item_pre r0;
+    r0.b = -1;
+    if (items) r0 = pref_item_load(k, i0);
+    lf_pdl_wait();
     float a0 = 0.0f, p0 = 0.0f;
-    if (k.grad && i0 < k.S) pref_item_terms(k, i0, &a0, &p0);
+    if (items) pref_item_terms(k, i0, r0, &a0, &p0);
     double lsum = 0.0, wsum = 0.0;
     for (int q = threadIdx.x; q < nparts; q += PREF_THREADS) {
         lsum += k.ws.partial[q];
@@ -429,29 +472,43 @@ static __device__ __forceinline__ void pref_fused_items(const pref_kparams &k, i
     __syncthreads();
     const double s_l = scratch2[0], s_w = scratch2[1];
     const float d = k.divisor ? *k.divisor : (float)s_w, inv = d == 0.0f ? 0.0f : 1.0f / d;
-    if (k.grad && i0 < k.S) {
+    if (items) {
         k.grad[i0] = a0 * inv + p0;
         for (int64_t i = i0 + istride; i < k.S; i += istride) {
             float a, pn;
-            pref_item_terms(k, i, &a, &pn);
+            pref_item_terms(k, i, pref_item_load(k, i), &a, &pn);
             k.grad[i] = a * inv + pn;
         }
     }
-    if (blockIdx.x != 0) return;
-    double pen = 0.0;
-    for (int64_t b = threadIdx.x; b < k.B; b += PREF_THREADS) {
-        const float h = k.ws.hist[b];
-        pen += (double)pref_bin_pen(k, (int32_t)b, h);
-        if (k.hist_out) k.hist_out[b] = h;
+    if (blockIdx.x == 0) {
+        double pen = 0.0;
+        for (int64_t b = threadIdx.x; b < k.B; b += PREF_THREADS) {
+            const float h = k.ws.hist[b];
+            pen += (double)pref_bin_pen(k, (int32_t)b, h);
+            if (k.hist_out) k.hist_out[b] = h;
+        }
+        __syncthreads(); /* scratch reuse */
+        pen = lf_block_sum_f64<PREF_THREADS>(pen, scratch);
+        if (threadIdx.x == 0) {
+            const double dd = k.divisor ? (double)*k.divisor : s_w;
+            const double pl = dd == 0.0 ? s_l * 0.0 : s_l / dd; /* 0, or NaN from a NaN: never hidden */
+            k.loss[0] = (float)(pl + pen);
+            k.loss[1] = (float)pl;
+            k.loss[2] = (float)pen;
+        }
     }
-    __syncthreads(); /* scratch reuse */
-    pen = lf_block_sum_f64<PREF_THREADS>(pen, scratch);
-    if (threadIdx.x == 0) {
-        const double dd = k.divisor ? (double)*k.divisor : s_w;
-        const double pl = dd == 0.0 ? s_l * 0.0 : s_l / dd; /* 0, or NaN from a NaN: never hidden */
-        k.loss[0] = (float)(pl + pen);
-        k.loss[1] = (float)pl;
-        k.loss[2] = (float)pen;
+    /* The bin totals are read by every CTA: the last one to get here clears them (and the
+     * count) for the next call. This CTA's reads of them are done: their values were used
+     * before the barrier. */
+    if (k.B > 0) {
+        __shared__ int last;
+        __syncthreads();
+        if (threadIdx.x == 0) last = atomicAdd(k.ws.done, 1u) == gridDim.x - 1;
+        __syncthreads();
+        if (last) {
+            for (int64_t b = threadIdx.x; b < k.B; b += PREF_THREADS) k.ws.hist[b] = 0.0f;
+            if (threadIdx.x == 0) *k.ws.done = 0u;
+        }
     }
 }
 
@@ -462,16 +519,18 @@ __global__ void __launch_bounds__(PREF_THREADS) pref_fused_items_kernel(const pr
 }
 
 /* fast mode in ONE launch (cooperative: every CTA resident, so the grid can wait for itself):
- * clear the accumulators, grid barrier, pairs and items, grid barrier, item gradients and the
- * loss. One graph node instead of three. */
+ * clear the accumulators (n_clear > 0: not workspace_zeroed), grid barrier, pairs and items,
+ * grid barrier, item gradients and the loss. One graph node instead of three. */
 __global__ void __launch_bounds__(PREF_THREADS) pref_coop_kernel(const pref_kparams k, int64_t n_clear)
 {
     __shared__ float shist[PREF_SMEM_BINS];
     __shared__ double scratch[2 * (PREF_THREADS / 32)], scratch2[2 * (PREF_THREADS / 32)];
     cooperative_groups::grid_group grid = cooperative_groups::this_grid();
-    for (int64_t i = (int64_t)blockIdx.x * PREF_THREADS + threadIdx.x; i < n_clear; i += (int64_t)gridDim.x * PREF_THREADS)
-        k.ws.acc[i] = 0.0f; /* acc and hist, adjacent */
-    grid.sync();
+    if (n_clear > 0) {
+        for (int64_t i = (int64_t)blockIdx.x * PREF_THREADS + threadIdx.x; i < n_clear; i += (int64_t)gridDim.x * PREF_THREADS)
+            k.ws.acc[i] = 0.0f; /* acc, hist and done, adjacent */
+        grid.sync();
+    }
     pref_fused_pairs(k, shist, scratch);
     grid.sync();
     pref_fused_items(k, (int)gridDim.x, scratch, scratch2);
@@ -575,8 +634,9 @@ static lf_status pref_launch(const pref_args *a, cudaStream_t stream, cudaError_
         PREF_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
         const int64_t want = (k.P > k.S ? k.P : k.S) / PREF_THREADS + 1, cap = (int64_t)sms * 4 < PREF_FUSED_MAX_GRID ? (int64_t)sms * 4 : PREF_FUSED_MAX_GRID;
         const int grid1 = (int)(want < cap ? want : cap);
-        /* acc [S] and hist [B] are adjacent in the workspace: one memset */
-        const size_t clear = (size_t)((char *)k.ws.hist - (char *)k.ws.acc) + 4 * (size_t)(k.B > 0 ? k.B : 1);
+        /* acc [S], hist [B] and done are adjacent in the workspace: one memset */
+        const size_t clear = (size_t)((char *)k.ws.done - (char *)k.ws.acc) + 4;
+        const bool zeroed = a->workspace_zeroed != 0;
         int coop = 0, per_sm = 0;
         if (a->single_launch) {
             PREF_CHECK(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev));
@@ -584,7 +644,7 @@ static lf_status pref_launch(const pref_args *a, cudaStream_t stream, cudaError_
         }
         if (coop && per_sm > 0) {
             const int g = grid1 < per_sm * sms ? grid1 : per_sm * sms;
-            const int64_t n_clear = (int64_t)(clear / 4);
+            const int64_t n_clear = zeroed ? 0 : (int64_t)(clear / 4);
             cudaLaunchConfig_t cfg = {};
             cudaLaunchAttribute at[1] = {};
             at[0].id = cudaLaunchAttributeCooperative;
@@ -597,11 +657,15 @@ static lf_status pref_launch(const pref_args *a, cudaStream_t stream, cudaError_
             PREF_CHECK(cudaLaunchKernelEx(&cfg, pref_coop_kernel, k, n_clear));
             return LF_OK;
         }
-        PREF_CHECK(cudaMemsetAsync(k.ws.acc, 0, clear, stream));
+        if (!zeroed) PREF_CHECK(cudaMemsetAsync(k.ws.acc, 0, clear, stream));
         pref_fused_pairs_kernel<<<grid1, PREF_THREADS, 0, stream>>>(k);
         PREF_CHECK(cudaGetLastError());
-        pref_fused_items_kernel<<<pref_blocks(k.S), PREF_THREADS, 0, stream>>>(k, grid1);
-        PREF_CHECK(cudaGetLastError());
+        /* programmatic dependent launch where the device has it (sm_90): step 3 loads its own
+         * inputs while step 2 runs */
+        int cc = 0;
+        PREF_CHECK(cudaDeviceGetAttribute(&cc, cudaDevAttrComputeCapabilityMajor, dev));
+        PREF_CHECK(lf_launch_clusters(pref_fused_items_kernel, (int64_t)pref_blocks(k.S), 1, dim3(PREF_THREADS), 0, stream, cc >= 9, k,
+                                      grid1));
         return LF_OK;
     }
     if (!a->divisor) {

@@ -235,9 +235,49 @@ static void run_pcase(const PCase &c)
                 EXPECT(close(l3[q], ref[q], 1e-5 * (1.0 + fabs(ref[q])) + pen_tol), "graph replay loss[%d] %.9g want %.9g", q, l3[q], ref[q]);
             CK(cudaGraphExecDestroy(gexec));
             CK(cudaGraphDestroy(graph));
-            CK(cudaStreamDestroy(cs));
             CK(cudaMemcpy(&eh, err.p, 4, cudaMemcpyDeviceToHost));
             EXPECT((int64_t)eh == 4 * n_bad, "n_errors after 3 replays %u want %lld", eh, (long long)(4 * n_bad));
+            /* workspace_zeroed: every fast call above (the first on a garbage workspace) left the
+             * accumulators zeroed, so calls that skip the clearing must give the same results:
+             * twice on the stream, then three replays of a graph captured so */
+            pref_args az = a;
+            az.workspace_zeroed = 1;
+            for (int r = 0; r < 5; ++r) {
+                fill_poison(grad.p, S, LF_F32);
+                fill_poison(loss.p, 3, LF_F32);
+                fill_poison(hist.p, B + 1, LF_F32);
+                CK(cudaDeviceSynchronize()); /* the poison (default stream) lands before the launch on cs */
+                if (r < 2) {
+                    EXPECT(pref_launch(&az, cs, &ce) == LF_OK, "zeroed launch: %s", cudaGetErrorString(ce));
+                } else {
+                    CK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal));
+                    const lf_status zst = pref_launch(&az, cs, &ce);
+                    CK(cudaStreamEndCapture(cs, &graph));
+                    EXPECT(zst == LF_OK, "zeroed capture");
+                    CK(cudaGraphInstantiate(&gexec, graph, 0));
+                    CK(cudaGraphLaunch(gexec, cs));
+                    CK(cudaStreamSynchronize(cs));
+                    CK(cudaGraphExecDestroy(gexec));
+                    CK(cudaGraphDestroy(graph));
+                }
+                CK(cudaStreamSynchronize(cs));
+                CK(cudaMemcpy(g3.data(), grad.p, 4 * S, cudaMemcpyDeviceToHost));
+                CK(cudaMemcpy(l3, loss.p, 12, cudaMemcpyDeviceToHost));
+                check_grad(g3, r < 2 ? "workspace_zeroed" : "workspace_zeroed graph");
+                if (c.bins) { /* a bin total left over from the call before would show here */
+                    CK(cudaMemcpy(hh.data(), hist.p, 4 * (B + 1), cudaMemcpyDeviceToHost));
+                    int hb = 0;
+                    for (int64_t b = 0; b < B; ++b) hb += !close(hh[b], rh[b], herr[b] + 1e-30);
+                    EXPECT(hb == 0, "workspace_zeroed: %d bin totals off (call %d)", hb, r);
+                }
+                EXPECT(memcmp(&l3[1], &lh[1], 4) == 0, "workspace_zeroed: pair loss changed bits (call %d)", r);
+                for (int q = 0; q < 3; q += 2)
+                    EXPECT(close(l3[q], ref[q], 1e-5 * (1.0 + fabs(ref[q])) + pen_tol), "workspace_zeroed loss[%d] %.9g want %.9g", q,
+                           l3[q], ref[q]);
+            }
+            CK(cudaStreamDestroy(cs));
+            CK(cudaMemcpy(&eh, err.p, 4, cudaMemcpyDeviceToHost));
+            EXPECT((int64_t)eh == 9 * n_bad, "n_errors after 5 more calls %u want %lld", eh, (long long)(9 * n_bad));
         }
         if (c.det) { /* run again on a garbage workspace: the same bits */
             CK(cudaMemset(ws.p, 0x3c, wsb));
