@@ -2442,9 +2442,11 @@ static __device__ __forceinline__ void lf_seg_sum_grid(const int32_t *cu_seqlens
  *   only the sequences they are in. v: any alignment (16-byte aligned: vector loads); it must
  *   not change during the call.
  *   Call from every thread of the grid (no barrier inside). ~64 registers: a kernel that only
- *   does this runs best with 256-thread CTAs, 4 per SM (bench_packed: 82% of the copy
- *   bandwidth on an H100, where a plain read of the same bytes reaches 91%; lf_seg_sum_grid
- *   77%). */
+ *   does this runs best with 256-thread CTAs, 4 per SM (bench_packed, 10^8 values in 10^5
+ *   sequences: 82% of the copy bandwidth on an H200, where a plain read of the same bytes
+ *   reaches 90%; lf_seg_sum_grid 75%). Its limit is the instructions per chunk, not the loads
+ *   in flight: chunks staged ahead through shared memory (cp.async per lane, or a bulk copy
+ *   per warp) were slower (bench/RESULTS.md). */
 #ifndef LF_SEG_CHUNK
 #define LF_SEG_CHUNK 512 /* tokens per chunk, a multiple of 128 (32 lanes x groups of 4); it fixes the bits */
 #endif
@@ -2462,26 +2464,34 @@ static __device__ __forceinline__ void lf_seg_sum_chunked(const int32_t *cu_seql
     static_assert(LF_SEG_CHUNK % 128 == 0 && LF_SEG_CHUNK > 0, "LF_SEG_CHUNK: a positive multiple of 128");
     const int C = LF_SEG_CHUNK, G = LF_SEG_CHUNK / 128; /* groups of 4 tokens per lane */
     const int lane = (int)(threadIdx.x & 31u);
-    const int64_t warps = ((int64_t)gridDim.x * blockDim.x) >> 5;
-    const int64_t w = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    const int64_t nch = total / C + 1;
+    /* Token, chunk and sequence indices fit in 32 bits (total < 2^31): 32-bit arithmetic
+     * throughout (the bookkeeping per chunk is most of the instructions); sums of an index and
+     * a length that could pass 2^31 - 1 near the end are written as differences. */
+    const int T = (int)total, NS = (int)nseq;
+    const int nch = T / C + 1;
     double *const head = static_cast<double *>(workspace); /* piece of the sequence entering chunk c */
     double *const tail = head + nch;                       /* piece of the sequence leaving chunk c */
     unsigned *const cnt = reinterpret_cast<unsigned *>(tail + nch); /* pieces done, by start chunk */
-    const int64_t c_beg = nch * w / warps, c_end = nch * (w + 1) / warps;
-    if (nseq <= 0 || c_beg >= c_end) return; /* warp-uniform */
+    int c_beg, c_end;
+    {
+        const int64_t warps = ((int64_t)gridDim.x * blockDim.x) >> 5;
+        const int64_t w = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+        c_beg = (int)((int64_t)nch * w / warps);
+        c_end = (int)((int64_t)nch * (w + 1) / warps);
+    }
+    if (NS <= 0 || c_beg >= c_end) return; /* warp-uniform */
 
     const bool vec = ((uintptr_t)v & 15u) == 0;
-    auto load_chunk = [&](int64_t c, float4 (&x)[G]) {
-        const int64_t b = c * C;
-        if (vec && b + C <= total) {
+    auto load_chunk = [&](int c, float4 (&x)[G]) {
+        const int b = c * C;
+        if (vec && b <= T - C) {
             const float4 *p = reinterpret_cast<const float4 *>(v + b) + lane;
 #pragma unroll
             for (int i = 0; i < G; ++i) x[i] = __ldcs(p + 32 * i);
         } else { /* the last chunk, or v not 16-byte aligned: the same tokens per lane */
 #pragma unroll
             for (int i = 0; i < G; ++i) {
-                const int64_t t = b + 128 * i + 4 * lane;
+                const int64_t t = (int64_t)b + 128 * i + 4 * lane;
                 x[i].x = t < total ? v[t] : 0.0f;
                 x[i].y = t + 1 < total ? v[t + 1] : 0.0f;
                 x[i].z = t + 2 < total ? v[t + 2] : 0.0f;
@@ -2497,40 +2507,40 @@ static __device__ __forceinline__ void lf_seg_sum_chunked(const int32_t *cu_seql
      * 32-way search: ~4 dependent loads for 10^5 sequences); the sequence starting exactly
      * there, or else the one that holds token `base`. The last probe's 32 values are the
      * first window of cu_seqlens (below). */
-    int64_t k, slo = 0;
+    int k, slo = 0;
     int32_t pr;
     {
-        const int64_t base = c_beg * C;
-        int64_t hi = nseq; /* i0 in [slo, hi]; cu[nseq] = total >= base */
+        const int base = c_beg * C;
+        int hi = NS; /* i0 in [slo, hi]; cu[nseq] = total >= base */
         while (hi - slo >= 32) {
-            const int64_t step = (hi - slo + 31) / 32, q = slo + (int64_t)(lane + 1) * step;
+            const int step = (hi - slo + 31) / 32, q = slo + (lane + 1) * step;
             const bool ge = q >= hi || cu_seqlens[q] >= base;
             const int f = __ffs((int)__ballot_sync(0xffffffffu, ge)) - 1; /* lane 31 probes >= hi */
-            const int64_t qf = slo + (int64_t)(f + 1) * step;
-            slo = f == 0 ? slo : slo + (int64_t)f * step + 1;
+            const int qf = slo + (f + 1) * step;
+            slo = f == 0 ? slo : slo + f * step + 1;
             hi = qf < hi ? qf : hi;
         }
-        pr = slo + lane <= nseq ? cu_seqlens[slo + lane] : INT32_MAX;
+        pr = slo + lane <= NS ? cu_seqlens[slo + lane] : INT32_MAX;
         const bool ge = slo + lane >= hi || pr >= base;
         const int f = __ffs((int)__ballot_sync(0xffffffffu, ge)) - 1;
         k = __shfl_sync(0xffffffffu, pr, f) == base ? slo + f : slo + f - 1;
     }
     /* cu_seqlens[kw + lane] in `win`, the next 32 in `win_nx` (loaded a window ahead), passed
      * around by shuffles */
-    int64_t kw = k >= slo ? slo : k;
-    int32_t win = k >= slo ? pr : (kw + lane <= nseq ? cu_seqlens[kw + lane] : INT32_MAX);
-    int32_t win_nx = kw + 32 + lane <= nseq ? cu_seqlens[kw + 32 + lane] : INT32_MAX;
-    auto cu_at = [&](int64_t i) -> int64_t { /* warp-uniform; i >= kw - 1, i <= kw + 32 */
+    int kw = k >= slo ? slo : k;
+    int32_t win = k >= slo ? pr : (kw + lane <= NS ? cu_seqlens[kw + lane] : INT32_MAX);
+    int32_t win_nx = kw + 32 + lane <= NS ? cu_seqlens[kw + 32 + lane] : INT32_MAX;
+    auto cu_at = [&](int i) -> int { /* warp-uniform; i >= kw - 1, i <= kw + 32 */
         if (i - kw >= 32) {
             kw += 32;
             win = win_nx;
-            win_nx = kw + 32 + lane <= nseq ? cu_seqlens[kw + 32 + lane] : INT32_MAX;
+            win_nx = kw + 32 + lane <= NS ? cu_seqlens[kw + 32 + lane] : INT32_MAX;
         } else if (i < kw) { /* a sequence whose end shifted the window goes on in the next chunk */
             kw = i;
-            win = kw + lane <= nseq ? cu_seqlens[kw + lane] : INT32_MAX;
-            win_nx = kw + 32 + lane <= nseq ? cu_seqlens[kw + 32 + lane] : INT32_MAX;
+            win = kw + lane <= NS ? cu_seqlens[kw + lane] : INT32_MAX;
+            win_nx = kw + 32 + lane <= NS ? cu_seqlens[kw + 32 + lane] : INT32_MAX;
         }
-        return (int64_t)__shfl_sync(0xffffffffu, win, (int)(i - kw));
+        return __shfl_sync(0xffffffffu, win, i - kw);
     };
 
     double run = 0.0;  /* lane-strided sum of the pieces so far of a sequence inside this warp's chunks */
@@ -2538,11 +2548,11 @@ static __device__ __forceinline__ void lf_seg_sum_chunked(const int32_t *cu_seql
 
     /* The end of a piece of sequence k = [s, e) in chunk c (aj: this lane's sums of its tokens in
      * it, one per j; cleared here). Warp-uniform. */
-    auto finish = [&](int64_t c, int64_t s, int64_t e, double (&aj)[4]) {
-        const int64_t b = c * C;
+    auto finish = [&](int c, int s, int e, double (&aj)[4]) {
+        const int b = c * C;
         const double a = lf_warp_sum_f64((aj[0] + aj[1]) + (aj[2] + aj[3]));
         aj[0] = aj[1] = aj[2] = aj[3] = 0.0;
-        const bool starts = s >= b, ends = e <= b + C;
+        const bool starts = s >= b, ends = e - b <= C;
         if (starts && ends) { /* the whole sequence */
             if (lane == 0) out[k] = (O)a;
             return;
@@ -2552,9 +2562,9 @@ static __device__ __forceinline__ void lf_seg_sum_chunked(const int32_t *cu_seql
          * Inside this warp's chunks the lanes do exactly that in a register; a sequence that
          * crosses the edge of this warp's chunks leaves its pieces in the workspace, and the
          * warp with the last of them (one counter update per warp) adds them the same way. */
-        const int64_t c0 = s / C, c1 = (e - 1) / C, q = c - c0;
+        const int c0 = s / C, c1 = (e - 1) / C, q = c - c0;
         if (c0 >= c_beg && c1 < c_end) {
-            if (lane == (int)(q & 31)) run += a;
+            if (lane == (q & 31)) run += a;
             if (ends) {
                 run = lf_warp_sum_f64(run);
                 if (lane == 0) out[k] = (O)run;
@@ -2574,7 +2584,7 @@ static __device__ __forceinline__ void lf_seg_sum_chunked(const int32_t *cu_seql
         if (__shfl_sync(0xffffffffu, last, 0)) {
             __threadfence();
             double t = 0.0;
-            for (int64_t r = lane; r <= c1 - c0; r += 32) t += __ldcg(r == 0 ? tail + c0 : head + c0 + r);
+            for (int r = lane; r <= c1 - c0; r += 32) t += __ldcg(r == 0 ? tail + c0 : head + c0 + r);
             t = lf_warp_sum_f64(t);
             if (lane == 0) {
                 out[k] = (O)t;
@@ -2585,20 +2595,20 @@ static __device__ __forceinline__ void lf_seg_sum_chunked(const int32_t *cu_seql
 
     /* The piece of sequence k in the chunk at b, if k starts before the chunk ends: its bounds
      * [lo, hi) relative to b. Warp-uniform. */
-    int64_t s = 0, e = 0;
+    int s = 0, e = 0;
     int lo = 0, hi = 0;
-    auto open_piece = [&](int64_t b) -> bool {
-        if (k >= nseq) return false;
+    auto open_piece = [&](int b) -> bool {
+        if (k >= NS) return false;
         s = cu_at(k);
-        if (s >= b + C) return false;
+        if (s - b >= C) return false;
         e = cu_at(k + 1);
-        lo = (int)((s > b ? s : b) - b);
-        hi = (int)((e < b + C ? e : b + C) - b);
+        lo = s > b ? s - b : 0;
+        hi = e - b < C ? e - b : C;
         return true;
     };
 
-    for (int64_t c = c_beg; c < c_end; ++c) {
-        const int64_t b = c * C;
+    for (int c = c_beg; c < c_end; ++c) {
+        const int b = c * C;
         /* The chunk's pieces in token order, a group of 128 tokens (4 per lane) at a time: a
          * group inside the current piece is four adds per lane; a group where pieces end adds
          * its tokens piece by piece (masked) and finishes each. Each lane adds its tokens j of
@@ -2633,7 +2643,7 @@ static __device__ __forceinline__ void lf_seg_sum_chunked(const int32_t *cu_seql
         }
         if (open) { /* the piece that reaches the end of the chunk */
             finish(c, s, e, aj);
-            if (e <= b + C) ++k; /* else it goes on in the next chunk, which starts with it */
+            if (e - b <= C) ++k; /* else it goes on in the next chunk, which starts with it */
         }
         if (c + 1 < c_end) load_chunk(c + 1, x);
     }
