@@ -479,11 +479,14 @@ LF_HD lf_dual lf_dual_merge(lf_dual x, lf_dual y)
 
 LF_HD lf_dual_out lf_dual_final(lf_dual d)
 {
+    /* lf_lse_final and lf_lse_entropy of both sides, written out so that each log is taken
+     * once (the same values: logf(0) = -inf is never used) */
+    const float la = logf(d.a.s), lb = logf(d.b.s);
     lf_dual_out o;
-    o.lse_a = lf_lse_final(d.a);
-    o.lse_b = lf_lse_final(d.b);
-    o.ent_a = lf_lse_entropy(d.a);
-    o.ent_b = lf_lse_entropy(d.b);
+    o.lse_a = d.a.s == 0.0f ? -LF_INF_F : d.a.m + la;
+    o.lse_b = d.b.s == 0.0f ? -LF_INF_F : d.b.m + lb;
+    o.ent_a = d.a.s == 0.0f ? NAN : la - d.a.u / d.a.s;
+    o.ent_b = d.b.s == 0.0f ? NAN : lb - d.b.u / d.b.s;
     if (!(d.a.s > 0.0f) || !(d.b.s > 0.0f) || o.lse_a != o.lse_a || o.lse_b != o.lse_b) {
         o.kl_fwd = NAN; /* a side without a distribution, or poisoned */
         o.kl_rev = NAN;
@@ -492,7 +495,7 @@ LF_HD lf_dual_out lf_dual_final(lf_dual d)
     {
         /* lse_a - lse_b as (ma - mb) + (log sa - log sb): the maxima cancel before rounding, so a
          * small KL between rows of logits ~1e4 keeps its digits */
-        float dl = (d.a.m - d.b.m) + (logf(d.a.s) - logf(d.b.s));
+        float dl = (d.a.m - d.b.m) + (la - lb);
         o.kl_fwd = d.rb == LF_INF_F ? LF_INF_F : d.rb / d.b.s + dl;
         o.kl_rev = d.ra == LF_INF_F ? LF_INF_F : d.ra / d.a.s - dl;
     }

@@ -53,7 +53,7 @@
  *      for any record lf_cluster_post / _posts_wait
  *   8. Dual-softmax row pass (student and teacher rows, any dtype each) and the KL-family
  *      gradient: lf_dual_span, lf_dual_piece_load, lf_dual_piece_stats (pass 1), lf_block_dual
- *      (or the one-barrier lf_block_dual_acc; lf_dual_acc_merge_n for a cluster's states),
+ *      (or the one-barrier lf_block_dual_acc; lf_dual_acc_merge_warp for a cluster's states),
  *      lf_kl_piece_stats2 (pass 2 of JSD / TVD), lf_kl_coef_make, lf_kl_piece_grad, and the
  *      edge-element forms lf_dual_edge_stats / lf_kl_edge_stats2 / lf_kl_edge_grad; a sparse
  *      top-k teacher built in shared memory: lf_dual_part_load / _fill / _scatter and the _xe
@@ -1580,13 +1580,15 @@ static __device__ __forceinline__ lf_row_stats lf_cluster_stats_collect(const lf
  *
  *    Pass 1, statistics (lf_dual_piece_stats, lf_dual_edge_push): per thread an lf_dual_acc of
  *    both shifts (maxima so far), sums, entropy terms and the cross terms of lossfuse.h §3b; a
- *    piece is summed against the shifts it has, and its maximum (packed bf16/fp16 max) is only
- *    looked for on a first piece or when a sum overflows, so sums are rarely rescaled. The fast
+ *    piece is summed against the shifts it has (on a thread's first piece of a row, the maxima
+ *    of its first unit), and its maximum (packed bf16/fp16 max) is only looked for when a sum
+ *    passes 2^64, so sums are rarely rescaled. The fast
  *    sweep does no special-value tests: a -inf entry turns a cross term NaN, and then (only
  *    then) the thread's share of the piece is summed again with the exact conventions (0 log 0
  *    = 0, +inf KL on a support mismatch). lf_dual_acc_final gives the thread's lf_dual (z
  *    units); lf_block_dual merges them (lf_block_dual_acc: the same on the w-unit states, one
- *    barrier, an eighth of the work); lf_dual_final (lossfuse.h) gives lse, entropies, KLs.
+ *    barrier, the warps' records merged by each warp's lanes, lf_dual_acc_merge_warp);
+ *    lf_dual_final (lossfuse.h) gives lse, entropies, KLs.
  *    Pass 2 (JSD and TVD only: they need both lse first): lf_kl_piece_stats2 / lf_kl_edge_stats2
  *        JSD   k_p = sum_j p_j (log p_j - log M_j),  k_q = sum_j q_j (log q_j - log M_j)
  *        TVD   sum_j |p_j - q_j|,  sum_j sgn(p_j - q_j) p_j
@@ -1923,12 +1925,16 @@ static __device__ __forceinline__ void lf_impl_dual_sweep(const lf_dual_acc &a, 
 
 /* This thread's units of a staged piece of n units, no barrier. TERMS: LF_DUAL_RB, _RA or
  * _FULL (above). The sums need a shift per side that no element exceeds by more than ~88 nats
- * (2^127 in exp2 units): once the thread has a state, its maxima so far serve, and the piece
- * is summed in one sweep; only if a sum then overflows (a new maximum that far above, or
- * totals grown past 2^128 against a shift far below the row's maximum) — or on the thread's
- * first piece of a row — is the piece's maximum found first (packed max), the
- * state moved onto it, and the piece summed again. A shift below a piece's maximum is exact
- * (the state's m is a shift, not necessarily the maximum; lf_dual_final does not care). */
+ * (2^127 in exp2 units). Without the entropy terms the shifts are lazy: a thread's maxima so
+ * far serve, and on its first piece of a row the maxima of its first unit (8 elements: a
+ * packed max, no sweep); the piece is summed in one sweep. Only if a sum then passes 2^64 (an
+ * element that far above the shift, or totals grown against a shift far below the row's
+ * maximum), or a term is not finite, is the piece's maximum found (packed max over its
+ * units), the state moved onto it, and the piece summed again. A shift below a piece's
+ * maximum is exact (the state's m is a shift, not necessarily the maximum; lf_dual_final does
+ * not care). The 2^64 bound keeps the merges exact enough: a state whose shift lies more than
+ * 126 exp2 units below the row's maximum is flushed to 0 when it is moved there (EX2 flushes
+ * subnormals), and what it held is then below 2^(64 - 126) of the maximum's own term. */
 template <int THREADS, typename TS, typename TT, bool LIN, int TERMS>
 static __device__ __forceinline__ void lf_dual_piece_stats(lf_dual_acc &a, const uint4 *bs, const uint4 *bt, int n, int PU,
                                                            const lf_kl_xf &xf)
@@ -1944,12 +1950,18 @@ static __device__ __forceinline__ void lf_dual_piece_stats(lf_dual_acc &a, const
      * difference, loses ~88 times the sums' relative error (3.5e-3 nats seen at tau 0.05, an
      * H100, tests/test_kl_gpu --seed 1795323400). With ENT every piece moves the state onto its
      * maximum first, and the cross terms (w_s - w_t, not against a shift) stay lazy-safe. */
+    if (!ENT && (a.ms == -LF_INF_F || a.mt == -LF_INF_F)) { /* a first piece: seed from unit t0 */
+        const float s0 = lf_kl_w<LIN>(lf_elem<TS>::mx_final(lf_impl_unit_mx<TS>(lf_elem<TS>::mx_init(), bs, t0, PU)), xf.s, xf);
+        const float u0 = lf_kl_w<LIN>(lf_elem<TT>::mx_final(lf_impl_unit_mx<TT>(lf_elem<TT>::mx_init(), bt, t0, PU)), xf.t, xf);
+        lf_impl_acc_move(&a.ms, &a.ss, &a.us, &a.ra, fmaxf(a.ms, s0), cs);
+        lf_impl_acc_move(&a.mt, &a.st, &a.ut, &a.rb, fmaxf(a.mt, u0), cs);
+    }
     if (!ENT && fabsf(a.ms) < LF_INF_F && fabsf(a.mt) < LF_INF_F) {
         lf_impl_dual_sweep<THREADS, TS, TT, LIN, TERMS>(a, bs, bt, n, PU, xf, q);
-        /* every new total finite: accepted. An overflow (of a term or of a running total), or a
-         * -inf / NaN input, goes the long way. */
-        done = fabsf(a.ss + q[0]) + fabsf(a.st + q[1]) + fabsf(a.us + q[2]) + fabsf(a.ut + q[3]) + fabsf(a.ra + q[4]) +
-                   fabsf(a.rb + q[5]) < LF_INF_F;
+        /* every new total finite and both sums below 2^64: accepted. A larger sum, an overflow,
+         * or a -inf / NaN input, goes the long way. */
+        done = a.ss + q[0] < 0x1p64f && a.st + q[1] < 0x1p64f && /* false on NaN */
+               fabsf(a.us + q[2]) + fabsf(a.ut + q[3]) + fabsf(a.ra + q[4]) + fabsf(a.rb + q[5]) < LF_INF_F;
     }
     if (!done) {
         typename lf_elem<TS>::mx_t mxs = lf_elem<TS>::mx_init();
@@ -2029,39 +2041,47 @@ template <int THREADS> static __device__ __forceinline__ lf_dual lf_block_dual(l
 {
     return lf_impl_block_allreduce<THREADS>(v, scratch, lf_impl_op_dual(), 0);
 }
-/* n states (w units) merged in order: each moved onto the common maxima, then summed in index
- * order (the same bits wherever the same records are merged). */
-static __device__ __forceinline__ lf_dual_acc lf_dual_acc_merge_n(const lf_dual_acc *r, int n, float cs)
+/* n <= 32 states (w units) merged by one warp, every lane ending with the same bits: lane i
+ * takes record i mod W (W: n rounded up to a power of two; lanes past n within W take an empty
+ * record), the warp finds the common maxima (butterfly max), each lane moves its record onto
+ * them (one EX2 per side) and the sums meet in a butterfly. Each level adds the same two
+ * values in both lanes of a pair, and float addition is commutative, so every lane has the
+ * same result, run to run, whatever the warp's timing. A cross term that is +inf (a support
+ * mismatch) stays +inf. All 32 lanes of the warp must call it, with the same r and n. */
+static __device__ __forceinline__ lf_dual_acc lf_dual_acc_merge_warp(const lf_dual_acc *r, int n, float cs)
 {
-    float Ms = -LF_INF_F, Mt = -LF_INF_F;
-    for (int i = 0; i < n; ++i) {
-        Ms = fmaxf(Ms, r[i].ms);
-        Mt = fmaxf(Mt, r[i].mt);
+    int w = 1;
+    while (w < n) w <<= 1;
+    const int i = (int)(threadIdx.x & 31u) & (w - 1);
+    lf_dual_acc v = i < n ? r[i] : lf_dual_acc_init();
+    float Ms = v.ms, Mt = v.mt;
+    for (int o = w >> 1; o > 0; o >>= 1) {
+        Ms = fmaxf(Ms, lf_impl_shfl(Ms, o));
+        Mt = fmaxf(Mt, lf_impl_shfl(Mt, o));
     }
-    lf_dual_acc b = lf_dual_acc_init();
-    b.ms = Ms;
-    b.mt = Mt;
-    for (int i = 0; i < n; ++i) {
-        lf_dual_acc v = r[i];
-        lf_impl_acc_move(&v.ms, &v.ss, &v.us, &v.ra, Ms, cs);
-        lf_impl_acc_move(&v.mt, &v.st, &v.ut, &v.rb, Mt, cs);
-        b.ss += v.ss;
-        b.us += v.us;
-        b.ra = (b.ra == LF_INF_F || v.ra == LF_INF_F) ? LF_INF_F : b.ra + v.ra;
-        b.st += v.st;
-        b.ut += v.ut;
-        b.rb = (b.rb == LF_INF_F || v.rb == LF_INF_F) ? LF_INF_F : b.rb + v.rb;
+    lf_impl_acc_move(&v.ms, &v.ss, &v.us, &v.ra, Ms, cs);
+    lf_impl_acc_move(&v.mt, &v.st, &v.ut, &v.rb, Mt, cs);
+    v.ms = Ms; /* also where a move had nothing to do (an empty record, a NaN maximum) */
+    v.mt = Mt;
+    for (int o = w >> 1; o > 0; o >>= 1) {
+        const float ra = lf_impl_shfl(v.ra, o), rb = lf_impl_shfl(v.rb, o);
+        v.ss += lf_impl_shfl(v.ss, o);
+        v.us += lf_impl_shfl(v.us, o);
+        v.st += lf_impl_shfl(v.st, o);
+        v.ut += lf_impl_shfl(v.ut, o);
+        v.ra = (v.ra == LF_INF_F || ra == LF_INF_F) ? LF_INF_F : v.ra + ra;
+        v.rb = (v.rb == LF_INF_F || rb == LF_INF_F) ? LF_INF_F : v.rb + rb;
     }
-    return b;
+    return v;
 }
 
-/* The same merge in a cheaper form, on the threads' lf_dual_acc (w units), one barrier:
- * each warp takes its maxima (shuffles), moves its lanes' sums onto them (one EX2 per side)
- * and sums them (shuffles); lane 0 posts the warp's record; after the barrier every thread
- * merges the warps' records in warp order (lf_dual_acc_merge_n) — the same bits in every
- * thread, run to run. scratch: THREADS/32 records; the caller owes a barrier before reusing it
- * (or alternates two). bar: as section 3 (0: __syncthreads; k: named barrier k of THREADS
- * threads, for a warp group). Returns the block's state in w units. */
+/* The same merge for a block, on the threads' lf_dual_acc (w units), one barrier: each warp
+ * takes its maxima (shuffles), moves its lanes' sums onto them (one EX2 per side) and sums
+ * them (shuffles); lane 0 posts the warp's record; after the barrier each warp merges the
+ * warps' records (lf_dual_acc_merge_warp) — the same bits in every thread, run to run.
+ * scratch: THREADS/32 records; the caller owes a barrier before reusing it (or alternates
+ * two). bar: as section 3 (0: __syncthreads; k: named barrier k of THREADS threads, for a warp
+ * group). Returns the block's state in w units. */
 template <int THREADS>
 static __device__ __forceinline__ lf_dual_acc lf_block_dual_acc(lf_dual_acc a, float cs, lf_dual_acc *scratch, int bar = 0)
 {
@@ -2078,7 +2098,7 @@ static __device__ __forceinline__ lf_dual_acc lf_block_dual_acc(lf_dual_acc a, f
     a.rb = lf_warp_sum_f32(a.rb);
     if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = a;
     lf_block_bar<THREADS>(bar);
-    return lf_dual_acc_merge_n(scratch, THREADS / 32, cs);
+    return lf_dual_acc_merge_warp(scratch, THREADS / 32, cs);
 }
 
 /* Block sum of two floats at once (pass 2's pair of sums); bar as lf_block_dual_acc. */

@@ -716,7 +716,7 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
                 lf_cluster_post(acc, xa[grp][xq], &xbar[grp][0][xq], rank, nranks);
                 lf_cluster_posts_wait(&xbar[grp][0][xq], (x_phase >> xq) & 1u);
                 x_phase ^= 1u << xq;
-                acc = lf_dual_acc_merge_n(xa[grp][xq], nranks, p.xf.cs);
+                acc = lf_dual_acc_merge_warp(xa[grp][xq], nranks, p.xf.cs);
             }
             const lf_dual_out dout = lf_dual_final(lf_dual_acc_final(acc, p.xf));
             const float gs = grad ? p.grad_scale * (p.reduction == LF_REDUCE_NONE ? dl : dl_all) * inv_div * w * p.tau2_scale : 0.0f;

@@ -100,6 +100,9 @@ struct Case {
     float noise = 1.5f;      /* teacher = student + noise (0: identical rows) */
     float outlier = 40.0f;
     bool plant_masks = false, plant_nonfinite = false;
+    bool plant_spikes = false; /* every row: -100 with one entry in ~300 at -12.3125 (spike - floor
+                                * = 126.5 in exp2 units at tau 1: a shift at the floor would hold
+                                * a spike's term at 2^126.5, and moving it onto the spike flushes) */
     bool determinism = false, check_all = false;
     /* a sparse teacher: k >= 0 pairs per row (-1: the dense teacher), the top-k of the
      * generated teacher row as log-softmax, in shuffled order; row stride k + kpad */
@@ -187,6 +190,19 @@ static void run_case(const Case &c)
         write_row(2);
         planted.insert(1);
         planted.insert(2);
+    }
+    if (c.plant_spikes) {
+        uint64_t h = rs;
+        for (int64_t i = 0; i < N; ++i) {
+            if (planted.count(i)) continue;
+            for (int64_t j = 0; j < V; ++j) {
+                hs[i][j] = (mix64(h += 0x9e3779b97f4a7c15ull) % 300 == 0) ? -12.3125f : -100.0f;
+                ht[i][j] = (mix64(h += 0x9e3779b97f4a7c15ull) % 300 == 0) ? -12.3125f : -100.0f;
+            }
+            hs[i][V - 1] = -12.3125f; /* at least one spike per side */
+            ht[i][V / 2] = -12.3125f;
+            write_row(i);
+        }
     }
     if (c.tkind != KL_TEACHER_LOGITS && c.topk < 0) {
         /* the teacher's logits become log-softmax (or softmax) at temperature 1, stored in its dtype */
@@ -856,6 +872,7 @@ int main(int argc, char **argv)
             c = b; c.name = "NaN and +inf rows"; c.plant_nonfinite = true; c.stats = true; c.red = LF_REDUCE_NONE; run_case(c);
             c = b; c.name = "NaN rows, mean"; c.plant_nonfinite = true; run_case(c);
             c = b; c.name = "huge logits 1e4"; c.outlier = 1e4f; c.stats = true; run_case(c);
+            c = b; c.name = "spikes 87.7 nats over the floor"; c.plant_spikes = true; c.red = LF_REDUCE_NONE; run_case(c); /* no stats: the lazy shifts */
             c = b; c.name = "all masked"; c.labels = true; c.ignore_frac = 1.0; c.stats = true; run_case(c);
             c = b; c.name = "forward only, stats"; c.grad = 0; c.stats = true; c.red = LF_REDUCE_NONE; run_case(c);
         }
