@@ -1462,11 +1462,15 @@ static __device__ __forceinline__ void lf_cluster_sync(void)
 }
 
 /* The same merge without a cluster barrier (sm_90): each CTA posts its statistics into slot
- * [rank] of every CTA's exchange array and arrives on every CTA's mbarrier; each CTA then waits
- * for its own mbarrier only. A CTA waits for the data it needs and no longer for the slowest CTA
- * to reach a barrier; nothing waits for the reads of the slots to finish either.
+ * [rank] of every CTA's exchange array with asynchronous stores that count their bytes on that
+ * CTA's mbarrier (st.async ... mbarrier::complete_tx), and arrives once on its own mbarrier,
+ * expecting the bytes of nranks records; each CTA then waits for its own mbarrier only. A CTA
+ * waits for the data it needs and no longer for the slowest CTA to reach a barrier; nothing
+ * waits for the reads of the slots to finish either, and no fence waits for the poster's
+ * earlier stores (a release at cluster scope would wait for the previous row's gradient
+ * stores to drain; st.async's completion is tracked by the receiver's mbarrier instead).
  *     __shared__ lf_row_stats xs[2][16];    // yours, two sets used by alternate rows
- *     __shared__ uint64_t xbar[2];          // lf_mbar_init(&xbar[k], nranks) by one thread, then
+ *     __shared__ uint64_t xbar[2];          // lf_mbar_init(&xbar[k], 1) by one thread, then
  *                                            // lf_mbar_init_fence and a cluster barrier
  *     lf_cluster_stats_post(st, xs[q], &xbar[q], rank, nranks);        // after a block reduction
  *     st = lf_cluster_stats_collect<FULL>(xs[q], &xbar[q], phase[q], nranks); phase[q] ^= 1; q ^= 1;
@@ -1476,13 +1480,15 @@ static __device__ __forceinline__ void lf_cluster_sync(void)
  * the same value in each of them. Two sets are enough when a CTA barrier lies between every
  * collect and the next post (the block reduction that precedes a post): a CTA posts to a set
  * again only after it has collected the next row, which needs the posts of every CTA, each made
- * after that CTA has finished reading the set. Every thread of every CTA gets the bit-identical
- * result: lanes 0 .. nranks-1 of every warp merge the ranks' values in the same butterfly.
- * FULL = false merges only the lse state (m, s, u); the rest is that of rank 0. */
+ * after that CTA has finished reading the set. (A peer's bytes may land before this CTA's own
+ * arrival sets the phase's expectation: the transaction count goes below zero meanwhile, and
+ * the phase cannot complete without that arrival.) Every thread of every CTA gets the
+ * bit-identical result: lanes 0 .. nranks-1 of every warp merge the ranks' values in the same
+ * butterfly. FULL = false merges only the lse state (m, s, u); the rest is that of rank 0. */
 /* The same two steps for any record S of 32-bit words (a loss's own statistics, e.g.
  * lf_dual_acc): lf_cluster_post writes `cta` into slot [rank] of every CTA's xs (threads
- * 0 .. nranks-1, as above); after lf_cluster_posts_wait every thread reads the nranks slots of
- * its own xs and merges them in rank order (the same bits in every CTA). */
+ * 0 .. nranks-1, as above; the mbarrier made with count 1); after lf_cluster_posts_wait every
+ * thread reads the nranks slots of its own xs and merges them (the same bits in every CTA). */
 template <typename S>
 static __device__ __forceinline__ void lf_cluster_post(const S &cta, S *xs, uint64_t *bar, int rank, int nranks)
 {
@@ -1490,6 +1496,7 @@ static __device__ __forceinline__ void lf_cluster_post(const S &cta, S *xs, uint
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     const int d = (int)threadIdx.x;
     if (d >= nranks) return;
+    if (d == rank) lf_mbar_arrive_tx(bar, (uint32_t)(nranks * sizeof(S))); /* this phase: nranks records */
     uint32_t words[sizeof(S) / 4];
     memcpy(words, &cta, sizeof cta);
     const uint32_t slot = (uint32_t)__cvta_generic_to_shared(xs + rank), b = (uint32_t)__cvta_generic_to_shared(bar);
@@ -1498,9 +1505,9 @@ static __device__ __forceinline__ void lf_cluster_post(const S &cta, S *xs, uint
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rb) : "r"(b), "r"(d));
 #pragma unroll
     for (int i = 0; i < (int)(sizeof(S) / 4); ++i)
-        asm volatile("st.shared::cluster.u32 [%0], %1;" ::"r"(rslot + 4u * i), "r"(words[i]) : "memory");
-    /* release at cluster scope: the stores above are visible to whoever acquires this phase */
-    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(rb) : "memory");
+        asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(rslot + 4u * i),
+                     "r"(words[i]), "r"(rb)
+                     : "memory");
 #else
     (void)cta;
     (void)xs;

@@ -835,8 +835,8 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
             stage_k[q] = -1;
         }
         for (int g = 0; g < G; ++g) {
-            lf_mbar_init(&xbar[g][0], (unsigned)nranks);
-            lf_mbar_init(&xbar[g][1], (unsigned)nranks);
+            lf_mbar_init(&xbar[g][0], 1u); /* lf_cluster_post: one arrival, nranks records of bytes */
+            lf_mbar_init(&xbar[g][1], 1u);
         }
         lf_mbar_init_fence();
     }

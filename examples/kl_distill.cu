@@ -608,7 +608,7 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
             stage_k[q] = -1;
         }
         for (int g = 0; g < G; ++g)
-            for (int i = 0; i < 4; ++i) lf_mbar_init(&xbar[g][i >> 1][i & 1], (unsigned)nranks);
+            for (int i = 0; i < 4; ++i) lf_mbar_init(&xbar[g][i >> 1][i & 1], 1u); /* lf_cluster_post */
         lf_mbar_init_fence();
     }
     if (grp == G - 1 && (int)threadIdx.x < nstages + G && threadIdx.x < my_rows)
