@@ -41,10 +41,10 @@
  *   examples/cross_entropy.cu's row-resident one): a ring of whole row-pair slices in shared
  *   memory, filled by the copy engine, rows wider than three stages split over a cluster whose
  *   CTAs exchange their states over DSMEM. MEASURED: on an H100 forward / reverse KL 19-32%
- *   faster than streamed at V = 32K-152K (up to 85% of copy); on an H200, whose extra bandwidth
- *   leaves these kernels bound by their arithmetic (two exponentials per element and pass, the
- *   cross terms), 2-15% at V = 131K-152K and nothing at 32K; JSD and clusters of 16 mixed. The
- *   automatic plan takes it where it was not slower (kl_schedule).
+ *   faster than streamed at V = 32K-152K (up to 85% of copy); on an H200, after the per-row work
+ *   was cut and the exchange made asynchronous (st.async), 1.2-1.4x streamed at every V for
+ *   forward / reverse KL, JSD only at V = 32K (clusters of 2). The automatic plan takes it where
+ *   it was not slower (kl_launch_any).
  * Contract (as DESIGN.md and examples/cross_entropy.cu)
  *   - Masked rows (mask byte 0, or label == ignore_index) have loss 0, zero gradient, weight 0.
  *     A label outside [0, V) that is not ignore_index adds 1 to *n_errors and masks the row.
@@ -829,8 +829,8 @@ static lf_status kl_launch_kernel(kl_kparams p, kl_plan *plan, cudaStream_t stre
  * KL_RES_MIN_STAGES, as many as fit, at most KL_RES_MAX_STAGES) and keeps the most CTAs
  * resident, the smaller on a tie. */
 template <typename TS, typename TT, bool LIN>
-static lf_status kl_launch_resident(const kl_kparams &p, int max_cluster, int stages, bool forced, kl_plan *plan,
-                                    cudaStream_t stream, cudaError_t *cuda_err, bool *launched)
+static lf_status kl_launch_resident(const kl_kparams &p, int max_cluster, int stages, bool forced, int auto_cluster,
+                                    kl_plan *plan, cudaStream_t stream, cudaError_t *cuda_err, bool *launched)
 {
     *launched = false;
     if constexpr (sizeof(TS) != 2 || sizeof(TT) != 2) {
@@ -854,12 +854,8 @@ static lf_status kl_launch_resident(const kl_kparams &p, int max_cluster, int st
         lf_ring_plan pl;
         KL_CHECK(lf_ring_plan_make(kernel, block, dev, &ring_d[dev], r, &pl));
         if (pl.cluster == 0) return forced ? LF_ERR_SIZE : LF_OK;
-        /* Automatically up to clusters of 8 (bench_kl --variants, 2026-11-25, forward / reverse
-         * KL against streaming): H100 19-32% faster at V = 32K-152K, H200 2-15% faster at V =
-         * 131K / 152K and within 3% at 32K (the H200's extra bandwidth leaves these kernels
-         * bound by their arithmetic). On clusters of 16 (V = 256K) the H100 gained 11-16% but the
-         * H200 lost 13-16%: streamed there (bench/RESULTS.md). */
-        if (!forced && pl.cluster > 8) return LF_OK;
+        /* Automatically up to clusters of auto_cluster (kl_launch_any; bench/RESULTS.md) */
+        if (!forced && pl.cluster > auto_cluster) return LF_OK;
         if (plan) {
             plan->schedule = KL_SCHED_RESIDENT;
             plan->pieces = 1;
@@ -879,13 +875,17 @@ template <typename TS, typename TT, bool LIN, bool SPARSE>
 static lf_status kl_launch_any(const kl_kparams &p, int schedule, int max_cluster, int stages, kl_plan *plan, cudaStream_t s,
                                cudaError_t *e)
 {
-    /* automatically: forward + backward of the one-pass kinds (JSD and TVD, whose second pass and
-     * second exchange sit on each row's critical path, measured slower resident: 2.66 vs 2.30 ms
-     * at 4096 x 131072 on an H200) */
+    /* Automatically resident for forward + backward (bench_kl --variants, H200, 2026-11-25, after
+     * the st.async exchange): forward / reverse KL (and soft CE) at every cluster size, 1.2-1.4x
+     * streamed at V = 32K-152K and 1.2-1.3x on clusters of 16 (V = 256K; the H100 gained there
+     * before too); JSD (and TVD, which has its structure: not timed separately) only where a
+     * pair needs at most 2 CTAs — 9% faster at V = 32K, its second pass and second exchange on
+     * each row's critical path make it 5-12% slower on clusters of 8 and 16 at N = 16384. */
     const bool one_pass = p.kind == LF_KL_FORWARD || p.kind == LF_KL_REVERSE || p.kind == LF_KL_SOFT_CE;
-    if (!SPARSE && (schedule == KL_SCHED_RESIDENT || (schedule == KL_SCHED_AUTO && p.grad && one_pass))) {
+    if (!SPARSE && (schedule == KL_SCHED_RESIDENT || (schedule == KL_SCHED_AUTO && p.grad))) {
         bool launched = false;
-        const lf_status st = kl_launch_resident<TS, TT, LIN>(p, max_cluster, stages, schedule == KL_SCHED_RESIDENT, plan, s, e, &launched);
+        const lf_status st = kl_launch_resident<TS, TT, LIN>(p, max_cluster, stages, schedule == KL_SCHED_RESIDENT,
+                                                             one_pass ? 16 : 2, plan, s, e, &launched);
         if (st != LF_OK || launched) return st;
     } else if (schedule == KL_SCHED_RESIDENT) {
         return LF_ERR_ARG; /* a sparse teacher is built in shared memory, piece by piece: streamed */

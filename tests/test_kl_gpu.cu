@@ -995,9 +995,9 @@ int main(int argc, char **argv)
             c = b; c.name = "resident forward only, stats"; c.schedule = KL_SCHED_RESIDENT; c.grad = 0; c.stats = true; c.red = LF_REDUCE_NONE; run_case(c);
             c = b; c.name = "resident all masked"; c.schedule = KL_SCHED_RESIDENT; c.labels = true; c.ignore_frac = 1.0; c.stats = true; run_case(c);
         }
-        /* automatic plans (kl_schedule): resident for forward / reverse KL with a gradient at
-         * V = 131K and 32K (clusters of 8 and 2 on an H100 / H200), streamed for JSD, forward
-         * only and an fp32 teacher */
+        /* automatic plans (kl_launch_any): resident for forward / reverse KL with a gradient at
+         * V = 131K, 32K and 256K (clusters of 8, 2 and 16 on an H100 / H200), for JSD only at
+         * V = 32K; streamed for JSD at 131K, forward only and an fp32 teacher */
         Case c;
         c.name = "automatic plan";
         c.N = g_small ? 300 : 4096;
@@ -1021,6 +1021,16 @@ int main(int argc, char **argv)
         c.tdt = LF_BF16;
         c.V = 32768;
         c.expect_schedule = KL_SCHED_RESIDENT;
+        run_case(c);
+        c.name = "automatic plan, JSD, V = 32K";
+        c.kind = LF_KL_JSD;
+        c.expect_cluster = g_small ? 0 : 2;
+        run_case(c);
+        c.name = "automatic plan, V = 256K";
+        c.kind = LF_KL_FORWARD;
+        c.N = g_small ? 7 : 64;
+        c.V = 262144;
+        c.expect_cluster = g_small ? 0 : 16;
         run_case(c);
         c = Case();
         c.name = "resident determinism, clusters, JSD in place";
