@@ -477,7 +477,10 @@ LF_HD lf_dual lf_dual_merge(lf_dual x, lf_dual y)
     return r;
 }
 
-LF_HD lf_dual_out lf_dual_final(lf_dual d)
+/* Internal: lf_dual_final where a caller that tracked only some terms says which (ent: the
+ * entropy terms u, fwd: rb, rev: ra); an untracked term is taken as 0 (its division skipped),
+ * which gives the bits lf_dual_final gives on a state whose term is 0. */
+LF_HD lf_dual_out lf_impl_dual_final(lf_dual d, int ent, int fwd, int rev)
 {
     /* lf_lse_final and lf_lse_entropy of both sides, written out so that each log is taken
      * once (the same values: logf(0) = -inf is never used) */
@@ -485,8 +488,8 @@ LF_HD lf_dual_out lf_dual_final(lf_dual d)
     lf_dual_out o;
     o.lse_a = d.a.s == 0.0f ? -LF_INF_F : d.a.m + la;
     o.lse_b = d.b.s == 0.0f ? -LF_INF_F : d.b.m + lb;
-    o.ent_a = d.a.s == 0.0f ? NAN : la - d.a.u / d.a.s;
-    o.ent_b = d.b.s == 0.0f ? NAN : lb - d.b.u / d.b.s;
+    o.ent_a = d.a.s == 0.0f ? NAN : la - (ent ? d.a.u / d.a.s : 0.0f);
+    o.ent_b = d.b.s == 0.0f ? NAN : lb - (ent ? d.b.u / d.b.s : 0.0f);
     if (!(d.a.s > 0.0f) || !(d.b.s > 0.0f) || o.lse_a != o.lse_a || o.lse_b != o.lse_b) {
         o.kl_fwd = NAN; /* a side without a distribution, or poisoned */
         o.kl_rev = NAN;
@@ -496,11 +499,13 @@ LF_HD lf_dual_out lf_dual_final(lf_dual d)
         /* lse_a - lse_b as (ma - mb) + (log sa - log sb): the maxima cancel before rounding, so a
          * small KL between rows of logits ~1e4 keeps its digits */
         float dl = (d.a.m - d.b.m) + (la - lb);
-        o.kl_fwd = d.rb == LF_INF_F ? LF_INF_F : d.rb / d.b.s + dl;
-        o.kl_rev = d.ra == LF_INF_F ? LF_INF_F : d.ra / d.a.s - dl;
+        o.kl_fwd = !fwd ? dl : d.rb == LF_INF_F ? LF_INF_F : d.rb / d.b.s + dl;
+        o.kl_rev = !rev ? -dl : d.ra == LF_INF_F ? LF_INF_F : d.ra / d.a.s - dl;
     }
     return o;
 }
+
+LF_HD lf_dual_out lf_dual_final(lf_dual d) { return lf_impl_dual_final(d, 1, 1, 1); }
 
 /* ============================================================================================
  * 3c. Scalar pair losses (preference optimisation, ranking), each with its derivative

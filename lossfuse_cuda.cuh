@@ -1841,6 +1841,7 @@ static __device__ __forceinline__ lf_dual_acc lf_dual_acc_init(void)
 }
 
 /* Move one side's state from maximum *m to m_new >= *m (w units). */
+template <bool U = true, bool R = true> /* false: that term is not tracked (left as it is) */
 static __device__ __forceinline__ void lf_impl_acc_move(float *m, float *s, float *u, float *r, float m_new, float cs)
 {
     if (!(m_new > *m)) return; /* also NaN: the NaN reaches the sums through the terms */
@@ -1851,9 +1852,9 @@ static __device__ __forceinline__ void lf_impl_acc_move(float *m, float *s, floa
     const float f = m_new == LF_INF_F ? 0.0f : lf_ex2((*m - m_new) * cs);
     const float fs = f * *s; /* scaled first: s (up to 2^128 against a low shift) times the gap
                               * would overflow */
-    *u = fmaf(fs, fmaxf(*m - m_new, -FLT_MAX), f * *u);
+    if (U) *u = fmaf(fs, fmaxf(*m - m_new, -FLT_MAX), f * *u);
     *s = fs;
-    *r = (*r == LF_INF_F || *r == 0.0f) ? *r : *r * f; /* +inf (support mismatch) stays */
+    if (R) *r = (*r == LF_INF_F || *r == 0.0f) ? *r : *r * f; /* +inf (support mismatch) stays */
     *m = m_new;
 }
 
@@ -1865,6 +1866,15 @@ static __device__ __forceinline__ float lf_impl_acc_shift(float m, float cs) { r
  *   LF_DUAL_FULL  both cross terms and both entropy terms (soft CE, or every output wanted)
  * The terms not computed are left 0: the lf_dual_out fields built on them are meaningless. */
 enum { LF_DUAL_RB = 1, LF_DUAL_RA = 2, LF_DUAL_FULL = 3 };
+
+/* Both sides of a state moved onto (Ms, Mt), only the terms TERMS tracks (the others stay 0). */
+template <int TERMS>
+static __device__ __forceinline__ void lf_impl_acc_move2(lf_dual_acc &a, float Ms, float Mt, float cs)
+{
+    constexpr bool ENT = TERMS == LF_DUAL_FULL;
+    lf_impl_acc_move<ENT, (TERMS & LF_DUAL_RA) != 0>(&a.ms, &a.ss, &a.us, &a.ra, Ms, cs);
+    lf_impl_acc_move<ENT, (TERMS & LF_DUAL_RB) != 0>(&a.mt, &a.st, &a.ut, &a.rb, Mt, cs);
+}
 
 /* One pair with the exact conventions (lossfuse.h §3b), maxima already covering it. */
 template <bool ENT>
@@ -1960,8 +1970,7 @@ static __device__ __forceinline__ void lf_dual_piece_stats(lf_dual_acc &a, const
     if (!ENT && (a.ms == -LF_INF_F || a.mt == -LF_INF_F)) { /* a first piece: seed from unit t0 */
         const float s0 = lf_kl_w<LIN>(lf_elem<TS>::mx_final(lf_impl_unit_mx<TS>(lf_elem<TS>::mx_init(), bs, t0, PU)), xf.s, xf);
         const float u0 = lf_kl_w<LIN>(lf_elem<TT>::mx_final(lf_impl_unit_mx<TT>(lf_elem<TT>::mx_init(), bt, t0, PU)), xf.t, xf);
-        lf_impl_acc_move(&a.ms, &a.ss, &a.us, &a.ra, fmaxf(a.ms, s0), cs);
-        lf_impl_acc_move(&a.mt, &a.st, &a.ut, &a.rb, fmaxf(a.mt, u0), cs);
+        lf_impl_acc_move2<TERMS>(a, fmaxf(a.ms, s0), fmaxf(a.mt, u0), cs);
     }
     if (!ENT && fabsf(a.ms) < LF_INF_F && fabsf(a.mt) < LF_INF_F) {
         lf_impl_dual_sweep<THREADS, TS, TT, LIN, TERMS>(a, bs, bt, n, PU, xf, q);
@@ -1978,8 +1987,8 @@ static __device__ __forceinline__ void lf_dual_piece_stats(lf_dual_acc &a, const
             mxt = lf_impl_unit_mx<TT>(mxt, bt, i, PU);
         }
         /* the transforms are non-decreasing: the max of w is w of the max */
-        lf_impl_acc_move(&a.ms, &a.ss, &a.us, &a.ra, fmaxf(a.ms, lf_kl_w<LIN>(lf_elem<TS>::mx_final(mxs), xf.s, xf)), cs);
-        lf_impl_acc_move(&a.mt, &a.st, &a.ut, &a.rb, fmaxf(a.mt, lf_kl_w<LIN>(lf_elem<TT>::mx_final(mxt), xf.t, xf)), cs);
+        lf_impl_acc_move2<TERMS>(a, fmaxf(a.ms, lf_kl_w<LIN>(lf_elem<TS>::mx_final(mxs), xf.s, xf)),
+                                 fmaxf(a.mt, lf_kl_w<LIN>(lf_elem<TT>::mx_final(mxt), xf.t, xf)), cs);
         lf_impl_dual_sweep<THREADS, TS, TT, LIN, TERMS>(a, bs, bt, n, PU, xf, q);
         /* a -inf entry (or an empty side) made a term 0 * inf: sum this share again, exactly.
          * NaN or +inf inputs make the sums NaN, which is the answer anyway. */
@@ -2055,8 +2064,10 @@ template <int THREADS> static __device__ __forceinline__ lf_dual lf_block_dual(l
  * values in both lanes of a pair, and float addition is commutative, so every lane has the
  * same result, run to run, whatever the warp's timing. A cross term that is +inf (a support
  * mismatch) stays +inf. All 32 lanes of the warp must call it, with the same r and n. */
+template <int TERMS = LF_DUAL_FULL>
 static __device__ __forceinline__ lf_dual_acc lf_dual_acc_merge_warp(const lf_dual_acc *r, int n, float cs)
 {
+    constexpr bool ENT = TERMS == LF_DUAL_FULL, RA = (TERMS & LF_DUAL_RA) != 0, RB = (TERMS & LF_DUAL_RB) != 0;
     int w = 1;
     while (w < n) w <<= 1;
     const int i = (int)(threadIdx.x & 31u) & (w - 1);
@@ -2066,18 +2077,24 @@ static __device__ __forceinline__ lf_dual_acc lf_dual_acc_merge_warp(const lf_du
         Ms = fmaxf(Ms, lf_impl_shfl(Ms, o));
         Mt = fmaxf(Mt, lf_impl_shfl(Mt, o));
     }
-    lf_impl_acc_move(&v.ms, &v.ss, &v.us, &v.ra, Ms, cs);
-    lf_impl_acc_move(&v.mt, &v.st, &v.ut, &v.rb, Mt, cs);
+    lf_impl_acc_move2<TERMS>(v, Ms, Mt, cs);
     v.ms = Ms; /* also where a move had nothing to do (an empty record, a NaN maximum) */
     v.mt = Mt;
     for (int o = w >> 1; o > 0; o >>= 1) {
-        const float ra = lf_impl_shfl(v.ra, o), rb = lf_impl_shfl(v.rb, o);
         v.ss += lf_impl_shfl(v.ss, o);
-        v.us += lf_impl_shfl(v.us, o);
         v.st += lf_impl_shfl(v.st, o);
-        v.ut += lf_impl_shfl(v.ut, o);
-        v.ra = (v.ra == LF_INF_F || ra == LF_INF_F) ? LF_INF_F : v.ra + ra;
-        v.rb = (v.rb == LF_INF_F || rb == LF_INF_F) ? LF_INF_F : v.rb + rb;
+        if (ENT) {
+            v.us += lf_impl_shfl(v.us, o);
+            v.ut += lf_impl_shfl(v.ut, o);
+        }
+        if (RA) {
+            const float ra = lf_impl_shfl(v.ra, o);
+            v.ra = (v.ra == LF_INF_F || ra == LF_INF_F) ? LF_INF_F : v.ra + ra;
+        }
+        if (RB) {
+            const float rb = lf_impl_shfl(v.rb, o);
+            v.rb = (v.rb == LF_INF_F || rb == LF_INF_F) ? LF_INF_F : v.rb + rb;
+        }
     }
     return v;
 }
@@ -2089,23 +2106,25 @@ static __device__ __forceinline__ lf_dual_acc lf_dual_acc_merge_warp(const lf_du
  * scratch: THREADS/32 records; the caller owes a barrier before reusing it (or alternates
  * two). bar: as section 3 (0: __syncthreads; k: named barrier k of THREADS threads, for a warp
  * group). Returns the block's state in w units. */
-template <int THREADS>
+template <int THREADS, int TERMS = LF_DUAL_FULL>
 static __device__ __forceinline__ lf_dual_acc lf_block_dual_acc(lf_dual_acc a, float cs, lf_dual_acc *scratch, int bar = 0)
 {
+    constexpr bool ENT = TERMS == LF_DUAL_FULL, RA = (TERMS & LF_DUAL_RA) != 0, RB = (TERMS & LF_DUAL_RB) != 0;
     const float ms = lf_warp_max_f32(a.ms), mt = lf_warp_max_f32(a.mt);
-    lf_impl_acc_move(&a.ms, &a.ss, &a.us, &a.ra, ms, cs);
-    lf_impl_acc_move(&a.mt, &a.st, &a.ut, &a.rb, mt, cs);
+    lf_impl_acc_move2<TERMS>(a, ms, mt, cs);
     a.ms = ms; /* the warp's maxima (also where a move had nothing to do) */
     a.mt = mt;
     a.ss = lf_warp_sum_f32(a.ss);
-    a.us = lf_warp_sum_f32(a.us);
-    a.ra = lf_warp_sum_f32(a.ra);
     a.st = lf_warp_sum_f32(a.st);
-    a.ut = lf_warp_sum_f32(a.ut);
-    a.rb = lf_warp_sum_f32(a.rb);
+    if (ENT) {
+        a.us = lf_warp_sum_f32(a.us);
+        a.ut = lf_warp_sum_f32(a.ut);
+    }
+    if (RA) a.ra = lf_warp_sum_f32(a.ra);
+    if (RB) a.rb = lf_warp_sum_f32(a.rb);
     if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = a;
     lf_block_bar<THREADS>(bar);
-    return lf_dual_acc_merge_warp(scratch, THREADS / 32, cs);
+    return lf_dual_acc_merge_warp<TERMS>(scratch, THREADS / 32, cs);
 }
 
 /* Block sum of two floats at once (pass 2's pair of sums); bar as lf_block_dual_acc. */

@@ -61,6 +61,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <type_traits>
 
 /* ============================================================================================
  * 1. API
@@ -706,19 +707,26 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
             }
         } else {
             const uint4 *bs = kl_smem + (size_t)q * 2 * su, *bt = bs + su;
-            lf_dual_acc acc = lf_dual_acc_init();
-            if (rank == 0) lf_dual_edge_stats<TH, TS, TT, LIN, LF_DUAL_FULL>(acc, xs, xt, sp, p.xf);
-            if (p.terms == LF_DUAL_RB) lf_dual_piece_stats<TH, TS, TT, LIN, LF_DUAL_RB>(acc, bs, bt, nu, su, p.xf);
-            else if (p.terms == LF_DUAL_RA) lf_dual_piece_stats<TH, TS, TT, LIN, LF_DUAL_RA>(acc, bs, bt, nu, su, p.xf);
-            else lf_dual_piece_stats<TH, TS, TT, LIN, LF_DUAL_FULL>(acc, bs, bt, nu, su, p.xf);
-            acc = lf_block_dual_acc<TH>(acc, p.xf.cs, red[grp][par], bar);
-            if (nranks > 1) {
-                lf_cluster_post(acc, xa[grp][xq], &xbar[grp][0][xq], rank, nranks);
-                lf_cluster_posts_wait(&xbar[grp][0][xq], (x_phase >> xq) & 1u);
-                x_phase ^= 1u << xq;
-                acc = lf_dual_acc_merge_warp(xa[grp][xq], nranks, p.xf.cs);
-            }
-            const lf_dual_out dout = lf_dual_final(lf_dual_acc_final(acc, p.xf));
+            /* pass 1, its merges and the row's statistics, for the terms the loss needs (T) */
+            lf_dual_out dout;
+            auto pass1 = [&](auto terms) {
+                constexpr int T = decltype(terms)::value;
+                lf_dual_acc acc = lf_dual_acc_init();
+                if (rank == 0) lf_dual_edge_stats<TH, TS, TT, LIN, LF_DUAL_FULL>(acc, xs, xt, sp, p.xf);
+                lf_dual_piece_stats<TH, TS, TT, LIN, T>(acc, bs, bt, nu, su, p.xf);
+                acc = lf_block_dual_acc<TH, T>(acc, p.xf.cs, red[grp][par], bar);
+                if (nranks > 1) {
+                    lf_cluster_post(acc, xa[grp][xq], &xbar[grp][0][xq], rank, nranks);
+                    lf_cluster_posts_wait(&xbar[grp][0][xq], (x_phase >> xq) & 1u);
+                    x_phase ^= 1u << xq;
+                    acc = lf_dual_acc_merge_warp<T>(xa[grp][xq], nranks, p.xf.cs);
+                }
+                dout = lf_impl_dual_final(lf_dual_acc_final(acc, p.xf), T == LF_DUAL_FULL, (T & LF_DUAL_RB) != 0,
+                                          (T & LF_DUAL_RA) != 0);
+            };
+            if (p.terms == LF_DUAL_RB) pass1(std::integral_constant<int, LF_DUAL_RB>());
+            else if (p.terms == LF_DUAL_RA) pass1(std::integral_constant<int, LF_DUAL_RA>());
+            else pass1(std::integral_constant<int, LF_DUAL_FULL>());
             const float gs = grad ? p.grad_scale * (p.reduction == LF_REDUCE_NONE ? dl : dl_all) * inv_div * w * p.tau2_scale : 0.0f;
             lf_kl_coef coef = lf_kl_coef_make(p.kind, p.beta, gs, dout, p.xf, LIN);
             float l;
