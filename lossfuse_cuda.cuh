@@ -2063,7 +2063,9 @@ template <int THREADS> static __device__ __forceinline__ lf_dual lf_block_dual(l
  * them (one EX2 per side) and the sums meet in a butterfly. Each level adds the same two
  * values in both lanes of a pair, and float addition is commutative, so every lane has the
  * same result, run to run, whatever the warp's timing. A cross term that is +inf (a support
- * mismatch) stays +inf. All 32 lanes of the warp must call it, with the same r and n. */
+ * mismatch) stays +inf. All 32 lanes of the warp must call it, with the same r and n. TERMS
+ * (LF_DUAL_RB, _RA, _FULL): only the sums that set tracks are merged; a term outside it is
+ * left as the lane's own record had it (meaningless, as in lf_dual_piece_stats). */
 template <int TERMS = LF_DUAL_FULL>
 static __device__ __forceinline__ lf_dual_acc lf_dual_acc_merge_warp(const lf_dual_acc *r, int n, float cs)
 {
@@ -2105,7 +2107,7 @@ static __device__ __forceinline__ lf_dual_acc lf_dual_acc_merge_warp(const lf_du
  * warps' records (lf_dual_acc_merge_warp) — the same bits in every thread, run to run.
  * scratch: THREADS/32 records; the caller owes a barrier before reusing it (or alternates
  * two). bar: as section 3 (0: __syncthreads; k: named barrier k of THREADS threads, for a warp
- * group). Returns the block's state in w units. */
+ * group). Returns the block's state in w units (the terms of TERMS, as lf_dual_acc_merge_warp). */
 template <int THREADS, int TERMS = LF_DUAL_FULL>
 static __device__ __forceinline__ lf_dual_acc lf_block_dual_acc(lf_dual_acc a, float cs, lf_dual_acc *scratch, int bar = 0)
 {
