@@ -40,11 +40,11 @@
  *   On sm_90 a second schedule reads each pair from HBM exactly once (kl_res_kernel, as
  *   examples/cross_entropy.cu's row-resident one): a ring of whole row-pair slices in shared
  *   memory, filled by the copy engine, rows wider than three stages split over a cluster whose
- *   CTAs exchange their states over DSMEM. MEASURED: on an H100 forward / reverse KL 19-32%
- *   faster than streamed at V = 32K-152K (up to 85% of copy); on an H200, after the per-row work
- *   was cut and the exchange made asynchronous (st.async), 1.2-1.4x streamed at every V for
- *   forward / reverse KL, JSD only at V = 32K (clusters of 2). The automatic plan takes it where
- *   it was not slower (kl_launch_any).
+ *   CTAs exchange their states over DSMEM. MEASURED (bench/RESULTS.md, session 15): forward /
+ *   reverse KL at 88-96% of the copy bandwidth on an H100 and 67-85% on an H200 (where these
+ *   kernels are bound by the SMs, not by memory), 1.2-1.4x the streamed kernel at every V on
+ *   the H200; JSD gains only at V = 32K (clusters of 2). The automatic plan takes it where it
+ *   was not slower (kl_launch_any).
  * Contract (as DESIGN.md and examples/cross_entropy.cu)
  *   - Masked rows (mask byte 0, or label == ignore_index) have loss 0, zero gradient, weight 0.
  *     A label outside [0, V) that is not ignore_index adds 1 to *n_errors and masks the row.
