@@ -2,7 +2,7 @@
  * (examples/dpo_packed.cu), the pairwise preference loss (examples/pairwise_preference.cu) and
  * the per-sequence sums of lossfuse_cuda.cuh section 9.
  *
- *   bench_packed [--shapes 8192x32768,8192x151936] [--iters 10] [--seqs 16]
+ *   bench_packed [--modes pref,segsum,dpo] [--shapes 8192x32768,8192x151936] [--iters 10] [--seqs 16]
  *
  *   mode=dpo      sigmoid DPO with reference log-probabilities, forward + backward, the gradient
  *                 written in place over bf16 logits [T, V] packed as --seqs sequences (pairs of
@@ -24,9 +24,16 @@
  *                 per sequence, fixed order) and lossfuse_fast (a token per lane, segmented warp
  *                 scan, one atomic per run); plain_read: a grid-stride read of the same values
  *                 (16-byte loads, summed and dropped), the ceiling of any of them on this device.
- *                 Floor: read the values once (4 B each).
- * DPO and segsum: each timed launch is preceded (untimed) by writing a 256 MiB buffer (nothing
- * of the inputs left in L2; DPO also restores the logits from a pristine copy); the median.
+ *                 Floor: read the values once (4 B each). Read-only passes leave L2 clean, so
+ *                 the timed launches alternate between two copies of the values (each 400 MB:
+ *                 each launch starts with the other copy's clean tail in L2, METHOD.md's
+ *                 rotation of input sets), each after a 50 us spin (bench_delay) that keeps the
+ *                 host's launch latency out of the events. _l2dirty: timed the old way, after a
+ *                 256 MiB write, so that L2 is full of dirty lines the read must write back
+ *                 (kept to compare with the runs before 2026-11-25, session 16).
+ * DPO: each timed launch is preceded (untimed) by restoring the logits from a pristine copy and
+ * writing a 256 MiB buffer (nothing of the inputs left in L2; L2 full of dirty lines, as the
+ * fused pass, which writes its gradient, leaves it); the median.
  * A benchmark, not a test: it checks nothing but CUDA errors and the launchers' status.
  */
 #define DPO_NO_MAIN
@@ -339,28 +346,42 @@ static void bench_seg(const cudaDeviceProp &prop, void *flush, size_t flush_byte
     for (int64_t k = 1; k < nseq; ++k) cu[k] = (int32_t)(cut[k - 1] * (double)T);
     cu[nseq] = (int32_t)T;
     cu[17] = cu[16]; /* an empty sequence (the random cuts give a few more) */
-    float *v, *out;
+    /* two copies of the values (each 400 MB, far more than L2): the timed launches alternate */
+    float *vs[2], *out;
     int32_t *cud;
-    CK(cudaMalloc(&v, 4 * T));
+    for (int r = 0; r < 2; ++r) {
+        CK(cudaMalloc(&vs[r], 4 * T));
+        seg_fill<<<1024, 256>>>(vs[r], T);
+        CK(cudaGetLastError());
+    }
     CK(cudaMalloc(&out, 4 * nseq));
     CK(cudaMalloc(&cud, 4 * (nseq + 1)));
-    seg_fill<<<1024, 256>>>(v, T);
-    CK(cudaGetLastError());
     CK(cudaMemcpy(cud, cu.data(), 4 * (nseq + 1), cudaMemcpyHostToDevice));
     const size_t wsb = lf_seg_chunk_ws_bytes(T);
     void *ws;
     CK(cudaMalloc(&ws, wsb));
     CK(cudaMemset(ws, 0, wsb));
-    const char *names[4] = {"lossfuse_chunked", "lossfuse_det", "lossfuse_fast", "plain_read"};
-    for (int m = 0; m < 4; ++m) {
+    /* m < 4: rotated (a read-only pass leaves L2 clean: each launch starts with the other copy's
+     * clean tail in L2, after a 50 us spin that keeps the host's launch latency out); m >= 4: the
+     * old way for comparison, after a 256 MiB write (L2 full of dirty lines that the timed read
+     * then writes back: impl suffix _l2dirty) */
+    const char *names[6] = {"lossfuse_chunked", "lossfuse_det", "lossfuse_fast", "plain_read", "lossfuse_chunked_l2dirty",
+                            "plain_read_l2dirty"};
+    for (int m = 0; m < 6; ++m) {
+        const int k = m == 4 ? 0 : m == 5 ? 3 : m;
         std::vector<float> t;
-        for (int it = 0; it < 12; ++it) {
-            CK(cudaMemsetAsync(flush, it & 0xff, flush_bytes));
-            if (m == 2) CK(cudaMemsetAsync(out, 0, 4 * nseq));
+        for (int it = 0; it < 14; ++it) {
+            const float *v = vs[it & 1];
+            if (m >= 4) CK(cudaMemsetAsync(flush, it & 0xff, flush_bytes));
+            if (k == 2) CK(cudaMemsetAsync(out, 0, 4 * nseq));
+            if (m < 4) {
+                bench_delay<<<1, 1>>>(50000);
+                CK(cudaGetLastError());
+            }
             CK(cudaEventRecord(e0));
-            if (m == 0) seg_chunk_kernel<<<(unsigned)(prop.multiProcessorCount * SEG_CTAS_PER_SM), 256>>>(cud, nseq, T, v, out, ws);
-            else if (m == 1) seg_det_kernel<<<(unsigned)(prop.multiProcessorCount * 8), 256>>>(cud, nseq, v, out);
-            else if (m == 2) seg_fast_kernel<<<(unsigned)((T + 255) / 256), 256>>>(cud, nseq, v, T, out);
+            if (k == 0) seg_chunk_kernel<<<(unsigned)(prop.multiProcessorCount * SEG_CTAS_PER_SM), 256>>>(cud, nseq, T, v, out, ws);
+            else if (k == 1) seg_det_kernel<<<(unsigned)(prop.multiProcessorCount * 8), 256>>>(cud, nseq, v, out);
+            else if (k == 2) seg_fast_kernel<<<(unsigned)((T + 255) / 256), 256>>>(cud, nseq, v, T, out);
             else plain_read_kernel<<<(unsigned)(prop.multiProcessorCount * 8), 256>>>((const float4 *)v, T / 4, out);
             CK(cudaGetLastError());
             CK(cudaEventRecord(e1));
@@ -368,11 +389,11 @@ static void bench_seg(const cudaDeviceProp &prop, void *flush, size_t flush_byte
             if (it >= 2) t.push_back(ms);
         }
         printf("RESULT impl=%s mode=segsum N=%lld V=%lld dtype=fp32 ms=%.4f bytes=%zu extra_bytes=%zu status=ok\n", names[m],
-               (long long)T, (long long)nseq, median(t), (size_t)4 * T, m == 0 ? wsb : (size_t)0);
+               (long long)T, (long long)nseq, median(t), (size_t)4 * T, k == 0 ? wsb : (size_t)0);
         fflush(stdout);
     }
     CK(cudaFree(ws));
-    CK(cudaFree(v));
+    for (int r = 0; r < 2; ++r) CK(cudaFree(vs[r]));
     CK(cudaFree(out));
     CK(cudaFree(cud));
 }
@@ -380,9 +401,11 @@ static void bench_seg(const cudaDeviceProp &prop, void *flush, size_t flush_byte
 int main(int argc, char **argv)
 {
     std::string shapes = "8192x32768,8192x151936";
+    std::string modes = "pref,segsum,dpo";
     int iters = 10, nseq = 16;
     for (int i = 1; i < argc; ++i) {
-        if (!strcmp(argv[i], "--shapes") && i + 1 < argc) shapes = argv[++i];
+        if (!strcmp(argv[i], "--modes") && i + 1 < argc) modes = argv[++i];
+        else if (!strcmp(argv[i], "--shapes") && i + 1 < argc) shapes = argv[++i];
         else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--seqs") && i + 1 < argc) nseq = atoi(argv[++i]) & ~1;
     }
@@ -399,11 +422,13 @@ int main(int argc, char **argv)
     const size_t flush_bytes = 256u << 20;
     void *flush;
     CK(cudaMalloc(&flush, flush_bytes));
-    for (int mode = 0; mode < 5; ++mode) bench_pref(mode, e0, e1);
-    bench_seg(prop, flush, flush_bytes, e0, e1);
+    auto want = [&](const char *m) { return ("," + modes + ",").find("," + std::string(m) + ",") != std::string::npos; };
+    if (want("pref"))
+        for (int mode = 0; mode < 5; ++mode) bench_pref(mode, e0, e1);
+    if (want("segsum")) bench_seg(prop, flush, flush_bytes, e0, e1);
     size_t pos = 0;
     int64_t T, V;
-    while (bench_next_shape(shapes, &pos, &T, &V)) bench_dpo(T, V, nseq < 2 ? 2 : nseq, iters, flush, flush_bytes, e0, e1);
+    while (want("dpo") && bench_next_shape(shapes, &pos, &T, &V)) bench_dpo(T, V, nseq < 2 ? 2 : nseq, iters, flush, flush_bytes, e0, e1);
     CK(cudaFree(flush));
     return 0;
 }

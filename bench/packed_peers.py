@@ -22,8 +22,9 @@ Run (on a GPU machine, from the repository root):
                precomputed per-value sequence ids, not timed) and torch_segment_reduce
                (torch.segment_reduce(v, "sum", lengths=...)).
 
-Timing of dpo and segsum as in bench/torch_peers.py (L2 flushed before each, CUDA events, the
-median); prints DEVICE / COPY / RESULT lines for bench/report.py.
+Timing as in bench/torch_peers.py (CUDA events, the median): dpo with L2 flushed before each
+call; segsum (read-only) alternating between two copies of the values after a GPU spin, as
+bench_packed times it; prints DEVICE / COPY / RESULT lines for bench/report.py.
 """
 import argparse
 import os
@@ -174,23 +175,25 @@ def bench_segsum(dev, iters):
     bounds = torch.cat([torch.zeros(1, dtype=torch.int64, device="cuda"), cuts, torch.full((1,), T, device="cuda")])
     lengths = bounds[1:] - bounds[:-1]
     seq_id = torch.repeat_interleave(torch.arange(nseq, device="cuda"), lengths)
-    v = torch.rand(T, device="cuda", generator=g)
+    # two copies, alternated: a read-only pass leaves L2 clean, so each timed call starts with
+    # the other copy's tail in L2 and no dirty lines to write back (as bench_packed's segsum)
+    vs = [torch.rand(T, device="cuda", generator=g) for _ in range(2)]
     ops = {
-        "torch_index_add": lambda: torch.zeros(nseq, device="cuda").index_add_(0, seq_id, v),
-        "torch_segment_reduce": lambda: torch.segment_reduce(v, "sum", lengths=lengths),
+        "torch_index_add": lambda v: torch.zeros(nseq, device="cuda").index_add_(0, seq_id, v),
+        "torch_segment_reduce": lambda v: torch.segment_reduce(v, "sum", lengths=lengths),
     }
     for name, op in ops.items():
         status, ms = "ok", float("nan")
         try:
-            for _ in range(3):
-                op()
-            ms = statistics.median([dev.time_once(op) for _ in range(iters)])
+            for i in range(3):
+                op(vs[i & 1])
+            ms = statistics.median([dev.time_once(lambda i=i: op(vs[i & 1]), flush=False) for i in range(iters)])
         except Exception as e:  # noqa: BLE001
             status = "ERROR"
             out(f"ERROR segsum {name}: {one_line(e)}")
         ms_s = "nan" if ms != ms else f"{ms:.4f}"
         out(f"RESULT impl={name} mode=segsum N={T} V={nseq} dtype=fp32 ms={ms_s} bytes={4 * T} extra_bytes=nan status={status}")
-    del v, seq_id
+    del vs, seq_id
     dev.free()
 
 
