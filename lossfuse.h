@@ -31,6 +31,7 @@
  *   3b. Dual state of two distributions (lf_dual): both lse, entropies, forward and reverse KL
  *   3c. Scalar pair losses with derivatives: softplus, log-sigmoid, DPO (sigmoid / cDPO, hinge,
  *       IPO), SimPO, Bradley-Terry with a soft target, hinge with margin
+ *   3d. Order-free sums of floats (lf_xsum): exact, bit-identical in any order
  *   4. Logit transform (scale, softcap)
  *   5. Packed sequences: segment lookup, next-token label shift
  *   6. Host validation (labels, cu_seqlens, options)
@@ -596,6 +597,88 @@ LF_HD float lf_hinge_margin(float diff, float y, float margin, float scale, floa
     float z = margin - y * scale * diff;
     if (d) *d = z > 0.0f ? -y * scale : (z == z ? 0.0f : z);
     return z > 0.0f ? z : (z == z ? 0.0f : z);
+}
+
+/* ============================================================================================
+ * 3d. Order-free sums of floats (lf_xsum)
+ *    A finite float is exactly M 2^(E - 150): M < 2^24 an integer (the significand with its
+ *    hidden bit), E = max(biased exponent, 1). lf_xsum holds the EXACT sum of any set of finite
+ *    floats as LF_XSUM_BUCKETS signed 64-bit integers: bucket E >> 3 counts in units of
+ *    2^(8 (E >> 3) - 150), and a value adds M << (E & 7) (below 2^31 in magnitude) to it, so a
+ *    bucket takes 2^32 adds without overflow; NaN, +inf and -inf are counted apart. Integer
+ *    addition commutes and associates: the buckets, and lf_xsum_value's double made from them,
+ *    are the same bits whatever order the values came in and however the sums were split and
+ *    merged. That is what lets a kernel hand its rows out dynamically (whichever CTA is free
+ *    takes the next row) and still report a batch sum bit-identical run to run, which a double
+ *    running sum per CTA is not (its rounding depends on which rows the CTA got).
+ *      lf_xsum s; lf_xsum_init(&s);  lf_xsum_add(&s, v) ...  lf_xsum_merge(&s, &t);
+ *      double total = lf_xsum_value(&s);   NaN if any NaN or both infinities, else +-inf if one
+ *    lf_xsum_value rounds each bucket to double and adds them from the largest: relative error
+ *    ~1e-15 of the sum of magnitudes, a fixed function of the buckets. At most 2^32 adds (and
+ *    merged adds) in all. On the device, lossfuse_cuda.cuh's lf_xsum_atomic_add adds a value to
+ *    a sum in global memory with one integer reduction, from any thread in any order.
+ * ========================================================================================== */
+
+#define LF_XSUM_BUCKETS 32
+typedef struct lf_xsum {
+    long long b[LF_XSUM_BUCKETS]; /* bucket i: units of 2^(8 i - 150) */
+    unsigned int nan, pinf, ninf, pad;
+} lf_xsum;
+
+LF_HD void lf_xsum_init(lf_xsum *s) { memset(s, 0, sizeof *s); }
+
+/* The bucket and the signed integer a finite float adds there; 0 for NaN / inf (whose kind is
+ * *special: 1 NaN, 2 +inf, 3 -inf). */
+LF_HD long long lf_xsum_term(float v, int *bucket, int *special)
+{
+    uint32_t u;
+    memcpy(&u, &v, sizeof u);
+    const uint32_t e = (u >> 23) & 255u, mant = u & 0x7fffffu;
+    if (e == 255u) {
+        *special = mant ? 1 : (u >> 31) ? 3 : 2;
+        *bucket = 0;
+        return 0;
+    }
+    const uint32_t ee = e ? e : 1u; /* subnormals: M = mant, E = 1 */
+    const long long m = (long long)((e ? 0x800000u : 0u) | mant) << (ee & 7u);
+    *special = 0;
+    *bucket = (int)(ee >> 3);
+    return (u >> 31) ? -m : m;
+}
+
+LF_HD void lf_xsum_add(lf_xsum *s, float v)
+{
+    int b, sp;
+    const long long t = lf_xsum_term(v, &b, &sp);
+    if (sp == 1) ++s->nan;
+    else if (sp == 2) ++s->pinf;
+    else if (sp == 3) ++s->ninf;
+    else s->b[b] += t;
+}
+
+LF_HD void lf_xsum_merge(lf_xsum *s, const lf_xsum *t)
+{
+    for (int i = 0; i < LF_XSUM_BUCKETS; ++i) s->b[i] += t->b[i];
+    s->nan += t->nan;
+    s->pinf += t->pinf;
+    s->ninf += t->ninf;
+}
+
+LF_HD double lf_xsum_value(const lf_xsum *s)
+{
+    if (s->nan || (s->pinf && s->ninf)) return (double)NAN;
+    if (s->pinf) return (double)INFINITY;
+    if (s->ninf) return -(double)INFINITY;
+    double r = 0.0;
+    for (int i = LF_XSUM_BUCKETS - 1; i >= 0; --i) {
+        if (s->b[i] == 0) continue;
+        /* 2^(8 i - 150), a normal double: built from its bits (ldexp is a call on the device) */
+        const uint64_t bits = (uint64_t)(8 * i - 150 + 1023) << 52;
+        double scale;
+        memcpy(&scale, &bits, sizeof scale);
+        r += (double)s->b[i] * scale;
+    }
+    return r;
 }
 
 /* ============================================================================================

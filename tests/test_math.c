@@ -1171,12 +1171,95 @@ static void test_validation(void)
 
 /* ---------------------------------------------------------------------------------------- */
 
+/* lf_xsum: the same buckets and value in any order and any split into merged parts; the value
+ * within 1e-15 of the sum of magnitudes of a compensated long double sum; exact cases a double
+ * running sum gets wrong; the NaN / inf rules. */
+static void test_xsum(void)
+{
+    enum { N = 2000 };
+    float v[N];
+    for (int trial = 0; trial < 20; ++trial) {
+        /* losses as a kernel makes them: mostly 0.1..20, some tiny, some huge, subnormals, zeros,
+         * negative values (a signed upstream gradient) */
+        for (int i = 0; i < N; ++i) {
+            const double r = rng_unif();
+            double x = exp(rng_normal() * 2.0);
+            if (r < 0.02) x = ldexp(rng_unif(), -140); /* subnormal or near */
+            else if (r < 0.04) x = ldexp(1.0 + rng_unif(), (int)rng_int(120) - 60);
+            else if (r < 0.05) x = 0.0;
+            else if (r < 0.06) x = 3e37 * rng_unif();
+            if (trial % 2 && rng_unif() < 0.3) x = -x;
+            v[i] = (float)x;
+        }
+        lf_xsum a, b, c;
+        lf_xsum_init(&a);
+        for (int i = 0; i < N; ++i) lf_xsum_add(&a, v[i]);
+        lf_xsum_init(&b); /* reverse order */
+        for (int i = N - 1; i >= 0; --i) lf_xsum_add(&b, v[i]);
+        lf_xsum_init(&c); /* a random permutation, added in 7 parts merged in another order */
+        int perm[N];
+        for (int i = 0; i < N; ++i) perm[i] = i;
+        for (int i = N - 1; i > 0; --i) {
+            const int j = (int)rng_int(i + 1), t = perm[i];
+            perm[i] = perm[j];
+            perm[j] = t;
+        }
+        lf_xsum part[7];
+        for (int k = 0; k < 7; ++k) lf_xsum_init(&part[k]);
+        for (int i = 0; i < N; ++i) lf_xsum_add(&part[(i * 7) / N], v[perm[i]]);
+        for (int k = 6; k >= 0; --k) lf_xsum_merge(&c, &part[(k * 3) % 7]);
+        CHECK(memcmp(&a, &b, sizeof a) == 0 && memcmp(&a, &c, sizeof a) == 0, "xsum: buckets depend on the order (trial %d)", trial);
+        const double va = lf_xsum_value(&a), vb = lf_xsum_value(&b), vc = lf_xsum_value(&c);
+        CHECK(memcmp(&va, &vb, sizeof va) == 0 && memcmp(&va, &vc, sizeof va) == 0, "xsum: value depends on the order");
+        /* accuracy: a long double compensated sum (Kahan in long double) as the reference */
+        long double s = 0.0L, comp = 0.0L, mag = 0.0L;
+        for (int i = 0; i < N; ++i) {
+            const long double y = (long double)v[i] - comp, t = s + y;
+            comp = (t - s) - y;
+            s = t;
+            mag += fabsl((long double)v[i]);
+        }
+        CHECK(fabsl((long double)va - s) <= 1e-15L * mag, "xsum: %.17g vs %.17Lg (sum of |v| %.3Lg)", va, s, mag);
+    }
+    /* exact small cases: 2^-149 (the smallest subnormal) + 1 - 1 == 2^-149 exactly; 1e30 + 1 -
+     * 1e30 == 1 (a double sum in this order gives 0) */
+    {
+        lf_xsum s;
+        lf_xsum_init(&s);
+        lf_xsum_add(&s, ldexpf(1.0f, -149));
+        lf_xsum_add(&s, 1.0f);
+        lf_xsum_add(&s, -1.0f);
+        CHECK(lf_xsum_value(&s) == ldexp(1.0, -149), "xsum: smallest subnormal lost");
+        lf_xsum_init(&s);
+        lf_xsum_add(&s, 1e30f);
+        lf_xsum_add(&s, 1.0f);
+        lf_xsum_add(&s, -1e30f);
+        CHECK(lf_xsum_value(&s) == 1.0, "xsum: 1e30 + 1 - 1e30 = %.17g, want 1", lf_xsum_value(&s));
+        lf_xsum_init(&s);
+        CHECK(lf_xsum_value(&s) == 0.0, "xsum: empty sum");
+        lf_xsum_add(&s, FLT_MAX);
+        lf_xsum_add(&s, FLT_MAX);
+        CHECK(lf_xsum_value(&s) == 2.0 * (double)FLT_MAX, "xsum: 2 FLT_MAX (the double holds it)");
+        lf_xsum_add(&s, INFINITY);
+        CHECK(lf_xsum_value(&s) == INFINITY, "xsum: +inf");
+        lf_xsum_add(&s, -INFINITY);
+        CHECK(isnan(lf_xsum_value(&s)), "xsum: +inf + -inf is NaN");
+        lf_xsum_init(&s);
+        lf_xsum_add(&s, -INFINITY);
+        lf_xsum_add(&s, 5.0f);
+        CHECK(lf_xsum_value(&s) == -INFINITY, "xsum: -inf");
+        lf_xsum_add(&s, NAN);
+        CHECK(isnan(lf_xsum_value(&s)), "xsum: NaN");
+    }
+}
+
 static void run_all(unsigned long long seed, int exhaustive)
 {
     g_seed = seed;
     g_rng = seed;
     test_lse_accuracy();
     test_lse_order_merge();
+    test_xsum();
     test_lse_special();
     if (exhaustive) test_lse_extremes();
     test_row_stats();
