@@ -62,7 +62,8 @@
  *      lf_atomic_add_aggregated, the deterministic lf_seg_sum_grid (per-sequence sums over
  *      cu_seqlens, a warp per sequence) and lf_seg_sum_chunked (the same at the bandwidth limit
  *      for long buffers: equal token chunks per warp, a small workspace), lf_sorted_run_sum_grid
- *      (after a stable sort by slot), lf_seq_bad
+ *      (after a stable sort by slot), lf_seq_bad; lf_xsum_atomic_add (an order-free sum in
+ *      global memory, lossfuse.h section 3d: the same bits whatever order the adds come in)
  *  10. Context parallelism: lf_cp_local_labels_grid (a rank's labels and positions from the
  *      global ids under the zigzag layout, lossfuse.h section 10)
  *  11. Tensor (vocabulary) parallelism: lf_tp_merge_warp (a row's all-gathered 12-byte shares
@@ -2435,6 +2436,21 @@ static __device__ __forceinline__ void lf_atomic_add_aggregated(float *base, int
     if (slot >= 0 && lane == __ffs((int)grp) - 1) atomicAdd(base + slot, s);
 }
 
+/* Adds v to the order-free sum *dst (lossfuse.h section 3d, lf_xsum) in global memory: one
+ * integer reduction (red.global.add, nothing returned: the thread does not wait), by any thread
+ * of any CTA, in any order; the sum's bits do not depend on it. A kernel reads the total after
+ * all adds are ordered before it (a __threadfence and a completion count, as ce_batch_reduce_xsum
+ * in examples/cross_entropy.cu). */
+static __device__ __forceinline__ void lf_xsum_atomic_add(lf_xsum *dst, float v)
+{
+    int b, sp;
+    const long long t = lf_xsum_term(v, &b, &sp);
+    if (sp == 1) atomicAdd(&dst->nan, 1u);
+    else if (sp == 2) atomicAdd(&dst->pinf, 1u);
+    else if (sp == 3) atomicAdd(&dst->ninf, 1u);
+    else if (t != 0) atomicAdd(reinterpret_cast<unsigned long long *>(&dst->b[b]), (unsigned long long)t);
+}
+
 /* out[k] = sum of v[t] over t in [cu_seqlens[k], cu_seqlens[k+1]) for k < nseq, computed by
  * every thread of the grid together (call it from all threads; no barrier inside): warp w of
  * the grid takes sequences w, w + W, ... (W = warps in the grid); lane l adds tokens l, l+32,
@@ -2992,10 +3008,12 @@ static inline lf_ring_req lf_ring_req_make(int64_t units, int unit_bytes, int64_
 }
 
 /* The plan: clusters of `cluster` CTAs (0: nothing fits), `stages` slices of slice_units
- * units each (dyn_bytes of shared memory), `clusters` clusters (ctas CTAs). */
+ * units each (dyn_bytes of shared memory), `clusters` clusters (ctas CTAs): as few as give the
+ * busiest its row count, for a fixed share of rows each; `resident`: how many such clusters the
+ * device runs at once (a kernel that hands rows out dynamically launches that many). */
 typedef struct lf_ring_plan {
     int cluster, stages;
-    int64_t slice_units, clusters, ctas;
+    int64_t slice_units, clusters, ctas, resident;
     size_t dyn_bytes;
 } lf_ring_plan;
 
@@ -3054,6 +3072,7 @@ static inline cudaError_t lf_ring_plan_make(K kernel, dim3 block, int dev, lf_ri
     const int64_t most = (r.rows + best_groups - 1) / best_groups; /* the busiest cluster's rows */
     out->clusters = (r.rows + most - 1) / most;
     out->ctas = out->clusters * out->cluster;
+    out->resident = best_groups;
     return cudaSuccess;
 }
 

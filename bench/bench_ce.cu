@@ -15,8 +15,9 @@
  * --variants adds
  * impl=lossfuse_streamed (the streaming schedule, its automatic cluster plan) and
  * lossfuse_nocluster (streamed, max_cluster = 1: CTAs re-read their pieces) and, forward only,
- * lossfuse_warp (one warp per row, forced also where the automatic plan streams), so the design
- * choices stay measured; --clusters 0,1,2,4,8 times each cluster cap of the automatic plan
+ * lossfuse_warp (one warp per row, forced also where the automatic plan streams) and
+ * lossfuse_static (the row-resident schedule with a fixed share of rows per CTA instead of rows
+ * handed out by a counter; also alone with --static-rows), so the design choices stay measured; --clusters 0,1,2,4,8 times each cluster cap of the automatic plan
  * (lossfuse_cN); --stages 2,3,4 each stage count of the row-resident schedule (lossfuse_sN).
  * --separate-grad writes the gradient to another buffer instead of in place (same floor bytes).
  * --tag appends to every impl name (bench/tune.sh builds variants with other tile macros).
@@ -27,7 +28,9 @@
  * a fused launch's own dirty lines; measured within 1% of the flush).
  * Built with -DCE_RES_TRACE (bench/prebuild.sh EXTRA=...), each fwdbwd line of the row-resident
  * schedule is followed by a TRACE line: the shares of the row loop's cycles per phase (waiting
- * for the stage, statistics, block merge, cluster exchange, gradient, group barrier + reload).
+ * for the stage, statistics, block merge, cluster exchange, gradient, group barrier + reload),
+ * and TIMES lines: over the last launch's CTAs, when each got its first stage, ended its row
+ * loop and exited (us after the earliest entry: how far apart the CTAs finish).
  * Each RESULT line also says the plan chosen (cluster size, pieces per slice, CTAs).
  * L2 before each timed launch: a launch should start with L2 in the state that a launch of its
  * own kind leaves, filled with other data, so that it pays for its own traffic and no one
@@ -54,7 +57,7 @@ int main(int argc, char **argv)
     std::string shapes = "4096x32768,4096x131072,4096x151936,4096x262144,16384x32768,16384x131072,16384x151936,16384x262144";
     int iters = 20;
     std::string tag; /* appended to impl names: for binaries built with other CE_* tile macros */
-    struct variant { int max_cluster, schedule, stages; std::string name; };
+    struct variant { int max_cluster, schedule, stages; std::string name; int static_rows = 0; };
     std::vector<variant> variants = {{0, CE_SCHED_AUTO, 0, "lossfuse"}};
     bool do_mode[2] = {true, true};
     bool separate = false; /* gradient to another buffer */
@@ -67,6 +70,9 @@ int main(int argc, char **argv)
             variants.push_back({0, CE_SCHED_STREAM, 0, "lossfuse_streamed"});
             variants.push_back({1, CE_SCHED_STREAM, 0, "lossfuse_nocluster"});
             variants.push_back({0, CE_SCHED_WARP, 0, "lossfuse_warp"}); /* forward only */
+            variants.push_back({0, CE_SCHED_AUTO, 0, "lossfuse_static", 1}); /* fixed rows per CTA */
+        } else if (!strcmp(argv[i], "--static-rows")) {
+            variants.push_back({0, CE_SCHED_AUTO, 0, "lossfuse_static", 1});
         } else if (!strcmp(argv[i], "--tag") && i + 1 < argc) tag = argv[++i];
         else if (!strcmp(argv[i], "--separate-grad")) separate = true;
         else if (!strcmp(argv[i], "--fwd-flush")) fwd_flush = true;
@@ -164,6 +170,7 @@ int main(int argc, char **argv)
                 b.max_cluster = va.max_cluster;
                 b.schedule = va.schedule;
                 b.stages = va.stages;
+                b.static_rows = va.static_rows;
                 ce_plan plan;
                 b.plan = &plan;
                 if (!fwd) {
@@ -229,14 +236,31 @@ int main(int argc, char **argv)
                            "xchg=%.3f grad=%.3f bar=%.3f\n", impl.c_str(), fwd ? "fwd" : "fwdbwd", (long long)N, (long long)V, tr[6],
                            tot / (double)(tr[6] ? tr[6] : 1), tr[0] / tot, tr[1] / tot, tr[2] / tot, tr[3] / tot, tr[4] / tot,
                            tr[5] / tot);
+                    /* the last launch's CTAs, us after the first one's entry: when each got its
+                     * first stage, ended its row loop, exited */
+                    const int nb = plan.ctas < 1024 ? plan.ctas : 1024;
+                    std::vector<unsigned long long> tm((size_t)nb * 4);
+                    CK(cudaMemcpyFromSymbol(tm.data(), ce_res_times, tm.size() * 8));
+                    unsigned long long t0 = ~0ull;
+                    for (int b = 0; b < nb; ++b) t0 = std::min(t0, tm[4 * b]);
+                    for (int j = 1; j < 4; ++j) {
+                        std::vector<double> v;
+                        for (int b = 0; b < nb; ++b)
+                            if (tm[4 * b + j] >= t0) v.push_back((double)(tm[4 * b + j] - t0) * 1e-3);
+                        std::sort(v.begin(), v.end());
+                        if (!v.empty())
+                            printf("TIMES impl=%s N=%lld V=%lld %s min=%.1f p10=%.1f med=%.1f p90=%.1f max=%.1f us\n", impl.c_str(),
+                                   (long long)N, (long long)V, j == 1 ? "first_stage" : j == 2 ? "loop_end" : "exit", v[0],
+                                   v[v.size() / 10], v[v.size() / 2], v[v.size() * 9 / 10], v.back());
+                    }
                 }
 #endif
                 printf("RESULT impl=%s%s mode=%s N=%lld V=%lld dtype=bf16 ms=%.4f bytes=%zu extra_bytes=%zu status=ok "
-                       "schedule=%s cluster=%d pieces=%d stages=%d ctas=%d\n", impl.c_str(), mode == 2 ? "_l2dirty" : mode == 3 ? "_rnone" : mode == 4 ? "_rot" : mode == 5 ? "_divgiven" : "",
+                       "schedule=%s cluster=%d pieces=%d stages=%d ctas=%d dynamic=%d\n", impl.c_str(), mode == 2 ? "_l2dirty" : mode == 3 ? "_rnone" : mode == 4 ? "_rot" : mode == 5 ? "_divgiven" : "",
                        fwd ? "fwd" : "fwdbwd", (long long)N, (long long)V, median(t), floor_bytes, wsb,
                        plan.schedule == CE_SCHED_RESIDENT ? "resident" : plan.schedule == CE_SCHED_WARP ? "warp" : "streamed",
                        plan.cluster, plan.pieces, plan.stages,
-                       plan.ctas);
+                       plan.ctas, plan.dynamic);
                 fflush(stdout);
             }
         }

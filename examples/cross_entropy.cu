@@ -23,7 +23,9 @@
  *   computes while the other reduces or waits. Rows wider than a stage are split over a cluster
  *   of 2..16 CTAs, which exchange their 28-byte statistics through distributed shared memory
  *   without a cluster barrier (lf_cluster_stats_post / _collect). Every element is read from HBM
- *   once, then from shared memory, never again from L2.
+ *   once, then from shared memory, never again from L2. Without clusters the rows are handed out
+ *   by an atomic counter (ce_args.static_rows = 0, the default), so that CTAs on faster SMs take
+ *   more of them; the batch sum is exact and order-free, so the bits do not change.
  *   Streamed (any GPU; forward only over few rows, and rows too short for the resident ring):
  *   persistent CTAs of 256 threads (three per SM) stage rows in shared memory with cp.async: two
  *   32 KB buffers each, so the copies of the next piece are in flight while the current one is reduced
@@ -54,9 +56,10 @@
  *   - A label outside [0, V) that is not ignore_index adds 1 to *n_errors; that row, like an
  *     ignored row, has loss 0, zero gradient and weight 0. All rows ignored: loss 0, grad 0.
  *   - A NaN or +inf logit in a valid row makes that row's loss NaN and its gradient NaN.
- *   - The batch loss is summed in a fixed order (per-row values in the workspace, or in the
- *     row-resident schedule each CTA's running sums of its rows, summed in double by the last
- *     CTA to finish): bit-identical run to run on one device. No float atomics.
+ *   - The batch loss never depends on timing: per-row values in the workspace summed in a fixed
+ *     order by the last CTA to finish, or in the row-resident schedule an exact, order-free sum
+ *     (lossfuse.h lf_xsum: integer buckets, integer atomics) that is the same bits whichever CTA
+ *     took which row. Bit-identical run to run on one device. No float atomics.
  *   - No host synchronisation; CUDA-graph capturable; N = 0 launches no kernel.
  *
  * Sections: 1. API   2. kernels   3. launcher   4. main (make data, check, time)
@@ -103,6 +106,11 @@ typedef struct ce_args {
     int schedule;         /* CE_SCHED_AUTO (0), _STREAM, _RESIDENT or _WARP: see ce_schedule */
     int stages;           /* row-resident schedule: shared-memory stages per CTA, 3..8 (more than its
                            * two warp groups); 0 automatic */
+    int static_rows;      /* row-resident schedule: 0 (default) hands the rows out from an atomic
+                           * counter where rows are not split over clusters, so that a CTA on a
+                           * faster SM takes more of them; 1: CTA c takes rows c, c + grid, ...
+                           * The results are the same bits either way (the batch sum is order-free,
+                           * lossfuse.h lf_xsum) */
     struct ce_plan *plan; /* optional host out: the launch configuration chosen */
 } ce_args;
 
@@ -131,6 +139,7 @@ typedef struct ce_plan {
     int stages;    /* resident: row slices staged per CTA (0 when streamed) */
     int clusters;  /* persistent clusters (or CTAs) launched */
     int ctas;      /* CTAs launched */
+    int dynamic;   /* resident: rows handed out by an atomic counter (else a fixed share per CTA) */
 } ce_plan;
 
 /* Arguments with every option at its default: the caller sets pointers and sizes. */
@@ -145,8 +154,8 @@ static ce_args ce_args_default(void)
     return a;
 }
 
-/* Workspace: a 64-byte header (completion counters, the default divisor and its partial sums)
- * and two floats per row.
+/* Workspace: a 672-byte header (completion counters, the default divisor and its partial sums,
+ * the row-resident schedule's row counter and order-free batch sums) and two floats per row.
  * Zero it once after allocating (cudaMemsetAsync); every launch leaves the counter at zero
  * again, so graph replays need nothing. One workspace per launch in flight. */
 #define CE_DIV_MAX_CTAS 6
@@ -155,8 +164,11 @@ typedef struct ce_ws_header {
     float divisor;
     unsigned div_done;                /* the divisor kernel's CTAs done (back to 0 by the last) */
     double div_part[CE_DIV_MAX_CTAS]; /* their partial sums */
+    unsigned long long row_next;      /* row-resident, dynamic: the next row to hand out (back to 0 by the last CTA) */
+    unsigned long long pad_[7];
+    lf_xsum xs[2];                    /* row-resident: the batch's loss and z sums (back to 0 by the last CTA) */
 } ce_ws_header;
-static_assert(sizeof(ce_ws_header) == 64, "the workspace header is 64 bytes");
+static_assert(sizeof(ce_ws_header) == 672, "the workspace header is 672 bytes");
 
 static size_t ce_workspace_bytes(int64_t n_rows)
 {
@@ -284,12 +296,12 @@ static __device__ __forceinline__ void ce_store_row_loss(const P &p, int64_t row
 }
 
 /* The outputs of a valid row, by one thread: per-row values, and the row's loss (and z term)
- * where the reduction finds them: in the workspace per row, or with acc (a reduction's running
- * sums of this thread, see ce_batch_reduce) added to acc[0] and acc[1]. x_y is the label's raw
- * logit. */
+ * where the reduction finds them: in the workspace per row, or added to the order-free sums
+ * acc[0] and acc[1] in global memory (integer reductions: lf_xsum_atomic_add; see
+ * ce_batch_reduce_xsum). x_y is the label's raw logit. */
 template <bool FULL, bool SOFTCAP>
 static __device__ __forceinline__ void ce_row_outputs(const ce_kparams &p, int64_t row, int64_t y, const lf_row_stats &rs,
-                                                      float x_y, double *acc = nullptr)
+                                                      float x_y, lf_xsum *acc = nullptr)
 {
     const float lse = lf_lse_final(rs.lse);
     const float w_y = p.class_w ? __ldg(p.class_w + y) : 1.0f;
@@ -307,8 +319,8 @@ static __device__ __forceinline__ void ce_row_outputs(const ce_kparams &p, int64
     if (FULL && p.argmax) p.argmax[row] = rs.am.i;
     if (FULL && p.n_correct && rs.am.i == (int32_t)y) atomicAdd(p.n_correct, 1u);
     if (acc) {
-        acc[0] += (double)loss;
-        acc[1] += (double)zterm;
+        lf_xsum_atomic_add(&acc[0], loss);
+        if (p.z_out) lf_xsum_atomic_add(&acc[1], zterm);
     } else {
         ce_store_row_loss(p, row, loss, zterm);
     }
@@ -329,14 +341,10 @@ static __device__ __forceinline__ void ce_row_outputs_zero(const ce_kparams &p, 
 /* Last-CTA-done batch sum (sum / mean), called by every thread of each of the `ncount` CTAs that
  * wrote per-row losses, after their last write: each publishes its rows and counts itself; the CTA
  * that completes the count sums all rows in a fixed order, so the total never depends on timing.
- * parts: instead of per-row values, CTA b has written the running sums of its rows (loss, z; each
- * added in the CTA's fixed row order) to ce_parts(p)[2b], [2b + 1], and the last CTA adds those in
- * order: its tail then reads 16 bytes per CTA, not 8 per row (the workspace holds them when
- * n_rows >= 2 ncount). fin: THREADS/32 doubles of scratch; bar: the threads' barrier (lf_block_bar). */
-static __device__ __forceinline__ double *ce_parts(const ce_kparams &p) { return reinterpret_cast<double *>(p.ws_loss); }
+ * fin: THREADS/32 doubles of scratch; bar: the threads' barrier (lf_block_bar). */
 template <int THREADS>
 static __device__ __forceinline__ void ce_batch_reduce(const ce_kparams &p, unsigned long long ncount, double *fin,
-                                                       int *is_last, int bar = 0, bool parts = false)
+                                                       int *is_last, int bar = 0)
 {
     if (threadIdx.x == 0) {
         __threadfence();
@@ -348,14 +356,7 @@ static __device__ __forceinline__ void ce_batch_reduce(const ce_kparams &p, unsi
     double a = 0.0, bz = 0.0;
     /* eight rows per step, their loads issued together: the tail of the launch waits for this */
     const bool zs = p.z_out != nullptr;
-    if (parts) {
-        const double *pp = ce_parts(p);
-        for (int64_t b = threadIdx.x; b < (int64_t)ncount; b += THREADS) {
-            a += __ldcg(pp + 2 * b);
-            bz += __ldcg(pp + 2 * b + 1);
-        }
-    }
-    for (int64_t i = threadIdx.x; !parts && i < p.n_rows; i += 8 * THREADS) {
+    for (int64_t i = threadIdx.x; i < p.n_rows; i += 8 * THREADS) {
         float l[8], z[8];
 #pragma unroll
         for (int u = 0; u < 8; ++u) {
@@ -382,6 +383,49 @@ static __device__ __forceinline__ void ce_batch_reduce(const ce_kparams &p, unsi
         if (p.z_out) p.z_out[0] = (float)bz;
         p.ws->rows_done = 0; /* ready for the next launch (or graph replay) */
     }
+}
+
+/* The row-resident kernel's end, by every thread of one group (THREADS, barrier bar) of each of
+ * the `ncount` CTAs, after all its rows: the rows' losses and z terms have been added to the
+ * workspace's order-free sums p.ws->xs (lf_xsum_atomic_add, by the thread that wrote each row);
+ * the CTA counts itself, and the CTA that completes the count turns the sums into the loss (the
+ * same bits whichever CTA took which row: the dynamic row counter needs that) and leaves the
+ * workspace ready for the next launch: sums, counters and the row counter back to 0. With
+ * reduction none only the counters (the dynamic schedule's row counter must be reset).
+ * xf: 2 lf_xsum of shared scratch, 8-byte aligned. */
+template <int THREADS>
+static __device__ __forceinline__ void ce_batch_reduce_xsum(const ce_kparams &p, unsigned long long ncount, lf_xsum *xf,
+                                                            int *is_last, int bar)
+{
+    if (threadIdx.x == 0) {
+        __threadfence(); /* after the CTA's barrier: every thread's reductions before the count */
+        *is_last = atomicAdd(&p.ws->rows_done, 1ull) == ncount - 1;
+    }
+    lf_block_bar<THREADS>(bar);
+    if (!*is_last) return;
+    __threadfence();
+    constexpr int W = (int)(sizeof(lf_xsum) / 8);
+    static_assert(THREADS >= 2 * W, "a thread per 8-byte word of the two sums");
+    const bool red = p.reduction != LF_REDUCE_NONE;
+    if (red && threadIdx.x < 2 * W) { /* read (from L2, where the atomics landed) and clear */
+        unsigned long long *g = reinterpret_cast<unsigned long long *>(p.ws->xs) + threadIdx.x;
+        reinterpret_cast<unsigned long long *>(xf)[threadIdx.x] = __ldcg(g);
+        *g = 0ull;
+    }
+    lf_block_bar<THREADS>(bar);
+    if (threadIdx.x != 0) return;
+    if (red) {
+        double a = lf_xsum_value(&xf[0]), bz = lf_xsum_value(&xf[1]);
+        if (p.reduction == LF_REDUCE_MEAN) {
+            const double d = (double)ce_mean_divisor(p);
+            a = d == 0.0 ? a * 0.0 : a / d; /* 0, or NaN when a row is NaN: never hidden */
+            bz = d == 0.0 ? bz * 0.0 : bz / d;
+        }
+        p.loss[0] = (float)a;
+        if (p.z_out) p.z_out[0] = (float)bz;
+    }
+    p.ws->row_next = 0ull;
+    p.ws->rows_done = 0; /* ready for the next launch (or graph replay) */
 }
 
 /* Whether this thread holds the label's raw logit, and then *x_y: as its edge element (head or
@@ -748,7 +792,15 @@ __global__ void __launch_bounds__(CE_THREADS, CE_CTAS_PER_SM) ce_kernel(const ce
  * was last loaded with): a parity wait must not start before the stage's previous use has
  * completed, or it would return at once on that older phase.
  *   One CTA per SM (the ring takes most of the shared memory); a cluster takes consecutive
- * blockIdx.x and processes the same rows; every CTA counts itself for the batch sum. */
+ * blockIdx.x and processes the same rows; every CTA counts itself for the batch sum.
+ *   Which rows a CTA takes: a cluster takes a fixed share (cid, cid + nclusters, ...). Without
+ * clusters (dyn) the rows are handed out by an atomic counter in the workspace when a stage is
+ * reloaded (drawn after the stage's row is known to be valid, its label loaded and its slice
+ * prefetched into L2 during the statistics pass, so that nothing waits for the draw): measured
+ * on an H200, CTAs with a fixed share each finished up to 17% apart (some SMs get more of the
+ * memory bandwidth), and the launch lasts as long as the slowest. A draw past the last row ends
+ * the group: it passes the end on to its stage's next user and stops. The batch sums are the
+ * CTAs' order-free sums (ce_batch_reduce_xsum), so the results do not depend on who took what. */
 #ifndef CE_RES_GROUP
 #define CE_RES_GROUP 256 /* threads per warp group */
 #endif
@@ -779,6 +831,15 @@ __global__ void __launch_bounds__(CE_THREADS, CE_CTAS_PER_SM) ce_kernel(const ce
  * 7 cycles from the start to the end of the row loop); bench_ce prints the shares. */
 #ifdef CE_RES_TRACE
 __device__ unsigned long long ce_res_trace[8];
+/* and per CTA (the first 1024), %globaltimer ns at: entry, its first stage landed, the end of its
+ * row loop (the later group), its exit (sum / mean) */
+__device__ unsigned long long ce_res_times[1024][4];
+static __device__ __forceinline__ unsigned long long ce_gtime(void)
+{
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
 #define CE_TR(i)                                                                                   \
     do {                                                                                           \
         if (threadIdx.x == 0) {                                                                    \
@@ -793,16 +854,21 @@ __device__ unsigned long long ce_res_trace[8];
     } while (0)
 #endif
 
-template <typename T, bool GRAD, bool FULL, bool SOFTCAP>
+template <typename T, bool GRAD, bool FULL, bool SOFTCAP, bool DYN>
 __global__ void __launch_bounds__(CE_RES_THREADS, 1)
     ce_resident_kernel(const ce_kparams p, int nranks, int nstages, int stage_vecs, int nclusters)
 {
+    /* DYN, a template parameter: measured on an H200, the dynamic code compiled into the kernel
+     * but not taken (a runtime flag) made the clustered rows 3% slower (bench/RESULTS.md) */
+    constexpr bool dyn = DYN;
     constexpr int TH = CE_RES_GROUP, G = CE_RES_GROUPS; /* the collectives run per group */
 #ifdef CE_RES_TRACE
     unsigned long long tr_[6] = {0, 0, 0, 0, 0, 0};
     const long long t0_ = clock64();
     long long tl_ = t0_;
     unsigned long long rows_ = 0;
+    if (threadIdx.x == 0 && threadIdx.y == 0 && blockIdx.x < 1024) ce_res_times[blockIdx.x][0] = ce_gtime();
+    bool first_ = true;
 #endif
     /* TH >= 64: a one-warp group's block merge has no barrier, which the label logit hand-off
      * (xy_s) relies on */
@@ -810,25 +876,27 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
     extern __shared__ uint4 ce_smem[]; /* [nstages][stage_vecs] */
     __shared__ uint64_t full[CE_RES_MAX_STAGES];   /* a stage's slice has landed (phase per use) */
     __shared__ int64_t stage_y[CE_RES_MAX_STAGES];  /* the label of the row in the stage */
+    __shared__ int64_t stage_row[CE_RES_MAX_STAGES]; /* the row in the stage; -1: no more rows (dynamic) */
     __shared__ int64_t stage_k[CE_RES_MAX_STAGES];  /* the ticket: local row last loaded, -1 none */
     __shared__ int64_t stage_y0[CE_RES_MAX_STAGES + CE_RES_PREFETCH]; /* labels of the first rows */
-    __shared__ lf_row_stats red[G][CE_SLOTS][TH / 32];
+    __shared__ __align__(16) lf_row_stats red[G][CE_SLOTS][TH / 32];
     __shared__ lf_row_stats xs[G][2][16];           /* cluster exchange: per group, two sets */
     __shared__ uint64_t xbar[G][2];
     __shared__ unsigned am_key[G][CE_SLOTS];
     __shared__ int am_nan[G][CE_SLOTS];
     __shared__ float xy_s[G][CE_SLOTS];
-    __shared__ double fin[TH / 32];
-    __shared__ double part_s[G][2];
     __shared__ int is_last;
 
     const int grp = (int)threadIdx.y, bar = 1 + grp;
     const int rank = (int)(blockIdx.x % nranks);
     const int64_t cid = blockIdx.x / nranks, N = p.n_rows, V = p.vocab;
-    const int64_t my_rows = cid < N ? (N - 1 - cid) / nclusters + 1 : 0;
-    /* sum / mean: thread 0 of each group adds up the losses it writes (ce_batch_reduce's parts) */
-    const bool parts = p.reduction != LF_REDUCE_NONE && N >= 2 * (int64_t)gridDim.x;
-    double acc[2] = {0.0, 0.0};
+    /* Rows: static, this cluster's cid, cid + nclusters, ... (local row k is the k-th); dynamic
+     * (dyn, no clusters, at most two groups), whichever row the workspace's counter hands out when
+     * a stage is reloaded, until it passes N. */
+    const int64_t my_rows = dyn ? INT64_MAX : cid < N ? (N - 1 - cid) / nclusters + 1 : 0;
+    /* sum / mean: the thread that writes a row's outputs adds its loss to the workspace's
+     * order-free sums (ce_batch_reduce_xsum) */
+    const bool sums = p.reduction != LF_REDUCE_NONE;
     if (threadIdx.x == 0 && grp == 0) {
         for (int q = 0; q < nstages; ++q) {
             lf_mbar_init(&full[q], 1);
@@ -844,8 +912,8 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
         am_key[grp][threadIdx.x] = lf_argmax_key(-LF_INF_F);
         am_nan[grp][threadIdx.x] = INT_MAX;
     }
-    /* the first rows' labels (the ring's, then the prefetched ones), in parallel */
-    if (grp == G - 1 && (int)threadIdx.x < nstages + CE_RES_PREFETCH && threadIdx.x < my_rows)
+    /* static: the first rows' labels (the ring's, then the prefetched ones), in parallel */
+    if (!dyn && grp == G - 1 && (int)threadIdx.x < nstages + CE_RES_PREFETCH && threadIdx.x < my_rows)
         stage_y0[threadIdx.x] = ce_label(p, cid + (int64_t)threadIdx.x * nclusters);
     __syncthreads();
     if (nranks > 1) lf_cluster_sync(); /* every CTA's mbarriers exist before any post */
@@ -855,22 +923,23 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
     float inv_div = GRAD && p.reduction == LF_REDUCE_MEAN ? -1.0f : 1.0f;
     const float dl_all = (GRAD && p.dloss && p.reduction != LF_REDUCE_NONE) ? p.dloss[0] : 1.0f;
 
-    /* The body slice of local row kk this CTA takes: its address and bytes (0: an ignored or bad
-     * row, nothing to load). */
-    auto slice_of = [&](int64_t kk, int64_t y, const uint4 **src) -> uint32_t {
-        const T *x = (const T *)p.logits + (cid + kk * nclusters) * p.stride;
+    /* The body slice of `row` this CTA takes: its address and bytes (0: an ignored or bad row,
+     * nothing to load). */
+    auto slice_of = [&](int64_t row, int64_t y, const uint4 **src) -> uint32_t {
+        const T *x = (const T *)p.logits + row * p.stride;
         const lf_row_span sp = lf_row_span_make(x, V);
         int sb = 0, se = 0;
         if (y != p.ignore_index && y >= 0 && y < V) lf_row_slice(sp, rank, nranks, &sb, &se);
         *src = reinterpret_cast<const uint4 *>(x + sp.head) + sb;
         return (uint32_t)(se - sb) * 16u;
     };
-    /* Load local row kk (label y) into stage q: by one thread. */
-    auto load = [&](int q, int64_t kk, int64_t y) {
+    /* Load `row` (label y; -1: none, no more rows) into stage q as local row kk: by one thread. */
+    auto load = [&](int q, int64_t kk, int64_t row, int64_t y) {
         stage_y[q] = y; /* published by the arrive (release) */
+        stage_row[q] = row;
         lf_ticket_store(&stage_k[q], kk); /* release: ordered after this stage's previous phase */
         const uint4 *src;
-        const uint32_t bytes = slice_of(kk, y, &src);
+        const uint32_t bytes = row >= 0 ? slice_of(row, y, &src) : 0u;
         if (bytes == 0) {
             lf_mbar_arrive(&full[q]);
         } else {
@@ -878,16 +947,28 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
             lf_bulk_load(ce_smem + (size_t)q * stage_vecs, src, bytes, &full[q]);
         }
     };
-    /* Prefetch local row kk (label y) into L2, if it exists and is valid: by one thread. */
-    auto prefetch = [&](int64_t kk, int64_t y) {
-        if (CE_RES_PREFETCH == 0 || kk >= my_rows) return;
+    /* Prefetch `row` (label y) into L2, if it exists and is valid: by one thread. */
+    auto prefetch = [&](int64_t row, int64_t y) {
+        if (CE_RES_PREFETCH == 0 || row < 0 || row >= N) return;
         const uint4 *src;
-        const uint32_t bytes = slice_of(kk, y, &src);
+        const uint32_t bytes = slice_of(row, y, &src);
         if (bytes) lf_bulk_prefetch_l2(src, bytes);
     };
+    /* static: local row kk's row, -1 past this cluster's share */
+    auto row_of = [&](int64_t kk) -> int64_t { return kk < my_rows ? cid + kk * nclusters : -1; };
     if (threadIdx.x == 0 && grp == 0) {
-        for (int q = 0; q < nstages && q < my_rows; ++q) load(q, q, stage_y0[q]);
-        for (int j = 0; j < CE_RES_PREFETCH; ++j) prefetch(nstages + j, nstages + j < my_rows ? stage_y0[nstages + j] : 0);
+        if (dyn) { /* the ring's first rows: consecutive, from the counter; their labels loaded together */
+            const int64_t r0 = (int64_t)atomicAdd(&p.ws->row_next, (unsigned long long)nstages);
+            int64_t yv[CE_RES_MAX_STAGES];
+#pragma unroll
+            for (int q = 0; q < CE_RES_MAX_STAGES; ++q) yv[q] = q < nstages && r0 + q < N ? ce_label(p, r0 + q) : 0;
+#pragma unroll
+            for (int q = 0; q < CE_RES_MAX_STAGES; ++q)
+                if (q < nstages) load(q, q, r0 + q < N ? r0 + q : -1, yv[q]);
+        } else {
+            for (int q = 0; q < nstages && q < my_rows; ++q) load(q, q, row_of(q), stage_y0[q]);
+            for (int j = 0; j < CE_RES_PREFETCH; ++j) prefetch(row_of(nstages + j), nstages + j < my_rows ? stage_y0[nstages + j] : 0);
+        }
     }
 
     const bool fast = !SOFTCAP && p.class_w == nullptr;
@@ -897,20 +978,21 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
     int q = grp;          /* stage of local row k: k mod nstages (nstages > G) */
     unsigned use_par = 0; /* parity of k / nstages: the stage's phase for row k */
     for (int64_t k = grp; k < my_rows; k += G) {
-        const int64_t row = cid + k * nclusters;
-        const T *x = (const T *)p.logits + row * p.stride;
-        T *out = GRAD ? (T *)p.grad + row * p.grad_stride : nullptr;
-        const lf_row_span sp = lf_row_span_make(x, V);
-        /* loads consumed after the statistics pass (nothing waits for them before) */
+        int64_t row = cid + k * nclusters;         /* static; dynamic: known once the stage has landed */
+        const int64_t k_next = k + nstages;         /* the local row this stage takes next */
+        /* Static: loads consumed after the statistics pass (nothing waits for them before),
+         * issued before the waits: the row's edge elements, the next row's label, and that of the
+         * row after it, prefetched into L2 with the reload. */
         lf_edge_raw eraw;
         eraw.j = -1;
         eraw.bits = 0u;
-        if (rank == 0) eraw = lf_row_edge_issue(x, sp);
-        const float dl = (GRAD && p.dloss && p.reduction == LF_REDUCE_NONE) ? p.dloss[row] : 1.0f;
-        const int64_t k_next = k + nstages; /* the row this stage takes next */
-        const int64_t y_next = (threadIdx.x == 0 && k_next < my_rows) ? ce_label(p, cid + k_next * nclusters) : 0;
-        const int64_t k_pf = k_next + CE_RES_PREFETCH; /* prefetched into L2 with the reload */
-        const int64_t y_pf = (CE_RES_PREFETCH && threadIdx.x == 0 && k_pf < my_rows) ? ce_label(p, cid + k_pf * nclusters) : 0;
+        if (!dyn && rank == 0) {
+            const T *x0 = (const T *)p.logits + row * p.stride;
+            eraw = lf_row_edge_issue(x0, lf_row_span_make(x0, V));
+        }
+        const int64_t y_next = (!dyn && threadIdx.x == 0 && k_next < my_rows) ? ce_label(p, row_of(k_next)) : 0;
+        const int64_t k_pf = k_next + CE_RES_PREFETCH;
+        const int64_t y_pf = (!dyn && CE_RES_PREFETCH && threadIdx.x == 0 && k_pf < my_rows) ? ce_label(p, row_of(k_pf)) : 0;
 
         /* the stage's previous use is over: lane 0 of each warp checks the ticket (acquire; one
          * atomic per warp, not per thread: 256 on one address serialise), __syncwarp orders the
@@ -920,13 +1002,52 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
             }
         __syncwarp();
         lf_mbar_wait(&full[q], use_par);
+#ifdef CE_RES_TRACE
+        if (first_ && threadIdx.x == 0 && grp == 0 && blockIdx.x < 1024) ce_res_times[blockIdx.x][1] = ce_gtime();
+        first_ = false;
+#endif
         CE_TR(0);
+        int64_t r_next = -1; /* dynamic: the row this stage takes next */
+        if (dyn) {
+            row = stage_row[q];
+            if (row < 0) {
+                /* No more rows. This stage's next user (local row k_next, of the other group when
+                 * nstages is odd) must not wait for a load that never comes: the stage passes the
+                 * end on (after the group's barrier: no thread is still waiting on its phase), and
+                 * the group stops. With at most two groups every group meets the end this way
+                 * before it could wait on a stage that an exited group should have reloaded. */
+                lf_block_bar<TH>(bar);
+                if (threadIdx.x == 0) load(q, k_next, -1, 0);
+                break;
+            }
+            /* the next row drawn now, once this one is known to exist (so every draw is used):
+             * its label is loaded after the statistics pass and its slice prefetched into L2
+             * then; it is loaded into the stage at the reload */
+            if (threadIdx.x == 0) {
+                const unsigned long long d = atomicAdd(&p.ws->row_next, 1ull);
+                r_next = d < (unsigned long long)N ? (int64_t)d : -1;
+            }
+            const T *x0 = (const T *)p.logits + row * p.stride;
+            eraw = lf_row_edge_issue(x0, lf_row_span_make(x0, V)); /* rank 0: no clusters */
+        }
+        const T *x = (const T *)p.logits + row * p.stride;
+        T *out = GRAD ? (T *)p.grad + row * p.grad_stride : nullptr;
+        const lf_row_span sp = lf_row_span_make(x, V);
+        const float dl = (GRAD && p.dloss && p.reduction == LF_REDUCE_NONE) ? p.dloss[row] : 1.0f;
+        int64_t y_dyn = 0;
+        auto draw_label = [&]() { /* dynamic, thread 0: the drawn row's label, and its L2 prefetch */
+            if (dyn && threadIdx.x == 0 && r_next >= 0) {
+                y_dyn = ce_label(p, r_next);
+                prefetch(r_next, y_dyn);
+            }
+        };
         const int64_t y = stage_y[q];
         const int status = y == p.ignore_index ? 1 : (y < 0 || y >= V) ? 2 : 0;
         const uint4 *b = ce_smem + (size_t)q * stage_vecs;
         if (status) {
+            draw_label();
             if (GRAD) lf_row_zero<TH, T>(out, V, rank, nranks);
-            if (rank == 0 && threadIdx.x == 0) ce_row_outputs_zero(p, row, status, parts);
+            if (rank == 0 && threadIdx.x == 0) ce_row_outputs_zero(p, row, status, sums);
         } else {
             int sb, se;
             lf_row_slice(sp, rank, nranks, &sb, &se);
@@ -936,6 +1057,7 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
             else lf_piece_stats<TH, T, FULL, SOFTCAP>(st, b, sp, sb, se, p.xf, p.class_w);
             const lf_edge edge = lf_edge_resolve<T>(eraw);
             lf_edge_stats<FULL, SOFTCAP>(st, edge, p.xf, p.class_w);
+            draw_label();
             CE_TR(1);
             {
                 float xv; /* the label's logit, from the thread that holds it; read after the barrier */
@@ -1008,16 +1130,18 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
             }
             /* the row's outputs: thread 0 of the CTA that holds the label */
             if (threadIdx.x == 0 && rank == lf_row_owner_rank<T>(y, sp, nranks))
-                ce_row_outputs<FULL, SOFTCAP>(p, row, y, st, xy_s[grp][rpar], parts ? acc : nullptr);
+                ce_row_outputs<FULL, SOFTCAP>(p, row, y, st, xy_s[grp][rpar], sums ? p.ws->xs : nullptr);
         }
         CE_TR(4);
         /* The whole group is done with the stage: its thread 0 reloads it. (Measured: letting the
          * last warp to finish reload it instead, counted with a shared atomic, is no faster; with a
          * fence before the count it is 9% slower, the fence waiting for the gradient stores.) */
         lf_block_bar<TH>(bar);
-        if (threadIdx.x == 0 && k_next < my_rows) {
-            load(q, k_next, y_next);
-            prefetch(k_pf, y_pf);
+        if (threadIdx.x == 0 && dyn) {
+            load(q, k_next, r_next, y_dyn);
+        } else if (threadIdx.x == 0 && k_next < my_rows) {
+            load(q, k_next, row_of(k_next), y_next);
+            prefetch(row_of(k_pf), y_pf);
         }
         CE_TR(5);
 #ifdef CE_RES_TRACE
@@ -1031,31 +1155,27 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
         }
     }
 #ifdef CE_RES_TRACE
+    if (threadIdx.x == 0 && blockIdx.x < 1024) atomicMax(&ce_res_times[blockIdx.x][2], ce_gtime());
     if (threadIdx.x == 0) {
         for (int j = 0; j < 6; ++j) atomicAdd(&ce_res_trace[j], tr_[j]);
         atomicAdd(&ce_res_trace[6], rows_);
         atomicAdd(&ce_res_trace[7], (unsigned long long)(clock64() - t0_));
     }
 #endif
-    if (threadIdx.x == 0) {
-        part_s[grp][0] = acc[0];
-        part_s[grp][1] = acc[1];
-    }
+    /* each group's thread 0 made the group's reductions into p.ws->xs: ordered before the
+     * count that ce_batch_reduce_xsum takes (besides the barrier below and its own fence) */
+    if (threadIdx.x == 0 && sums) __threadfence();
     __syncthreads();
     if (nranks > 1) lf_cluster_sync(); /* no CTA leaves while a peer may still post to it */
-    if (p.reduction == LF_REDUCE_NONE || grp != 0) return;
-    if (parts && threadIdx.x == 0) { /* the CTA's sums: its groups' in order */
-        double a = part_s[0][0], z = part_s[0][1];
-        for (int g = 1; g < G; ++g) {
-            a += part_s[g][0];
-            z += part_s[g][1];
-        }
-        ce_parts(p)[2 * blockIdx.x] = a;
-        ce_parts(p)[2 * blockIdx.x + 1] = z;
-    }
+    if (grp != 0 || (!sums && !dyn)) return;
     lf_pdl_wait(); /* the divisor is read below (a no-op when waited for already) */
-    /* every CTA may have written row losses (the label's owner writes them): all count */
-    ce_batch_reduce<TH>(p, (unsigned long long)gridDim.x, fin, &is_last, bar, parts);
+    /* every CTA may have rows (the label's owner adds their losses): all count */
+    /* scratch: the block merge's (dead by now; the ring's stages can be smaller than this) */
+    static_assert(sizeof red >= 2 * sizeof(lf_xsum), "red holds two lf_xsum (it is 16-byte aligned)");
+    ce_batch_reduce_xsum<TH>(p, (unsigned long long)gridDim.x, reinterpret_cast<lf_xsum *>(&red[0][0][0]), &is_last, bar);
+#ifdef CE_RES_TRACE
+    if (threadIdx.x == 0 && blockIdx.x < 1024) ce_res_times[blockIdx.x][3] = ce_gtime();
+#endif
 }
 
 /* ---- The warp-per-row schedule (forward only) ----------------------------------------------
@@ -1173,17 +1293,19 @@ static int ce_active_groups(K kernel, int c)
  * resident, the smaller cluster on a tie (each CTA of a cluster exchanges 28 bytes per row with
  * the others). */
 template <typename T, bool GRAD, bool FULL, bool SOFTCAP>
-static lf_status ce_launch_resident(const ce_kparams &p, int max_cluster, int stages, bool forced, bool after_divisor,
-                                    ce_plan *plan, cudaStream_t stream, cudaError_t *cuda_err, bool *launched)
+static lf_status ce_launch_resident(const ce_kparams &p, int max_cluster, int stages, int static_rows, bool forced,
+                                    bool after_divisor, ce_plan *plan, cudaStream_t stream, cudaError_t *cuda_err, bool *launched)
 {
-    auto kernel = ce_resident_kernel<T, GRAD, FULL, SOFTCAP>;
-    static lf_ring_device ring_d[CE_MAX_DEVICES]; /* per instantiation and device: set up once */
+    auto kernel = ce_resident_kernel<T, GRAD, FULL, SOFTCAP, false>;
+    auto kernel_dyn = ce_resident_kernel<T, GRAD, FULL, SOFTCAP, true>;
+    static lf_ring_device ring_d[CE_MAX_DEVICES], ring_dyn_d[CE_MAX_DEVICES]; /* per instantiation and device: set up once */
     *launched = false;
     int dev = 0;
     CE_CHECK(cudaGetDevice(&dev));
     if (dev < 0 || dev >= CE_MAX_DEVICES) return LF_ERR_DEVICE;
     CE_CHECK(lf_ring_setup(kernel, dev, &ring_d[dev]));
     if (ring_d[dev].dyn_max <= 0) return forced ? LF_ERR_DEVICE : LF_OK;
+    if (p.n_rows >= ((int64_t)1 << 32)) return forced ? LF_ERR_SIZE : LF_OK; /* the order-free sums take < 2^32 rows */
     lf_ring_req r = lf_ring_req_make((p.vocab + lf_elem<T>::per_vec - 1) / lf_elem<T>::per_vec, 16, p.n_rows);
     r.max_cluster = max_cluster;
     r.stages = stages;
@@ -1195,17 +1317,29 @@ static lf_status ce_launch_resident(const ce_kparams &p, int max_cluster, int st
     lf_ring_plan pl;
     CE_CHECK(lf_ring_plan_make(kernel, block, dev, &ring_d[dev], r, &pl));
     if (pl.cluster == 0) return forced ? LF_ERR_SIZE : LF_OK;
+    /* Rows handed out dynamically where a row is one CTA's (a cluster's CTAs would have to agree
+     * on each row) and the ring has at most two groups (ce_resident_kernel's end-of-rows
+     * hand-off): every resident CTA starts, and the ones on faster SMs take more rows. Measured
+     * on an H200 (bench/RESULTS.md): with a fixed share each, the CTAs of one launch finished up
+     * to 17% apart. */
+    bool dyn = !static_rows && pl.cluster == 1 && CE_RES_GROUPS <= 2;
+    if (dyn) { /* the dynamic kernel's own shared-memory opt-in; the plan's stages must fit it too */
+        CE_CHECK(lf_ring_setup(kernel_dyn, dev, &ring_dyn_d[dev]));
+        dyn = ring_dyn_d[dev].dyn_max >= (int)pl.dyn_bytes;
+    }
+    const int64_t ctas = dyn ? std::min<int64_t>(pl.resident, p.n_rows) : pl.ctas;
     if (plan) {
         plan->schedule = CE_SCHED_RESIDENT;
         plan->cluster = pl.cluster;
         plan->pieces = 1;
         plan->stages = pl.stages;
-        plan->clusters = (int)pl.clusters;
-        plan->ctas = (int)pl.ctas;
+        plan->clusters = (int)(dyn ? ctas : pl.clusters);
+        plan->ctas = (int)ctas;
+        plan->dynamic = dyn;
     }
     /* after_divisor: start while ce_divisor_kernel runs; the kernel waits where it reads it */
-    CE_CHECK(lf_launch_clusters(kernel, pl.ctas, pl.cluster, block, pl.dyn_bytes, stream, after_divisor, p, pl.cluster,
-                                pl.stages, (int)pl.slice_units, (int)pl.clusters));
+    CE_CHECK(lf_launch_clusters(dyn ? kernel_dyn : kernel, ctas, pl.cluster, block, pl.dyn_bytes, stream, after_divisor, p,
+                                pl.cluster, pl.stages, (int)pl.slice_units, (int)(dyn ? ctas : pl.clusters)));
     *launched = true;
     return LF_OK;
 }
@@ -1247,6 +1381,7 @@ static lf_status ce_launch_warp(const ce_kparams &p, bool forced, ce_plan *plan,
         plan->stages = 0;
         plan->clusters = (int)ctas;
         plan->ctas = (int)ctas;
+        plan->dynamic = 0;
     }
     kernel<<<(unsigned)ctas, CE_WARP_THREADS, 0, stream>>>(p);
     CE_CHECK(cudaGetLastError());
@@ -1255,8 +1390,8 @@ static lf_status ce_launch_warp(const ce_kparams &p, bool forced, ce_plan *plan,
 }
 
 template <typename T, bool GRAD, bool FULL, bool SOFTCAP>
-static lf_status ce_launch_kernel(const ce_kparams &p, int max_cluster, int schedule, int stages, ce_plan *plan,
-                                  cudaStream_t stream, cudaError_t *cuda_err)
+static lf_status ce_launch_kernel(const ce_kparams &p, int max_cluster, int schedule, int stages, int static_rows,
+                                  ce_plan *plan, cudaStream_t stream, cudaError_t *cuda_err)
 {
     if (!GRAD && (schedule == CE_SCHED_WARP || schedule == CE_SCHED_AUTO)) {
         bool launched = false;
@@ -1270,7 +1405,7 @@ static lf_status ce_launch_kernel(const ce_kparams &p, int max_cluster, int sche
         /* ce_launch launched the divisor kernel just before for mean without a divisor */
         const bool after_divisor = p.reduction == LF_REDUCE_MEAN && p.divisor == nullptr;
         const lf_status st = ce_launch_resident<T, GRAD, FULL, SOFTCAP>(
-            p, max_cluster, stages, schedule == CE_SCHED_RESIDENT, after_divisor, plan, stream, cuda_err, &launched);
+            p, max_cluster, stages, static_rows, schedule == CE_SCHED_RESIDENT, after_divisor, plan, stream, cuda_err, &launched);
         if (st != LF_OK || launched) return st;
     }
     auto kernel = ce_kernel<T, GRAD, FULL, SOFTCAP>;
@@ -1324,6 +1459,7 @@ static lf_status ce_launch_kernel(const ce_kparams &p, int max_cluster, int sche
         plan->pieces = npieces;
         plan->clusters = (int)nclusters;
         plan->ctas = (int)(nclusters * c);
+        plan->dynamic = 0;
     }
     CE_CHECK(lf_launch_clusters(kernel, nclusters * c, c, dim3(CE_THREADS, 1, 1), CE_SMEM_BYTES, stream, false, p, c, npieces,
                                 (int)nclusters));
@@ -1334,14 +1470,14 @@ template <typename T>
 static lf_status ce_dispatch(const ce_kparams &p, bool grad, bool full, bool softcap, const ce_args *a, cudaStream_t s,
                              cudaError_t *e)
 {
-    const int mc = a->max_cluster, sc = a->schedule, ns = a->stages;
+    const int mc = a->max_cluster, sc = a->schedule, ns = a->stages, sr = a->static_rows;
     ce_plan *const pl = a->plan;
-    if (!grad) return softcap ? ce_launch_kernel<T, false, true, true>(p, mc, sc, ns, pl, s, e)
-                              : ce_launch_kernel<T, false, true, false>(p, mc, sc, ns, pl, s, e);
-    if (full) return softcap ? ce_launch_kernel<T, true, true, true>(p, mc, sc, ns, pl, s, e)
-                             : ce_launch_kernel<T, true, true, false>(p, mc, sc, ns, pl, s, e);
-    return softcap ? ce_launch_kernel<T, true, false, true>(p, mc, sc, ns, pl, s, e)
-                   : ce_launch_kernel<T, true, false, false>(p, mc, sc, ns, pl, s, e);
+    if (!grad) return softcap ? ce_launch_kernel<T, false, true, true>(p, mc, sc, ns, sr, pl, s, e)
+                              : ce_launch_kernel<T, false, true, false>(p, mc, sc, ns, sr, pl, s, e);
+    if (full) return softcap ? ce_launch_kernel<T, true, true, true>(p, mc, sc, ns, sr, pl, s, e)
+                             : ce_launch_kernel<T, true, true, false>(p, mc, sc, ns, sr, pl, s, e);
+    return softcap ? ce_launch_kernel<T, true, false, true>(p, mc, sc, ns, sr, pl, s, e)
+                   : ce_launch_kernel<T, true, false, false>(p, mc, sc, ns, sr, pl, s, e);
 }
 
 /* Whether a gradient buffer overlaps the logits other than in place (the same rows, the same

@@ -46,6 +46,8 @@ struct Case {
     bool check_all = false;       /* check every row against the reference whatever the size */
     int schedule = CE_SCHED_AUTO; /* forced schedule (CE_SCHED_RESIDENT: sm_90 only) */
     int stages = 0;               /* resident: stages per CTA (0 automatic) */
+    int static_rows = 0;          /* resident: 1 = a fixed share of rows per CTA (ce_args.static_rows) */
+    int expect_dynamic = -1;      /* on sm_90, resident: the plan hands rows out dynamically (1) or not (0) */
     int expect_cluster = 0;       /* on sm_90: the plan must use clusters of this size ... */
     int expect_pieces = 0;        /* ... and this many pieces per slice (0: don't care) ... */
     int expect_schedule = 0;      /* ... and this schedule ... */
@@ -305,6 +307,7 @@ static void run_case(const Case &c)
     a.max_cluster = c.max_cluster;
     a.schedule = c.schedule;
     a.stages = c.stages;
+    a.static_rows = c.static_rows;
     ce_plan plan;
     memset(&plan, 0, sizeof plan);
     a.plan = &plan;
@@ -345,6 +348,8 @@ static void run_case(const Case &c)
         EXPECT(plan.schedule == c.expect_schedule, "plan: schedule %d, want %d", plan.schedule, c.expect_schedule);
     if (g_cc_major >= 9 && c.expect_stages)
         EXPECT(plan.stages == c.expect_stages, "plan: %d stages, want %d", plan.stages, c.expect_stages);
+    if (g_cc_major >= 9 && c.expect_dynamic >= 0 && plan.schedule == CE_SCHED_RESIDENT)
+        EXPECT(plan.dynamic == c.expect_dynamic, "plan: dynamic %d, want %d", plan.dynamic, c.expect_dynamic);
     if (c.schedule != CE_SCHED_AUTO)
         EXPECT(plan.schedule == c.schedule, "plan: schedule %d, forced %d", plan.schedule, c.schedule);
     CK(cudaGetLastError());
@@ -354,11 +359,13 @@ static void run_case(const Case &c)
      * replays rely on it: a counter left behind would make the next launch's last CTA never see
      * itself last, and its divisor or batch sum stale) ---- */
     {
-        unsigned long long rows_done;
-        unsigned div_done;
-        CK(cudaMemcpy(&rows_done, (const char *)ws.p + offsetof(ce_ws_header, rows_done), 8, cudaMemcpyDeviceToHost));
-        CK(cudaMemcpy(&div_done, (const char *)ws.p + offsetof(ce_ws_header, div_done), 4, cudaMemcpyDeviceToHost));
-        EXPECT(rows_done == 0 && div_done == 0, "workspace counters left at %llu / %u", rows_done, div_done);
+        ce_ws_header h;
+        CK(cudaMemcpy(&h, ws.p, sizeof h, cudaMemcpyDeviceToHost));
+        EXPECT(h.rows_done == 0 && h.div_done == 0 && h.row_next == 0, "workspace counters left at %llu / %u / %llu", h.rows_done,
+               h.div_done, h.row_next);
+        int nz = 0; /* the order-free batch sums, cleared by the last CTA */
+        for (size_t i = 0; i < sizeof h.xs; ++i) nz += ((const unsigned char *)h.xs)[i] != 0;
+        EXPECT(nz == 0, "workspace batch sums left non-zero (%d bytes)", nz);
     }
 
     /* ---- counters, per-row outputs: every element written ---- */
@@ -513,6 +520,29 @@ static void run_case(const Case &c)
             const unsigned long long h2 = c.grad ? device_checksum(c.grad == 1 ? gbuf.p : x.p, (c.grad == 1 ? (size_t)N * gstride : nel) * esz) : 0;
             EXPECT(bits(l1) == bits(l2), "loss not bit-identical across runs: %.9g vs %.9g", l1, l2);
             EXPECT(h1 == h2, "gradient not bit-identical across runs");
+        }
+        /* row-resident: the other way of handing out rows (dynamic <-> a fixed share per CTA)
+         * must give the same bits: per-row work does not depend on the CTA, and the batch sum is
+         * order-free */
+        if (plan.schedule == CE_SCHED_RESIDENT) {
+            ce_args b = a;
+            ce_plan plan2;
+            b.static_rows = !plan.dynamic;
+            b.plan = &plan2;
+            if (c.grad == 2) {
+                gen_device(x.p, c, stride, data_seed);
+                CK(cudaDeviceSynchronize());
+            }
+            EXPECT(ce_launch(&b, 0, &ce) == LF_OK, "relaunch (static_rows %d) failed", b.static_rows);
+            CK(cudaDeviceSynchronize());
+            float l2, z1 = zoh[0], z2;
+            CK(cudaMemcpy(&l2, loss.p, 4, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(&z2, zo.p, 4, cudaMemcpyDeviceToHost));
+            const unsigned long long h2 = c.grad ? device_checksum(c.grad == 1 ? gbuf.p : x.p, (c.grad == 1 ? (size_t)N * gstride : nel) * esz) : 0;
+            EXPECT(plan2.schedule == CE_SCHED_RESIDENT, "relaunch: schedule %d", plan2.schedule);
+            EXPECT(bits(l1) == bits(l2) && bits(z1) == bits(z2), "static_rows %d: loss / z %.9g / %.9g, dynamic %d: %.9g / %.9g",
+                   b.static_rows, l2, z2, plan.dynamic, l1, z1);
+            EXPECT(h1 == h2, "gradient differs between dynamic %d and %d", plan.dynamic, plan2.dynamic);
         }
     }
     printf("%-4s %s\n", g_fail == fails_before ? "ok" : "FAIL", g_case);
@@ -1165,6 +1195,52 @@ int main(int argc, char **argv)
         c.V = g_small ? 40000 : 151936;
         c.schedule = CE_SCHED_STREAM;
         c.name = "determinism in place, re-read";
+        run_case(c);
+    }
+
+    /* The row-resident schedule's dynamic rows (sm_90, rows of one CTA): the plan takes them
+     * where rows are not split over clusters; the same bits as a fixed share per CTA (run_case's
+     * determinism check relaunches the other way); fewer rows than CTAs; NaN and +inf rows (the
+     * order-free sum's NaN count); every row ignored; z-loss with sum; reduction none (the row
+     * counter must still be reset). */
+    {
+        Case c;
+        c.name = "dynamic rows, z-loss, sum";
+        c.N = g_small ? 300 : 5000;
+        c.V = g_small ? 16385 : 32768;
+        c.lam = 1e-3f;
+        c.red = LF_REDUCE_SUM;
+        c.determinism = true;
+        c.expect_schedule = CE_SCHED_RESIDENT;
+        c.expect_dynamic = 1;
+        run_case(c);
+        c.name = "dynamic rows, fewer rows than SMs, NaN rows";
+        c.N = 7;
+        c.plant_nonfinite = true;
+        c.check_all = true;
+        run_case(c);
+        c.name = "dynamic rows, all ignored, mean";
+        c.N = g_small ? 200 : 3000;
+        c.plant_nonfinite = false;
+        c.ignore_frac = 1.0;
+        c.red = LF_REDUCE_MEAN;
+        run_case(c);
+        c.name = "dynamic rows, reduction none, in place";
+        c.ignore_frac = 0.05;
+        c.red = LF_REDUCE_NONE;
+        c.grad = 2;
+        run_case(c);
+        c.name = "static rows forced, mean";
+        c.static_rows = 1;
+        c.red = LF_REDUCE_MEAN;
+        c.expect_dynamic = 0;
+        run_case(c);
+        c.name = "clusters: static rows";
+        c.static_rows = 0;
+        c.V = g_small ? 40000 : 151936;
+        c.N = g_small ? 64 : 700;
+        c.expect_dynamic = 0;
+        c.expect_schedule = CE_SCHED_RESIDENT;
         run_case(c);
     }
 
