@@ -39,9 +39,9 @@
  *   persistent grid reads its rows straight from global memory into registers (lf_warp_row_pass),
  *   two batches of 16-byte loads in flight per lane; no shared memory and no per-row block merge,
  *   which is what a short row (V = 32K: 64 KB) costs the streamed CTAs.
- *   Measured (bench/RESULTS.md, bf16, gradient in place): the resident schedule reaches 84-95% of
- *   the device-to-device copy bandwidth on an H100 and 79-85% on an H200 (a plain in-place
- *   read-modify-write kernel: 92% there), against 76-93% and 69-79% streamed. Forward only, one
+ *   Measured (bench/RESULTS.md, bf16, gradient in place): the resident schedule reaches 88-93% of
+ *   the device-to-device copy bandwidth on an H100 (before the dynamic rows) and 86-95% on an
+ *   H200 (session 16), against 76-93% and 69-79% streamed (earlier runs). Forward only, one
  *   warp per row: 95-105% on an H100, 89-102% on an H200 (89% at 4096 x 32768, one wave of one
  *   row per warp; a read-only pass can beat the copy's rate).
 
