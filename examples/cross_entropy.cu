@@ -338,6 +338,19 @@ static __device__ __forceinline__ void ce_row_outputs_zero(const ce_kparams &p, 
     if (!acc) ce_store_row_loss(p, row, 0.0f, 0.0f);
 }
 
+/* The batch's loss and z term from their sums (a, bz), by one thread: divided by the mean's
+ * divisor (0 when it is 0; a NaN sum stays NaN: never hidden) and written. */
+static __device__ __forceinline__ void ce_write_batch_loss(const ce_kparams &p, double a, double bz)
+{
+    if (p.reduction == LF_REDUCE_MEAN) {
+        const double d = (double)ce_mean_divisor(p);
+        a = d == 0.0 ? a * 0.0 : a / d;
+        bz = d == 0.0 ? bz * 0.0 : bz / d;
+    }
+    p.loss[0] = (float)a;
+    if (p.z_out) p.z_out[0] = (float)bz;
+}
+
 /* Last-CTA-done batch sum (sum / mean), called by every thread of each of the `ncount` CTAs that
  * wrote per-row losses, after their last write: each publishes its rows and counts itself; the CTA
  * that completes the count sums all rows in a fixed order, so the total never depends on timing.
@@ -374,13 +387,7 @@ static __device__ __forceinline__ void ce_batch_reduce(const ce_kparams &p, unsi
     lf_block_bar<THREADS>(bar); /* fin is reused below */
     bz = lf_block_sum_f64<THREADS>(bz, fin, bar);
     if (threadIdx.x == 0) {
-        if (p.reduction == LF_REDUCE_MEAN) {
-            const double d = (double)ce_mean_divisor(p);
-            a = d == 0.0 ? a * 0.0 : a / d; /* 0, or NaN when a row is NaN: never hidden */
-            bz = d == 0.0 ? bz * 0.0 : bz / d;
-        }
-        p.loss[0] = (float)a;
-        if (p.z_out) p.z_out[0] = (float)bz;
+        ce_write_batch_loss(p, a, bz);
         p.ws->rows_done = 0; /* ready for the next launch (or graph replay) */
     }
 }
@@ -414,16 +421,7 @@ static __device__ __forceinline__ void ce_batch_reduce_xsum(const ce_kparams &p,
     }
     lf_block_bar<THREADS>(bar);
     if (threadIdx.x != 0) return;
-    if (red) {
-        double a = lf_xsum_value(&xf[0]), bz = lf_xsum_value(&xf[1]);
-        if (p.reduction == LF_REDUCE_MEAN) {
-            const double d = (double)ce_mean_divisor(p);
-            a = d == 0.0 ? a * 0.0 : a / d; /* 0, or NaN when a row is NaN: never hidden */
-            bz = d == 0.0 ? bz * 0.0 : bz / d;
-        }
-        p.loss[0] = (float)a;
-        if (p.z_out) p.z_out[0] = (float)bz;
-    }
+    if (red) ce_write_batch_loss(p, lf_xsum_value(&xf[0]), lf_xsum_value(&xf[1]));
     p.ws->row_next = 0ull;
     p.ws->rows_done = 0; /* ready for the next launch (or graph replay) */
 }
