@@ -36,8 +36,8 @@
  *   2. Warp reductions (lf_warp_*): results broadcast to all 32 lanes
  *   3. Block reductions (lf_block_*): caller-owned scratch, results broadcast to all threads;
  *      lf_block_lse_fast (one barrier) and its halves lf_block_lse_post / _merge around a
- *      shared-memory mbarrier (lf_mbar_init / _arrive / _wait; sm_90: _arrive_tx, _init_fence);
- *      stage tickets for rings shared by warp groups (lf_ticket_store / _load)
+ *      shared-memory mbarrier (lf_mbar_init / _arrive / _wait; sm_90: _arrive_tx, _expect_tx,
+ *      _init_fence); stage tickets for rings shared by warp groups (lf_ticket_store / _load)
  *   4. Vectorized row access: lf_row_span (head / 16-byte body / tail), 16-byte loads/stores
  *   5. Shared-memory pieces and the online-softmax row pass: cp.async, lf_bulk_load (sm_90:
  *      the copy engine, one instruction per row slice; lf_bulk_prefetch_l2), lf_row_slice,
@@ -50,7 +50,8 @@
  *      lf_edge_grad_store, lf_row_zero
  *   7. Clusters (sm_90): lf_cluster_row_stats, lf_cluster_sync (= lf_cluster_arrive + _wait), and
  *      the barrier-free exchange lf_cluster_stats_post / _collect (mbarriers, one per row set),
- *      for any record lf_cluster_post / _posts_wait
+ *      for any record lf_cluster_post / _posts_wait, and one CTA's extra bytes on the same phase
+ *      (lf_cluster_store, the receiver's lf_mbar_expect_tx)
  *   8. Dual-softmax row pass (student and teacher rows, any dtype each) and the KL-family
  *      gradient: lf_dual_span, lf_dual_piece_load, lf_dual_piece_stats (pass 1), lf_block_dual
  *      (or the one-barrier lf_block_dual_acc; lf_dual_acc_merge_warp for a cluster's states),
@@ -570,6 +571,21 @@ static __device__ __forceinline__ void lf_mbar_arrive_tx(uint64_t *bar, uint32_t
     const uint32_t a = (uint32_t)__cvta_generic_to_shared(bar);
     asm volatile("{\n\t.reg .b64 st;\n\tmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n\t}" ::"r"(a), "r"(bytes)
                  : "memory");
+#else
+    (void)bar;
+    (void)bytes;
+    __trap();
+#endif
+}
+
+/* sm_90 (trap below): add `bytes` to the transaction count of the current phase without
+ * arriving (the phase then also waits for them). Made before this thread's own arrival on the
+ * phase, it cannot come too late: a phase completes only after its arrivals. */
+static __device__ __forceinline__ void lf_mbar_expect_tx(uint64_t *bar, uint32_t bytes)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(bar);
+    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(a), "r"(bytes) : "memory");
 #else
     (void)bar;
     (void)bytes;
@@ -1486,29 +1502,49 @@ static __device__ __forceinline__ void lf_cluster_sync(void)
  * the phase cannot complete without that arrival.) Every thread of every CTA gets the
  * bit-identical result: lanes 0 .. nranks-1 of every warp merge the ranks' values in the same
  * butterfly. FULL = false merges only the lse state (m, s, u); the rest is that of rank 0. */
+/* Store `v` into `slot` (this CTA's shared address of it) of cluster CTA `dst`, asynchronously,
+ * counting its bytes on that CTA's `bar` (the same shared address), word by word (st.async ...
+ * mbarrier::complete_tx). The receiver's phase must expect the bytes (lf_mbar_arrive_tx or
+ * lf_mbar_expect_tx); its wait (lf_cluster_posts_wait) then also acquires v. sm_90. */
+template <typename S>
+static __device__ __forceinline__ void lf_cluster_store(const S &v, S *slot, uint64_t *bar, int dst)
+{
+    static_assert(sizeof(S) % 4 == 0, "a posted record is stored to remote CTAs word by word");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    uint32_t words[sizeof(S) / 4];
+    memcpy(words, &v, sizeof v);
+    const uint32_t s = (uint32_t)__cvta_generic_to_shared(slot), b = (uint32_t)__cvta_generic_to_shared(bar);
+    uint32_t rs, rb;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rs) : "r"(s), "r"(dst));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rb) : "r"(b), "r"(dst));
+#pragma unroll
+    for (int i = 0; i < (int)(sizeof(S) / 4); ++i)
+        asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(rs + 4u * i),
+                     "r"(words[i]), "r"(rb)
+                     : "memory");
+#else
+    (void)v;
+    (void)slot;
+    (void)bar;
+    (void)dst;
+#endif
+}
+
 /* The same two steps for any record S of 32-bit words (a loss's own statistics, e.g.
  * lf_dual_acc): lf_cluster_post writes `cta` into slot [rank] of every CTA's xs (threads
  * 0 .. nranks-1, as above; the mbarrier made with count 1); after lf_cluster_posts_wait every
- * thread reads the nranks slots of its own xs and merges them (the same bits in every CTA). */
+ * thread reads the nranks slots of its own xs and merges them (the same bits in every CTA).
+ * More bytes may ride on the same phase: the receiver adds them with lf_mbar_expect_tx before
+ * its post (by its thread `rank`), the sender stores them with lf_cluster_store
+ * (examples/cross_entropy.cu: rank 0 hands its peers the next row so). */
 template <typename S>
 static __device__ __forceinline__ void lf_cluster_post(const S &cta, S *xs, uint64_t *bar, int rank, int nranks)
 {
-    static_assert(sizeof(S) % 4 == 0, "a posted record is stored to remote CTAs word by word");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     const int d = (int)threadIdx.x;
     if (d >= nranks) return;
     if (d == rank) lf_mbar_arrive_tx(bar, (uint32_t)(nranks * sizeof(S))); /* this phase: nranks records */
-    uint32_t words[sizeof(S) / 4];
-    memcpy(words, &cta, sizeof cta);
-    const uint32_t slot = (uint32_t)__cvta_generic_to_shared(xs + rank), b = (uint32_t)__cvta_generic_to_shared(bar);
-    uint32_t rslot, rb;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rslot) : "r"(slot), "r"(d));
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rb) : "r"(b), "r"(d));
-#pragma unroll
-    for (int i = 0; i < (int)(sizeof(S) / 4); ++i)
-        asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(rslot + 4u * i),
-                     "r"(words[i]), "r"(rb)
-                     : "memory");
+    lf_cluster_store(cta, xs + rank, bar, d);
 #else
     (void)cta;
     (void)xs;

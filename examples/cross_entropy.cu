@@ -23,9 +23,10 @@
  *   computes while the other reduces or waits. Rows wider than a stage are split over a cluster
  *   of 2..16 CTAs, which exchange their 28-byte statistics through distributed shared memory
  *   without a cluster barrier (lf_cluster_stats_post / _collect). Every element is read from HBM
- *   once, then from shared memory, never again from L2. Without clusters the rows are handed out
- *   by an atomic counter (ce_args.static_rows = 0, the default), so that CTAs on faster SMs take
- *   more of them; the batch sum is exact and order-free, so the bits do not change.
+ *   once, then from shared memory, never again from L2. The rows are handed out by an atomic
+ *   counter (ce_args.static_rows = 0, the default; in a cluster rank 0 draws and posts the row to
+ *   its peers with its statistics), so that CTAs on faster SMs take more of them; the batch sum is
+ *   exact and order-free, so the bits do not change.
  *   Streamed (any GPU; forward only over few rows, and rows too short for the resident ring):
  *   persistent CTAs of 256 threads (three per SM) stage rows in shared memory with cp.async: two
  *   32 KB buffers each, so the copies of the next piece are in flight while the current one is reduced
@@ -107,8 +108,8 @@ typedef struct ce_args {
     int stages;           /* row-resident schedule: shared-memory stages per CTA, 3..8 (more than its
                            * two warp groups); 0 automatic */
     int static_rows;      /* row-resident schedule: 0 (default) hands the rows out from an atomic
-                           * counter where rows are not split over clusters, so that a CTA on a
-                           * faster SM takes more of them; 1: CTA c takes rows c, c + grid, ...
+                           * counter, so that a CTA (or cluster) on faster SMs takes more of
+                           * them; 1: cluster c takes rows c, c + clusters, ...
                            * The results are the same bits either way (the batch sum is order-free,
                            * lossfuse.h lf_xsum) */
     struct ce_plan *plan; /* optional host out: the launch configuration chosen */
@@ -791,13 +792,17 @@ __global__ void __launch_bounds__(CE_THREADS, CE_CTAS_PER_SM) ce_kernel(const ce
  * completed, or it would return at once on that older phase.
  *   One CTA per SM (the ring takes most of the shared memory); a cluster takes consecutive
  * blockIdx.x and processes the same rows; every CTA counts itself for the batch sum.
- *   Which rows a CTA takes: a cluster takes a fixed share (cid, cid + nclusters, ...). Without
- * clusters (dyn) the rows are handed out by an atomic counter in the workspace when a stage is
- * reloaded (drawn after the stage's row is known to be valid, its label loaded and its slice
- * prefetched into L2 during the statistics pass, so that nothing waits for the draw): measured
- * on an H200, CTAs with a fixed share each finished up to 17% apart (some SMs get more of the
- * memory bandwidth), and the launch lasts as long as the slowest. A draw past the last row ends
- * the group: it passes the end on to its stage's next user and stops. The batch sums are the
+ *   Which rows a CTA takes: static, a fixed share per cluster (cid, cid + nclusters, ...). Dynamic
+ * (dyn, the default) the ring's first rows are that share, then the rows are handed out by an
+ * atomic counter in the workspace when a stage is reloaded (drawn after the stage's row is known
+ * to be valid, its label loaded and its slice prefetched into L2 during the statistics pass, so
+ * that nothing waits for the draw): measured on an H200, CTAs with a fixed share each finished up
+ * to 17% apart (some SMs get more of the memory bandwidth), and the launch lasts as long as the
+ * slowest. In a cluster rank 0 draws, and its exchange (ce_next, on the same mbarrier phase)
+ * carries the row and its label to the peers, which prefetch their slices and reload the stage
+ * with them after the collect (an ignored row, which has no statistics, still exchanges). A
+ * draw past the last row ends the group: it passes the end on to its stage's next user and
+ * stops (every CTA of a cluster meets it at the same local row). The batch sums are the
  * CTAs' order-free sums (ce_batch_reduce_xsum), so the results do not depend on who took what. */
 #ifndef CE_RES_GROUP
 #define CE_RES_GROUP 256 /* threads per warp group */
@@ -852,6 +857,35 @@ static __device__ __forceinline__ unsigned long long ce_gtime(void)
     } while (0)
 #endif
 
+/* What rank 0 of a cluster hands its peers with a row's exchange where rows are handed out
+ * dynamically: the row its stage takes next (UINT32_MAX: no more rows; the schedule takes < 2^32
+ * rows) and that row's label as far as the peers use it: a valid label, -1 ignored, -2 bad (a
+ * peer only needs which; rank 0, which writes the row's outputs and counts bad labels, keeps its
+ * own). Two words: this rides on every row's exchange, and the ring's shared memory is tight
+ * (at V = 151936 in bf16, three stages of a cluster of 4 leave 0-48 bytes). */
+typedef struct ce_next {
+    uint32_t row;
+    int32_t y;
+} ce_next;
+static __device__ __forceinline__ ce_next ce_next_pack(const ce_kparams &p, int64_t row, int64_t y)
+{
+    ce_next n;
+    n.row = row < 0 ? UINT32_MAX : (uint32_t)row;
+    n.y = y == p.ignore_index ? -1 : (y < 0 || y >= p.vocab) ? -2 : (int32_t)y;
+    return n;
+}
+/* the row (-1: none) and a label with the same status: the ignore index, or some bad label */
+static __device__ __forceinline__ int64_t ce_next_row(const ce_next &n)
+{
+    return n.row == UINT32_MAX ? -1 : (int64_t)n.row;
+}
+static __device__ __forceinline__ int64_t ce_next_label(const ce_kparams &p, const ce_next &n)
+{
+    if (n.y >= 0) return n.y;
+    if (n.y == -1) return p.ignore_index;
+    return p.ignore_index == p.vocab ? p.vocab + 1 : p.vocab; /* outside [0, V), not the ignore index */
+}
+
 template <typename T, bool GRAD, bool FULL, bool SOFTCAP, bool DYN>
 __global__ void __launch_bounds__(CE_RES_THREADS, 1)
     ce_resident_kernel(const ce_kparams p, int nranks, int nstages, int stage_vecs, int nclusters)
@@ -871,14 +905,20 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
     /* TH >= 64: a one-warp group's block merge has no barrier, which the label logit hand-off
      * (xy_s) relies on */
     static_assert(G >= 1 && G <= 8 && TH % 32 == 0 && TH >= 64, "CE_RES_GROUPS in 1..8, CE_RES_GROUP a multiple of 32, >= 64");
-    extern __shared__ uint4 ce_smem[]; /* [nstages][stage_vecs] */
+    /* [nstages][stage_vecs]. Aligned to 128 bytes: where the static variables above leave the
+     * dynamic part matters. Measured on an H200 (bench/RESULTS.md, session 17), the same kernel
+     * with its stages at 80 bytes past a 128-byte line was 4-6% slower at V = 131072 / 262144
+     * than at 16 or 0; at V = 151936, 0 was 4-6% faster than 16. */
+    extern __shared__ __align__(128) uint4 ce_res_smem[];
     __shared__ uint64_t full[CE_RES_MAX_STAGES];   /* a stage's slice has landed (phase per use) */
-    __shared__ int64_t stage_y[CE_RES_MAX_STAGES];  /* the label of the row in the stage */
-    __shared__ int64_t stage_row[CE_RES_MAX_STAGES]; /* the row in the stage; -1: no more rows (dynamic) */
+    __shared__ int64_t stage_y[CE_RES_MAX_STAGES + CE_RES_PREFETCH]; /* the label of the row in the stage;
+                                                                   * first, those of the first rows */
+    __shared__ uint32_t stage_row[CE_RES_MAX_STAGES]; /* dynamic: the row in the stage (< 2^32), UINT32_MAX:
+                                                       * no more rows */
     __shared__ int64_t stage_k[CE_RES_MAX_STAGES];  /* the ticket: local row last loaded, -1 none */
-    __shared__ int64_t stage_y0[CE_RES_MAX_STAGES + CE_RES_PREFETCH]; /* labels of the first rows */
     __shared__ __align__(16) lf_row_stats red[G][CE_SLOTS][TH / 32];
     __shared__ lf_row_stats xs[G][2][16];           /* cluster exchange: per group, two sets */
+    __shared__ ce_next xnx[G][2];                   /* ... and rank 0's next row (dynamic) */
     __shared__ uint64_t xbar[G][2];
     __shared__ unsigned am_key[G][CE_SLOTS];
     __shared__ int am_nan[G][CE_SLOTS];
@@ -889,9 +929,11 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
     const int rank = (int)(blockIdx.x % nranks);
     const int64_t cid = blockIdx.x / nranks, N = p.n_rows, V = p.vocab;
     /* Rows: static, this cluster's cid, cid + nclusters, ... (local row k is the k-th); dynamic
-     * (dyn, no clusters, at most two groups), whichever row the workspace's counter hands out when
-     * a stage is reloaded, until it passes N. */
+     * (dyn, at most two groups), the first nstages the same, then whichever row the workspace's
+     * counter hands out (from nclusters * nstages on) when a stage is reloaded, until it passes N.
+     * In a cluster rank 0 draws and posts the row with its statistics (ce_next). */
     const int64_t my_rows = dyn ? INT64_MAX : cid < N ? (N - 1 - cid) / nclusters + 1 : 0;
+    const int64_t drawn0 = (int64_t)nclusters * nstages; /* dynamic: the counter's first row */
     /* sum / mean: the thread that writes a row's outputs adds its loss to the workspace's
      * order-free sums (ce_batch_reduce_xsum) */
     const bool sums = p.reduction != LF_REDUCE_NONE;
@@ -910,9 +952,15 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
         am_key[grp][threadIdx.x] = lf_argmax_key(-LF_INF_F);
         am_nan[grp][threadIdx.x] = INT_MAX;
     }
-    /* static: the first rows' labels (the ring's, then the prefetched ones), in parallel */
-    if (!dyn && grp == G - 1 && (int)threadIdx.x < nstages + CE_RES_PREFETCH && threadIdx.x < my_rows)
-        stage_y0[threadIdx.x] = ce_label(p, cid + (int64_t)threadIdx.x * nclusters);
+    /* local row kk's row while it is known in advance (static: all; dynamic: the ring's first
+     * nstages), -1 past the rows */
+    auto row_of = [&](int64_t kk) -> int64_t {
+        const int64_t r = cid + kk * nclusters;
+        return kk < my_rows && r < N ? r : -1;
+    };
+    /* the first rows' labels (the ring's, then, static, the prefetched ones), in parallel */
+    if (grp == G - 1 && (int)threadIdx.x < nstages + (dyn ? 0 : CE_RES_PREFETCH) && row_of(threadIdx.x) >= 0)
+        stage_y[threadIdx.x] = ce_label(p, row_of(threadIdx.x));
     __syncthreads();
     if (nranks > 1) lf_cluster_sync(); /* every CTA's mbarriers exist before any post */
 
@@ -934,7 +982,7 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
     /* Load `row` (label y; -1: none, no more rows) into stage q as local row kk: by one thread. */
     auto load = [&](int q, int64_t kk, int64_t row, int64_t y) {
         stage_y[q] = y; /* published by the arrive (release) */
-        stage_row[q] = row;
+        stage_row[q] = row < 0 ? UINT32_MAX : (uint32_t)row;
         lf_ticket_store(&stage_k[q], kk); /* release: ordered after this stage's previous phase */
         const uint4 *src;
         const uint32_t bytes = row >= 0 ? slice_of(row, y, &src) : 0u;
@@ -942,30 +990,25 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
             lf_mbar_arrive(&full[q]);
         } else {
             lf_mbar_arrive_tx(&full[q], bytes);
-            lf_bulk_load(ce_smem + (size_t)q * stage_vecs, src, bytes, &full[q]);
+            lf_bulk_load(ce_res_smem + (size_t)q * stage_vecs, src, bytes, &full[q]);
         }
     };
-    /* Prefetch `row` (label y) into L2, if it exists and is valid: by one thread. */
+    /* Prefetch this CTA's slice of `row` (label y) into L2, if it exists and is valid: by one
+     * thread. */
     auto prefetch = [&](int64_t row, int64_t y) {
         if (CE_RES_PREFETCH == 0 || row < 0 || row >= N) return;
         const uint4 *src;
         const uint32_t bytes = slice_of(row, y, &src);
         if (bytes) lf_bulk_prefetch_l2(src, bytes);
     };
-    /* static: local row kk's row, -1 past this cluster's share */
-    auto row_of = [&](int64_t kk) -> int64_t { return kk < my_rows ? cid + kk * nclusters : -1; };
     if (threadIdx.x == 0 && grp == 0) {
-        if (dyn) { /* the ring's first rows: consecutive, from the counter; their labels loaded together */
-            const int64_t r0 = (int64_t)atomicAdd(&p.ws->row_next, (unsigned long long)nstages);
-            int64_t yv[CE_RES_MAX_STAGES];
-#pragma unroll
-            for (int q = 0; q < CE_RES_MAX_STAGES; ++q) yv[q] = q < nstages && r0 + q < N ? ce_label(p, r0 + q) : 0;
-#pragma unroll
-            for (int q = 0; q < CE_RES_MAX_STAGES; ++q)
-                if (q < nstages) load(q, q, r0 + q < N ? r0 + q : -1, yv[q]);
+        if (dyn) { /* the ring's first rows as a fixed share (nothing to agree on in a cluster); every stage
+                    * is loaded, past the last row with the end */
+            for (int q = 0; q < nstages; ++q) load(q, q, row_of(q), row_of(q) >= 0 ? stage_y[q] : 0);
         } else {
-            for (int q = 0; q < nstages && q < my_rows; ++q) load(q, q, row_of(q), stage_y0[q]);
-            for (int j = 0; j < CE_RES_PREFETCH; ++j) prefetch(row_of(nstages + j), nstages + j < my_rows ? stage_y0[nstages + j] : 0);
+            for (int q = 0; q < nstages && q < my_rows; ++q) load(q, q, row_of(q), stage_y[q]);
+            for (int j = 0; j < CE_RES_PREFETCH; ++j)
+                prefetch(row_of(nstages + j), row_of(nstages + j) >= 0 ? stage_y[nstages + j] : 0);
         }
     }
 
@@ -1007,7 +1050,7 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
         CE_TR(0);
         int64_t r_next = -1; /* dynamic: the row this stage takes next */
         if (dyn) {
-            row = stage_row[q];
+            row = stage_row[q] == UINT32_MAX ? -1 : (int64_t)stage_row[q];
             if (row < 0) {
                 /* No more rows. This stage's next user (local row k_next, of the other group when
                  * nstages is odd) must not wait for a load that never comes: the stage passes the
@@ -1018,34 +1061,66 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
                 if (threadIdx.x == 0) load(q, k_next, -1, 0);
                 break;
             }
-            /* the next row drawn now, once this one is known to exist (so every draw is used):
-             * its label is loaded after the statistics pass and its slice prefetched into L2
-             * then; it is loaded into the stage at the reload */
-            if (threadIdx.x == 0) {
+            /* the next row drawn now (rank 0), once this one is known to exist (so every draw is
+             * used): its label is loaded after the statistics pass and its slice prefetched into
+             * L2 then; in a cluster it goes to the peers with the exchange; it is loaded into the
+             * stage at the reload */
+            if (threadIdx.x == 0 && rank == 0) {
                 const unsigned long long d = atomicAdd(&p.ws->row_next, 1ull);
-                r_next = d < (unsigned long long)N ? (int64_t)d : -1;
+                r_next = (int64_t)d < N - drawn0 ? drawn0 + (int64_t)d : -1;
             }
-            const T *x0 = (const T *)p.logits + row * p.stride;
-            eraw = lf_row_edge_issue(x0, lf_row_span_make(x0, V)); /* rank 0: no clusters */
+            if (rank == 0) {
+                const T *x0 = (const T *)p.logits + row * p.stride;
+                eraw = lf_row_edge_issue(x0, lf_row_span_make(x0, V));
+            }
         }
         const T *x = (const T *)p.logits + row * p.stride;
         T *out = GRAD ? (T *)p.grad + row * p.grad_stride : nullptr;
         const lf_row_span sp = lf_row_span_make(x, V);
         const float dl = (GRAD && p.dloss && p.reduction == LF_REDUCE_NONE) ? p.dloss[row] : 1.0f;
         int64_t y_dyn = 0;
-        auto draw_label = [&]() { /* dynamic, thread 0: the drawn row's label, and its L2 prefetch */
-            if (dyn && threadIdx.x == 0 && r_next >= 0) {
+        auto draw_label = [&]() { /* dynamic, thread 0 of rank 0: the drawn row's label, its slice's L2 prefetch */
+            if (dyn && threadIdx.x == 0 && rank == 0 && r_next >= 0) {
                 y_dyn = ce_label(p, r_next);
                 prefetch(r_next, y_dyn);
             }
         };
+        /* The cluster exchange's post. Dynamic: rank 0 also stores the drawn row and its label
+         * (thread 0's, to the posting lanes 0 .. nranks-1 of warp 0) into every CTA's xnx, on
+         * the same phase of its mbarrier, which each CTA expects before its own post. */
+        auto post = [&](const lf_row_stats &st) {
+            if (dyn) {
+                const int64_t rn = __shfl_sync(0xffffffffu, r_next, 0), yn = __shfl_sync(0xffffffffu, y_dyn, 0);
+                if ((int)threadIdx.x == rank) lf_mbar_expect_tx(&xbar[grp][xq], (uint32_t)sizeof(ce_next));
+                if (rank == 0 && (int)threadIdx.x < nranks)
+                    lf_cluster_store(ce_next_pack(p, rn, yn), &xnx[grp][xq], &xbar[grp][xq], (int)threadIdx.x);
+            }
+            lf_cluster_stats_post(st, xs[grp][xq], &xbar[grp][xq], rank, nranks);
+        };
+        /* ... and after the collect every CTA's thread 0 takes rank 0's next row */
+        auto take_next = [&]() {
+            if (dyn && threadIdx.x == 0) {
+                const ce_next nx = xnx[grp][xq];
+                r_next = ce_next_row(nx);
+                if (rank != 0) y_dyn = ce_next_label(p, nx); /* rank 0 keeps the label itself */
+                if (rank != 0) prefetch(r_next, y_dyn); /* measured: better than rank 0 prefetching all slices */
+            }
+            x_phase ^= 1u << xq;
+            xq ^= 1;
+        };
         const int64_t y = stage_y[q];
         const int status = y == p.ignore_index ? 1 : (y < 0 || y >= V) ? 2 : 0;
-        const uint4 *b = ce_smem + (size_t)q * stage_vecs;
+        const uint4 *b = ce_res_smem + (size_t)q * stage_vecs;
         if (status) {
             draw_label();
             if (GRAD) lf_row_zero<TH, T>(out, V, rank, nranks);
             if (rank == 0 && threadIdx.x == 0) ce_row_outputs_zero(p, row, status, sums);
+            if (dyn && nranks > 1) { /* no statistics, but the next row to hand on (no barrier needed:
+                                      * the row-end barrier lies between the last collect and this post) */
+                post(lf_row_stats_init());
+                (void)lf_cluster_stats_collect<false>(xs[grp][xq], &xbar[grp][xq], (x_phase >> xq) & 1u, nranks);
+                take_next();
+            }
         } else {
             int sb, se;
             lf_row_slice(sp, rank, nranks, &sb, &se);
@@ -1096,10 +1171,9 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
             }
             CE_TR(2);
             if (nranks > 1 && !CE_RES_PROBE_NOXCHG) {
-                lf_cluster_stats_post(st, xs[grp][xq], &xbar[grp][xq], rank, nranks);
+                post(st);
                 st = lf_cluster_stats_collect<FULL>(xs[grp][xq], &xbar[grp][xq], (x_phase >> xq) & 1u, nranks);
-                x_phase ^= 1u << xq;
-                xq ^= 1;
+                take_next();
             }
             CE_TR(3);
             const int rpar = par;
@@ -1315,29 +1389,29 @@ static lf_status ce_launch_resident(const ce_kparams &p, int max_cluster, int st
     lf_ring_plan pl;
     CE_CHECK(lf_ring_plan_make(kernel, block, dev, &ring_d[dev], r, &pl));
     if (pl.cluster == 0) return forced ? LF_ERR_SIZE : LF_OK;
-    /* Rows handed out dynamically where a row is one CTA's (a cluster's CTAs would have to agree
-     * on each row) and the ring has at most two groups (ce_resident_kernel's end-of-rows
-     * hand-off): every resident CTA starts, and the ones on faster SMs take more rows. Measured
-     * on an H200 (bench/RESULTS.md): with a fixed share each, the CTAs of one launch finished up
-     * to 17% apart. */
-    bool dyn = !static_rows && pl.cluster == 1 && CE_RES_GROUPS <= 2;
+    /* Rows handed out dynamically where the ring has at most two groups (ce_resident_kernel's
+     * end-of-rows hand-off; the timing probe without the exchange has no way to hand rows to a
+     * cluster's peers): every resident cluster starts, and the ones on faster SMs take more
+     * rows. Measured on an H200 (bench/RESULTS.md): with a fixed share each, the CTAs of one
+     * launch finished up to 17% apart. */
+    bool dyn = !static_rows && CE_RES_GROUPS <= 2 && (pl.cluster == 1 || !CE_RES_PROBE_NOXCHG);
     if (dyn) { /* the dynamic kernel's own shared-memory opt-in; the plan's stages must fit it too */
         CE_CHECK(lf_ring_setup(kernel_dyn, dev, &ring_dyn_d[dev]));
         dyn = ring_dyn_d[dev].dyn_max >= (int)pl.dyn_bytes;
     }
-    const int64_t ctas = dyn ? std::min<int64_t>(pl.resident, p.n_rows) : pl.ctas;
+    const int64_t nclusters = dyn ? std::min<int64_t>(pl.resident, p.n_rows) : pl.clusters, ctas = nclusters * pl.cluster;
     if (plan) {
         plan->schedule = CE_SCHED_RESIDENT;
         plan->cluster = pl.cluster;
         plan->pieces = 1;
         plan->stages = pl.stages;
-        plan->clusters = (int)(dyn ? ctas : pl.clusters);
+        plan->clusters = (int)nclusters;
         plan->ctas = (int)ctas;
         plan->dynamic = dyn;
     }
     /* after_divisor: start while ce_divisor_kernel runs; the kernel waits where it reads it */
     CE_CHECK(lf_launch_clusters(dyn ? kernel_dyn : kernel, ctas, pl.cluster, block, pl.dyn_bytes, stream, after_divisor, p,
-                                pl.cluster, pl.stages, (int)pl.slice_units, (int)(dyn ? ctas : pl.clusters)));
+                                pl.cluster, pl.stages, (int)pl.slice_units, (int)nclusters));
     *launched = true;
     return LF_OK;
 }

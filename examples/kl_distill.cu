@@ -584,7 +584,9 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
 {
     constexpr int TH = KL_RES_GROUP, G = KL_RES_GROUPS;
     static_assert(sizeof(TS) == 2 && sizeof(TT) == 2, "the resident schedule stages 16-bit sides");
-    extern __shared__ uint4 kl_smem[]; /* [nstages][2 su] */
+    /* [nstages][2 su], aligned to 128 bytes (as cross_entropy.cu's ring: where the static
+     * variables leave the stages matters, measured there) */
+    extern __shared__ __align__(128) uint4 kl_res_smem[];
     __shared__ uint64_t full[KL_RES_MAX_STAGES];
     __shared__ int stage_st[KL_RES_MAX_STAGES];    /* the status of the row in the stage */
     __shared__ int64_t stage_k[KL_RES_MAX_STAGES]; /* the ticket: local row last loaded, -1 none */
@@ -649,7 +651,7 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
         if (status || nu == 0) {
             lf_mbar_arrive(&full[q]);
         } else {
-            uint4 *b = kl_smem + (size_t)q * 2 * su;
+            uint4 *b = kl_res_smem + (size_t)q * 2 * su;
             lf_mbar_arrive_tx(&full[q], 32u * (uint32_t)nu);
             lf_bulk_load(b, xs, 16u * (uint32_t)nu, &full[q]);
             lf_bulk_load(b + su, xt, 16u * (uint32_t)nu, &full[q]);
@@ -706,7 +708,7 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
                 kl_row_outputs(p, row, kl_dual_out_zero(), 0.0f);
             }
         } else {
-            const uint4 *bs = kl_smem + (size_t)q * 2 * su, *bt = bs + su;
+            const uint4 *bs = kl_res_smem + (size_t)q * 2 * su, *bt = bs + su;
             /* pass 1, its merges and the row's statistics, for the terms the loss needs (T) */
             lf_dual_out dout;
             auto pass1 = [&](auto terms) {

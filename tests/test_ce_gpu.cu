@@ -1198,49 +1198,73 @@ int main(int argc, char **argv)
         run_case(c);
     }
 
-    /* The row-resident schedule's dynamic rows (sm_90, rows of one CTA): the plan takes them
-     * where rows are not split over clusters; the same bits as a fixed share per CTA (run_case's
-     * determinism check relaunches the other way); fewer rows than CTAs; NaN and +inf rows (the
-     * order-free sum's NaN count); every row ignored; z-loss with sum; reduction none (the row
-     * counter must still be reset). */
-    {
+    /* The row-resident schedule's dynamic rows (sm_90), rows of one CTA and rows split over a
+     * cluster (rank 0 draws and hands the row to its peers with the exchange; an ignored row still
+     * exchanges): the same bits as a fixed share (run_case's determinism check relaunches the
+     * other way); fewer rows than CTAs or clusters; NaN and +inf rows (the order-free sum's NaN
+     * count); every row ignored (every row an exchange without statistics); bad labels; z-loss
+     * with sum; reduction none (the row counter must still be reset); statistics and smoothing
+     * (the full merge). */
+    for (int cl = 0; cl < 2; ++cl) {
+        static char names[2][8][64];
+        auto named = [&](int i, const char *what) {
+            snprintf(names[cl][i], sizeof names[cl][i], "dynamic rows%s, %s", cl ? " (clusters)" : "", what);
+            return names[cl][i];
+        };
         Case c;
-        c.name = "dynamic rows, z-loss, sum";
+        c.name = named(0, "z-loss, sum");
         c.N = g_small ? 300 : 5000;
-        c.V = g_small ? 16385 : 32768;
+        c.V = cl ? (g_small ? 40000 : 151936) : (g_small ? 16385 : 32768);
         c.lam = 1e-3f;
         c.red = LF_REDUCE_SUM;
         c.determinism = true;
         c.expect_schedule = CE_SCHED_RESIDENT;
         c.expect_dynamic = 1;
         run_case(c);
-        c.name = "dynamic rows, fewer rows than SMs, NaN rows";
+        c.name = named(1, "fewer rows than SMs, NaN rows");
         c.N = 7;
         c.plant_nonfinite = true;
         c.check_all = true;
         run_case(c);
-        c.name = "dynamic rows, all ignored, mean";
+        c.name = named(2, "all ignored, mean");
         c.N = g_small ? 200 : 3000;
         c.plant_nonfinite = false;
         c.ignore_frac = 1.0;
         c.red = LF_REDUCE_MEAN;
         run_case(c);
-        c.name = "dynamic rows, reduction none, in place";
+        c.name = named(3, "reduction none, in place, bad labels");
         c.ignore_frac = 0.05;
+        c.bad_frac = 0.1;
         c.red = LF_REDUCE_NONE;
         c.grad = 2;
         run_case(c);
-        c.name = "static rows forced, mean";
-        c.static_rows = 1;
+        c.name = named(4, "smoothing, statistics, ties");
+        c.bad_frac = 0.0;
         c.red = LF_REDUCE_MEAN;
+        c.grad = 1;
+        c.eps = 0.1f;
+        c.stats = true;
+        c.plant_ties = true;
+        c.ignore_frac = 0.3;
+        run_case(c);
+        c.name = named(5, "off: static rows forced, mean");
+        c.eps = 0.0f;
+        c.stats = false;
+        c.plant_ties = false;
+        c.ignore_frac = 0.05;
+        c.static_rows = 1;
         c.expect_dynamic = 0;
         run_case(c);
-        c.name = "clusters: static rows";
-        c.static_rows = 0;
-        c.V = g_small ? 40000 : 151936;
-        c.N = g_small ? 64 : 700;
-        c.expect_dynamic = 0;
+    }
+    if (!g_small) { /* fp32 rows of 1 MB: the largest clusters (14-16 CTAs, as the chip's GPCs allow) */
+        Case c;
+        c.name = "dynamic rows, fp32 V=256K, the largest clusters";
+        c.dt = LF_F32;
+        c.N = 300;
+        c.V = 262144;
+        c.determinism = true;
         c.expect_schedule = CE_SCHED_RESIDENT;
+        c.expect_dynamic = 1;
         run_case(c);
     }
 
