@@ -298,11 +298,12 @@ static __device__ __forceinline__ void ce_store_row_loss(const P &p, int64_t row
 
 /* The outputs of a valid row, by one thread: per-row values, and the row's loss (and z term)
  * where the reduction finds them: in the workspace per row, or added to the order-free sums
- * acc[0] and acc[1] in global memory (integer reductions: lf_xsum_atomic_add; see
- * ce_batch_reduce_xsum). x_y is the label's raw logit. */
+ * acc[0] and acc[1] in global memory through the thread's caches cache[0], cache[1]
+ * (lf_xsum_cached_add: integer reductions when a bucket changes; the thread flushes them after
+ * its rows; see ce_batch_reduce_xsum). x_y is the label's raw logit. */
 template <bool FULL, bool SOFTCAP>
 static __device__ __forceinline__ void ce_row_outputs(const ce_kparams &p, int64_t row, int64_t y, const lf_row_stats &rs,
-                                                      float x_y, lf_xsum *acc = nullptr)
+                                                      float x_y, lf_xsum *acc = nullptr, lf_xsum_cache *cache = nullptr)
 {
     const float lse = lf_lse_final(rs.lse);
     const float w_y = p.class_w ? __ldg(p.class_w + y) : 1.0f;
@@ -320,8 +321,8 @@ static __device__ __forceinline__ void ce_row_outputs(const ce_kparams &p, int64
     if (FULL && p.argmax) p.argmax[row] = rs.am.i;
     if (FULL && p.n_correct && rs.am.i == (int32_t)y) atomicAdd(p.n_correct, 1u);
     if (acc) {
-        lf_xsum_atomic_add(&acc[0], loss);
-        if (p.z_out) lf_xsum_atomic_add(&acc[1], zterm);
+        lf_xsum_cached_add(&acc[0], &cache[0], loss);
+        if (p.z_out) lf_xsum_cached_add(&acc[1], &cache[1], zterm);
     } else {
         ce_store_row_loss(p, row, loss, zterm);
     }
@@ -395,8 +396,8 @@ static __device__ __forceinline__ void ce_batch_reduce(const ce_kparams &p, unsi
 
 /* The row-resident kernel's end, by every thread of one group (THREADS, barrier bar) of each of
  * the `ncount` CTAs, after all its rows: the rows' losses and z terms have been added to the
- * workspace's order-free sums p.ws->xs (lf_xsum_atomic_add, by the thread that wrote each row);
- * the CTA counts itself, and the CTA that completes the count turns the sums into the loss (the
+ * workspace's order-free sums p.ws->xs (lf_xsum_cached_add by the thread that wrote each row,
+ * its caches flushed before this); the CTA counts itself, and the CTA that completes the count turns the sums into the loss (the
  * same bits whichever CTA took which row: the dynamic row counter needs that) and leaves the
  * workspace ready for the next launch: sums, counters and the row counter back to 0. With
  * reduction none only the counters (the dynamic schedule's row counter must be reset).
@@ -937,6 +938,7 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
     /* sum / mean: the thread that writes a row's outputs adds its loss to the workspace's
      * order-free sums (ce_batch_reduce_xsum) */
     const bool sums = p.reduction != LF_REDUCE_NONE;
+    lf_xsum_cache xcache[2] = {lf_xsum_cache_init(), lf_xsum_cache_init()}; /* thread 0's: loss, z term */
     if (threadIdx.x == 0 && grp == 0) {
         for (int q = 0; q < nstages; ++q) {
             lf_mbar_init(&full[q], 1);
@@ -1202,7 +1204,7 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
             }
             /* the row's outputs: thread 0 of the CTA that holds the label */
             if (threadIdx.x == 0 && rank == lf_row_owner_rank<T>(y, sp, nranks))
-                ce_row_outputs<FULL, SOFTCAP>(p, row, y, st, xy_s[grp][rpar], sums ? p.ws->xs : nullptr);
+                ce_row_outputs<FULL, SOFTCAP>(p, row, y, st, xy_s[grp][rpar], sums ? p.ws->xs : nullptr, xcache);
         }
         CE_TR(4);
         /* The whole group is done with the stage: its thread 0 reloads it. (Measured: letting the
@@ -1234,9 +1236,14 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
         atomicAdd(&ce_res_trace[7], (unsigned long long)(clock64() - t0_));
     }
 #endif
-    /* each group's thread 0 made the group's reductions into p.ws->xs: ordered before the
-     * count that ce_batch_reduce_xsum takes (besides the barrier below and its own fence) */
-    if (threadIdx.x == 0 && sums) __threadfence();
+    /* each group's thread 0 made the group's reductions into p.ws->xs (the rest of them now,
+     * from its caches): ordered before the count that ce_batch_reduce_xsum takes (besides the
+     * barrier below and its own fence) */
+    if (threadIdx.x == 0 && sums) {
+        lf_xsum_cache_flush(&p.ws->xs[0], &xcache[0]);
+        lf_xsum_cache_flush(&p.ws->xs[1], &xcache[1]);
+        __threadfence();
+    }
     __syncthreads();
     if (nranks > 1) lf_cluster_sync(); /* no CTA leaves while a peer may still post to it */
     if (grp != 0 || (!sums && !dyn)) return;
