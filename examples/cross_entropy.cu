@@ -397,10 +397,11 @@ static __device__ __forceinline__ void ce_batch_reduce(const ce_kparams &p, unsi
 /* The row-resident kernel's end, by every thread of one group (THREADS, barrier bar) of each of
  * the `ncount` CTAs, after all its rows: the rows' losses and z terms have been added to the
  * workspace's order-free sums p.ws->xs (lf_xsum_cached_add by the thread that wrote each row,
- * its caches flushed before this); the CTA counts itself, and the CTA that completes the count turns the sums into the loss (the
- * same bits whichever CTA took which row: the dynamic row counter needs that) and leaves the
- * workspace ready for the next launch: sums, counters and the row counter back to 0. With
- * reduction none only the counters (the dynamic schedule's row counter must be reset).
+ * its caches flushed before this); the CTA counts itself, and the CTA that completes the count
+ * turns the sums into the loss (the same bits whichever CTA took which row: the dynamic row
+ * counter needs that) and leaves the workspace ready for the next launch: sums, counters and
+ * the row counter back to 0. With reduction none only the counters (the dynamic schedule's row
+ * counter must be reset).
  * xf: 2 lf_xsum of shared scratch, 8-byte aligned. */
 template <int THREADS>
 static __device__ __forceinline__ void ce_batch_reduce_xsum(const ce_kparams &p, unsigned long long ncount, lf_xsum *xf,
