@@ -2473,29 +2473,18 @@ static __device__ __forceinline__ void lf_atomic_add_aggregated(float *base, int
     if (slot >= 0 && lane == __ffs((int)grp) - 1) atomicAdd(base + slot, s);
 }
 
-/* Adds v to the order-free sum *dst (lossfuse.h section 3d, lf_xsum) in global memory: one
- * integer reduction (red.global.add, nothing returned: the thread does not wait), by any thread
- * of any CTA, in any order; the sum's bits do not depend on it. A kernel reads the total after
- * all adds are ordered before it (a __threadfence and a completion count, as ce_batch_reduce_xsum
- * in examples/cross_entropy.cu). */
-static __device__ __forceinline__ void lf_xsum_atomic_add(lf_xsum *dst, float v)
-{
-    int b, sp;
-    const long long t = lf_xsum_term(v, &b, &sp);
-    if (sp == 1) atomicAdd(&dst->nan, 1u);
-    else if (sp == 2) atomicAdd(&dst->pinf, 1u);
-    else if (sp == 3) atomicAdd(&dst->ninf, 1u);
-    else if (t != 0) atomicAdd(reinterpret_cast<unsigned long long *>(&dst->b[b]), (unsigned long long)t);
-}
-
-/* The same with one bucket held in a thread's registers: adds that fall in the held bucket are
- * summed there (integers: exact, order-free) and reach *dst only when another bucket comes, after
- * 2^30 adds, or at lf_xsum_cache_flush, which the thread must call before the total is read.
+/* Adds to the order-free sum *dst (lossfuse.h section 3d, lf_xsum) in global memory, by any
+ * thread of any CTA, in any order: the sum's bits do not depend on it. One bucket is held in the
+ * thread's registers: adds that fall in the held bucket are summed there (integers: exact,
+ * order-free) and reach *dst only when another bucket comes, after 2^30 adds, or at
+ * lf_xsum_cache_flush, which the thread must call before the total is read.
  * Values of one magnitude share a bucket (it spans a factor of 256), so a thread that adds many
  * (a row loss per row) makes a few global reductions instead of one each: measured on an H200,
  * one 64-bit reduction per row on one address from every SM cost the row-resident cross-entropy
  * 3-5% at V = 32K (examples/cross_entropy.cu, bench/RESULTS.md). NaN and infinities are counted
- * in *dst at once. */
+ * in *dst at once. The reductions are red.global.add (nothing returned: the thread does not
+ * wait). A kernel reads the total after all adds are ordered before it (each thread's flush, a
+ * __threadfence and a completion count, as ce_batch_reduce_xsum in examples/cross_entropy.cu). */
 typedef struct lf_xsum_cache {
     long long t; /* the held bucket's sum */
     int b;       /* the held bucket, -1 none */
@@ -2532,6 +2521,15 @@ static __device__ __forceinline__ void lf_xsum_cached_add(lf_xsum *dst, lf_xsum_
     }
     c->t += t;
     ++c->n;
+}
+
+/* One add straight to *dst (as lf_xsum_cached_add followed by lf_xsum_cache_flush): for a
+ * thread that adds once or rarely. */
+static __device__ __forceinline__ void lf_xsum_atomic_add(lf_xsum *dst, float v)
+{
+    lf_xsum_cache c = lf_xsum_cache_init();
+    lf_xsum_cached_add(dst, &c, v);
+    lf_xsum_cache_flush(dst, &c);
 }
 
 /* out[k] = sum of v[t] over t in [cu_seqlens[k], cu_seqlens[k+1]) for k < nseq, computed by
