@@ -544,6 +544,28 @@ static void run_case(const Case &c)
                    b.static_rows, l2, z2, plan.dynamic, l1, z1);
             EXPECT(h1 == h2, "gradient differs between dynamic %d and %d", plan.dynamic, plan2.dynamic);
         }
+        /* mean without a divisor: the divisor kernel's count must be the sum of the valid rows'
+         * weights, which is exact in double in any order for these weights (0 or [0.25, 2), at
+         * most 2^20 rows): the same bits as that sum given as a device divisor */
+        if (c.red == LF_REDUCE_MEAN && !c.dev_divisor && N <= (1 << 20)) {
+            ce_args b = a;
+            const float dv = (float)wsum_valid;
+            CK(cudaMemcpy(divd.p, &dv, 4, cudaMemcpyHostToDevice));
+            b.divisor = (const float *)divd.p;
+            if (c.grad == 2) {
+                gen_device(x.p, c, stride, data_seed);
+                CK(cudaDeviceSynchronize());
+            }
+            EXPECT(ce_launch(&b, 0, &ce) == LF_OK, "relaunch with the divisor given failed");
+            CK(cudaDeviceSynchronize());
+            float l2, z1 = zoh[0], z2;
+            CK(cudaMemcpy(&l2, loss.p, 4, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(&z2, zo.p, 4, cudaMemcpyDeviceToHost));
+            const unsigned long long h2 = c.grad ? device_checksum(c.grad == 1 ? gbuf.p : x.p, (c.grad == 1 ? (size_t)N * gstride : nel) * esz) : 0;
+            EXPECT(bits(l1) == bits(l2) && bits(z1) == bits(z2), "divisor %.9g given: loss / z %.9g / %.9g, counted: %.9g / %.9g",
+                   (double)dv, l2, z2, l1, z1);
+            EXPECT(h1 == h2, "gradient differs between the divisor counted and given");
+        }
     }
     printf("%-4s %s\n", g_fail == fails_before ? "ok" : "FAIL", g_case);
     fflush(stdout);
