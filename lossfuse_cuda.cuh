@@ -3028,14 +3028,26 @@ static inline cudaError_t lf_launch_clusters(K kernel, int64_t ctas, int cluster
 
 /* What a ring kernel may use on one device: dyn_max, the dynamic shared memory a CTA can have
  * (0: the device or the kernel's code is not sm_90: the bulk copies would trap), cmax, the
- * largest cluster (8, or 16 where non-portable sizes are allowed); and a cache of the last
+ * largest cluster (8, or 16 where non-portable sizes are allowed); peak_bw, the memory's peak
+ * bandwidth in bytes/s from its clock and bus width (0: not reported); and a cache of the last
  * occupancy query per cluster size (a training loop asks the same every step; host threads
  * launching at once may interleave its writes: the worst outcome is a grid of the wrong size
  * for one launch, which still computes the right result). */
 typedef struct lf_ring_device {
     int ready, dyn_max, cmax;
+    double peak_bw;
     int q_dyn[17], q_groups[17];
 } lf_ring_device;
+
+/* The memory bandwidth (bytes/s of the device's peak) that one streaming CTA of a ring kernel
+ * is given when rows are handed out dynamically: lf_ring_plan's `streaming` launches about
+ * peak / LF_RING_CTA_BW CTAs, at most as many as are resident. Measured with the fused
+ * cross-entropy (bench/RESULTS.md, session 18): on an H100 SXM (3.35 TB/s peak, 132 SMs) 96-104
+ * CTAs streamed 2-8% faster than 120-132 at every benchmark shape, while on an H200 (4.8 TB/s)
+ * every CTA fewer than 132 was slower (96: 19%). */
+#ifndef LF_RING_CTA_BW
+#define LF_RING_CTA_BW 33.5e9
+#endif
 
 /* Once per kernel and device (d zero-initialised): the shared-memory opt-in and the cluster
  * limit. The code that runs must be sm_90's: a build for compute_80 only, JIT-compiled on a
@@ -3058,6 +3070,13 @@ template <typename K> static inline cudaError_t lf_ring_setup(K kernel, int dev,
         if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) d->cmax = 16;
         else (void)cudaGetLastError();
     }
+    int khz = 0, bits = 0;
+    d->peak_bw = 0.0;
+    if (cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&bits, cudaDevAttrGlobalMemoryBusWidth, dev) == cudaSuccess)
+        d->peak_bw = 2.0 * (double)khz * 1e3 * (double)bits / 8.0; /* double data rate */
+    else
+        (void)cudaGetLastError();
     d->ready = 1;
     return cudaSuccess;
 }
@@ -3091,10 +3110,12 @@ static inline lf_ring_req lf_ring_req_make(int64_t units, int unit_bytes, int64_
 /* The plan: clusters of `cluster` CTAs (0: nothing fits), `stages` slices of slice_units
  * units each (dyn_bytes of shared memory), `clusters` clusters (ctas CTAs): as few as give the
  * busiest its row count, for a fixed share of rows each; `resident`: how many such clusters the
- * device runs at once (a kernel that hands rows out dynamically launches that many). */
+ * device runs at once; `streaming`: how many a kernel that hands rows out dynamically launches
+ * (resident, or fewer where the memory's peak bandwidth is less than LF_RING_CTA_BW per CTA;
+ * at most the rows). */
 typedef struct lf_ring_plan {
     int cluster, stages;
-    int64_t slice_units, clusters, ctas, resident;
+    int64_t slice_units, clusters, ctas, resident, streaming;
     size_t dyn_bytes;
 } lf_ring_plan;
 
@@ -3154,6 +3175,12 @@ static inline cudaError_t lf_ring_plan_make(K kernel, dim3 block, int dev, lf_ri
     out->clusters = (r.rows + most - 1) / most;
     out->ctas = out->clusters * out->cluster;
     out->resident = best_groups;
+    int64_t s = best_groups;
+    if (d->peak_bw > 0.0) {
+        const double want = d->peak_bw / (LF_RING_CTA_BW * (double)out->cluster);
+        if (want < (double)s) s = want < 1.0 ? 1 : (int64_t)ceil(want);
+    }
+    out->streaming = s < r.rows ? s : r.rows;
     return cudaSuccess;
 }
 

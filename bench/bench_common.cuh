@@ -54,7 +54,11 @@ static cudaDeviceProp bench_device_line(void)
     CK(cudaGetDeviceProperties(&prop, 0));
     std::string name = prop.name;
     std::replace(name.begin(), name.end(), ' ', '_');
-    printf("DEVICE name=%s sms=%d l2_bytes=%d\n", name.c_str(), prop.multiProcessorCount, prop.l2CacheSize);
+    int khz = 0, bits = 0; /* the memory's peak, as lf_ring_setup computes it (0: not reported) */
+    CK(cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, 0));
+    CK(cudaDeviceGetAttribute(&bits, cudaDevAttrGlobalMemoryBusWidth, 0));
+    printf("DEVICE name=%s sms=%d l2_bytes=%d mem_khz=%d bus_bits=%d peak_gbps=%.1f\n", name.c_str(), prop.multiProcessorCount,
+           prop.l2CacheSize, khz, bits, 2.0 * khz * 1e3 * bits / 8.0 / 1e9);
     return prop;
 }
 

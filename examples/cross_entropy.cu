@@ -1424,15 +1424,16 @@ static lf_status ce_launch_resident(const ce_kparams &p, int max_cluster, int st
     if (pl.cluster == 0) return forced ? LF_ERR_SIZE : LF_OK;
     /* Rows handed out dynamically where the ring has at most two groups (ce_resident_kernel's
      * end-of-rows hand-off; the timing probe without the exchange has no way to hand rows to a
-     * cluster's peers): every resident cluster starts, and the ones on faster SMs take more
-     * rows. Measured on an H200 (bench/RESULTS.md): with a fixed share each, the CTAs of one
-     * launch finished up to 17% apart. */
+     * cluster's peers): every streaming cluster (lf_ring_plan) starts, and the ones on faster
+     * SMs take more rows. Measured on an H200 (bench/RESULTS.md): with a fixed share each, the
+     * CTAs of one launch finished up to 17% apart. */
     bool dyn = !static_rows && CE_RES_GROUPS <= 2 && (pl.cluster == 1 || !CE_RES_PROBE_NOXCHG);
     if (dyn) { /* the dynamic kernel's own shared-memory opt-in; the plan's stages must fit it too */
         CE_CHECK(lf_ring_setup(kernel_dyn, dev, &ring_dyn_d[dev]));
         dyn = ring_dyn_d[dev].dyn_max >= (int)pl.dyn_bytes;
     }
-    const int64_t nclusters = dyn ? std::min<int64_t>(pl.resident, p.n_rows) : pl.clusters, ctas = nclusters * pl.cluster;
+    /* dynamic rows: as many clusters as stream the memory's bandwidth (lf_ring_plan) */
+    const int64_t nclusters = dyn ? pl.streaming : pl.clusters, ctas = nclusters * pl.cluster;
     if (plan) {
         plan->schedule = CE_SCHED_RESIDENT;
         plan->cluster = pl.cluster;
