@@ -3042,9 +3042,9 @@ typedef struct lf_ring_device {
 /* The memory bandwidth (bytes/s of the device's peak) that one streaming CTA of a ring kernel
  * is given when rows are handed out dynamically: lf_ring_plan's `streaming` launches about
  * peak / LF_RING_CTA_BW CTAs, at most as many as are resident. Measured with the fused
- * cross-entropy (bench/RESULTS.md, session 18): on an H100 SXM (3.35 TB/s peak, 132 SMs) 96-104
- * CTAs streamed 2-8% faster than 120-132 at every benchmark shape, while on an H200 (4.8 TB/s)
- * every CTA fewer than 132 was slower (96: 19%). */
+ * cross-entropy (bench/RESULTS.md, session 18): on an H100 SXM (3.35 TB/s peak, 132 SMs) the
+ * best of 96-104 CTAs streamed 0.7-8% faster than 120-132 at every benchmark shape, while on an
+ * H200 (4.8 TB/s) every CTA fewer than 132 was slower (96: 19%). */
 #ifndef LF_RING_CTA_BW
 #define LF_RING_CTA_BW 33.5e9
 #endif
