@@ -826,10 +826,6 @@ __global__ void __launch_bounds__(CE_THREADS, CE_CTAS_PER_SM) ce_kernel(const ce
 #ifndef CE_RES_PROBE_NOXCHG
 #define CE_RES_PROBE_NOXCHG 0 /* a timing probe, WRONG results: 1 skips the cluster exchange (what it costs) */
 #endif
-#ifndef CE_RES_OUT_WARP
-#define CE_RES_OUT_WARP 1 /* the warp whose lane 0 writes each row's outputs, after the reload
-                           * barrier (-1: thread 0, before it; measured in bench/RESULTS.md) */
-#endif
 #ifndef CE_RES_POLY
 #define CE_RES_POLY 0 /* of each 8 elements, exponentials on the FMA pipe (lf_ex2_fma), fast path */
 #endif
@@ -911,13 +907,11 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
     /* TH >= 64: a one-warp group's block merge has no barrier, which the label logit hand-off
      * (xy_s) relies on */
     static_assert(G >= 1 && G <= 8 && TH % 32 == 0 && TH >= 64, "CE_RES_GROUPS in 1..8, CE_RES_GROUP a multiple of 32, >= 64");
-    static_assert(CE_RES_OUT_WARP < TH / 32, "CE_RES_OUT_WARP: a warp of the group, or -1");
-    /* A row's outputs (ce_row_outputs: a log, the order-free sums) are written by lane 0 of warp
-     * CE_RES_OUT_WARP after the barrier that ends the row, while thread 0 (of warp 0) reloads
-     * the stage: the reload does not wait for them (measured on an H200: 0.3-1.2% faster at
-     * every shape of the benchmark, most at V = 32K). */
-    constexpr int OUTW = CE_RES_OUT_WARP;
-    const int out_t = OUTW < 0 ? 0 : OUTW * 32;
+    /* A row's outputs (ce_row_outputs: a log, the order-free sums) are written by out_t, lane 0
+     * of warp 1, after the barrier that ends the row, while thread 0 (of warp 0) reloads the
+     * stage: the reload does not wait for them (measured on an H200: 0.3-1.2% faster at every
+     * shape of the benchmark, most at V = 32K, than thread 0 writing them before the barrier). */
+    constexpr int out_t = 32;
     /* [nstages][stage_vecs]. Aligned to 128 bytes: where the static variables above leave the
      * dynamic part matters. Measured on an H200 (bench/RESULTS.md, session 17), the same kernel
      * with its stages at 80 bytes past a 128-byte line was 4-6% slower at V = 131072 / 262144
@@ -1126,7 +1120,7 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
         const int status = y == p.ignore_index ? 1 : (y < 0 || y >= V) ? 2 : 0;
         const uint4 *b = ce_res_smem + (size_t)q * stage_vecs;
         /* the row's outputs, by out_t (of rank 0 for an ignored or bad row, of the label's owner
-         * for a valid one): written at the row's end (after the reload barrier when OUTW >= 0) */
+         * for a valid one): written at the row's end, after the reload barrier */
         lf_row_stats st_out;
         int out_slot = -1; /* -1: none here; else the slot of the label logit xy_s */
         if (status) {
@@ -1222,15 +1216,6 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
                 out_slot = rpar;
             }
         }
-        /* the outputs (xy_s[grp][out_slot] is next written in the group's third row from here) */
-        auto write_outputs = [&]() {
-            if (status) {
-                if (rank == 0 && (int)threadIdx.x == out_t) ce_row_outputs_zero(p, row, status, sums);
-            } else if (out_slot >= 0) {
-                ce_row_outputs<FULL, SOFTCAP>(p, row, y, st_out, xy_s[grp][out_slot], sums ? p.ws->xs : nullptr, xcache);
-            }
-        };
-        if (OUTW < 0) write_outputs();
         CE_TR(4);
         /* The whole group is done with the stage: its thread 0 reloads it. (Measured: letting the
          * last warp to finish reload it instead, counted with a shared atomic, is no faster; with a
@@ -1242,7 +1227,12 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
             load(q, k_next, row_of(k_next), y_next);
             prefetch(row_of(k_pf), y_pf);
         }
-        if (OUTW >= 0) write_outputs();
+        /* the row's outputs (xy_s[grp][out_slot] is next written in the group's third row from here) */
+        if (status) {
+            if (rank == 0 && (int)threadIdx.x == out_t) ce_row_outputs_zero(p, row, status, sums);
+        } else if (out_slot >= 0) {
+            ce_row_outputs<FULL, SOFTCAP>(p, row, y, st_out, xy_s[grp][out_slot], sums ? p.ws->xs : nullptr, xcache);
+        }
         CE_TR(5);
 #ifdef CE_RES_TRACE
         ++rows_;
