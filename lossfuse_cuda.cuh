@@ -37,7 +37,8 @@
  *   3. Block reductions (lf_block_*): caller-owned scratch, results broadcast to all threads;
  *      lf_block_lse_fast (one barrier) and its halves lf_block_lse_post / _merge around a
  *      shared-memory mbarrier (lf_mbar_init / _arrive / _wait; sm_90: _arrive_tx, _expect_tx,
- *      _init_fence); stage tickets for rings shared by warp groups (lf_ticket_store / _load)
+ *      _init_fence); stage tickets for rings shared by warp groups (lf_ticket_store / _load);
+ *      rows handed out dynamically (lf_ring_draw, lf_ring_next)
  *   4. Vectorized row access: lf_row_span (head / 16-byte body / tail), 16-byte loads/stores
  *   5. Shared-memory pieces and the online-softmax row pass: cp.async, lf_bulk_load (sm_90:
  *      the copy engine, one instruction per row slice; lf_bulk_prefetch_l2), lf_row_slice,
@@ -624,6 +625,36 @@ static __device__ __forceinline__ int64_t lf_ticket_load(int64_t *t)
     int64_t v;
     asm volatile("atom.acquire.cta.shared.add.u64 %0, [%1], 0;" : "=l"(v) : "r"((uint32_t)__cvta_generic_to_shared(t)) : "memory");
     return v;
+}
+
+/* Rows handed out dynamically to the CTAs (or clusters) of a ring (examples/cross_entropy.cu,
+ * kl_distill.cu): the first `first` rows are fixed shares (the rings' first stages), the rest
+ * come from a counter in the caller's workspace, zero before a launch and set back to zero by
+ * the launch's last CTA (so graph replays and the next launch find it ready). lf_ring_draw: the
+ * next row, -1 once the n rows are out; each draw must be used (a row drawn is a row owed).
+ * In a cluster one CTA draws and hands the row to its peers with an exchange it makes anyway
+ * (lf_cluster_store on the exchange's phase): an lf_ring_next, the row (UINT32_MAX: none left;
+ * so fewer than 2^32 rows) and a 32-bit tag of the kernel's, what the peers must know of the
+ * row before they read it (its label's status, its mask). */
+typedef struct lf_ring_next {
+    uint32_t row;
+    int32_t tag;
+} lf_ring_next;
+static __device__ __forceinline__ int64_t lf_ring_draw(unsigned long long *counter, int64_t first, int64_t n)
+{
+    const unsigned long long d = atomicAdd(counter, 1ull);
+    return (int64_t)d < n - first ? first + (int64_t)d : -1;
+}
+static __device__ __forceinline__ lf_ring_next lf_ring_next_make(int64_t row, int32_t tag)
+{
+    lf_ring_next n;
+    n.row = row < 0 ? UINT32_MAX : (uint32_t)row;
+    n.tag = tag;
+    return n;
+}
+static __device__ __forceinline__ int64_t lf_ring_next_row(const lf_ring_next &n)
+{
+    return n.row == UINT32_MAX ? -1 : (int64_t)n.row;
 }
 
 /* ============================================================================================

@@ -800,7 +800,7 @@ __global__ void __launch_bounds__(CE_THREADS, CE_CTAS_PER_SM) ce_kernel(const ce
  * to be valid, its label loaded and its slice prefetched into L2 during the statistics pass, so
  * that nothing waits for the draw): measured on an H200, CTAs with a fixed share each finished up
  * to 17% apart (some SMs get more of the memory bandwidth), and the launch lasts as long as the
- * slowest. In a cluster rank 0 draws, and its exchange (ce_next, on the same mbarrier phase)
+ * slowest. In a cluster rank 0 draws, and its exchange (lf_ring_next, on the same mbarrier phase)
  * carries the row and its label to the peers, which prefetch their slices and reload the stage
  * with them after the collect (an ignored row, which has no statistics, still exchanges). A
  * draw past the last row ends the group: it passes the end on to its stage's next user and
@@ -860,31 +860,20 @@ static __device__ __forceinline__ unsigned long long ce_gtime(void)
 #endif
 
 /* What rank 0 of a cluster hands its peers with a row's exchange where rows are handed out
- * dynamically: the row its stage takes next (UINT32_MAX: no more rows; the schedule takes < 2^32
- * rows) and that row's label as far as the peers use it: a valid label, -1 ignored, -2 bad (a
- * peer only needs which; rank 0, which writes the row's outputs and counts bad labels, keeps its
- * own). Two words: this rides on every row's exchange, and the ring's shared memory is tight
- * (at V = 151936 in bf16, three stages of a cluster of 4 leave 0-48 bytes). */
-typedef struct ce_next {
-    uint32_t row;
-    int32_t y;
-} ce_next;
-static __device__ __forceinline__ ce_next ce_next_pack(const ce_kparams &p, int64_t row, int64_t y)
+ * dynamically (lf_ring_next): the row its stage takes next and, as the tag, that row's label as
+ * far as the peers use it: a valid label, -1 ignored, -2 bad (a peer only needs which; rank 0,
+ * which writes the row's outputs and counts bad labels, keeps its own). Two words: this rides on
+ * every row's exchange, and the ring's shared memory is tight (at V = 151936 in bf16, three
+ * stages of a cluster of 4 leave 0-48 bytes). */
+static __device__ __forceinline__ lf_ring_next ce_next_pack(const ce_kparams &p, int64_t row, int64_t y)
 {
-    ce_next n;
-    n.row = row < 0 ? UINT32_MAX : (uint32_t)row;
-    n.y = y == p.ignore_index ? -1 : (y < 0 || y >= p.vocab) ? -2 : (int32_t)y;
-    return n;
+    return lf_ring_next_make(row, y == p.ignore_index ? -1 : (y < 0 || y >= p.vocab) ? -2 : (int32_t)y);
 }
-/* the row (-1: none) and a label with the same status: the ignore index, or some bad label */
-static __device__ __forceinline__ int64_t ce_next_row(const ce_next &n)
+/* a label with the tag's status: the label, the ignore index, or some bad label */
+static __device__ __forceinline__ int64_t ce_next_label(const ce_kparams &p, const lf_ring_next &n)
 {
-    return n.row == UINT32_MAX ? -1 : (int64_t)n.row;
-}
-static __device__ __forceinline__ int64_t ce_next_label(const ce_kparams &p, const ce_next &n)
-{
-    if (n.y >= 0) return n.y;
-    if (n.y == -1) return p.ignore_index;
+    if (n.tag >= 0) return n.tag;
+    if (n.tag == -1) return p.ignore_index;
     return p.ignore_index == p.vocab ? p.vocab + 1 : p.vocab; /* outside [0, V), not the ignore index */
 }
 
@@ -925,7 +914,7 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
     __shared__ int64_t stage_k[CE_RES_MAX_STAGES];  /* the ticket: local row last loaded, -1 none */
     __shared__ __align__(16) lf_row_stats red[G][CE_SLOTS][TH / 32];
     __shared__ lf_row_stats xs[G][2][16];           /* cluster exchange: per group, two sets */
-    __shared__ ce_next xnx[G][2];                   /* ... and rank 0's next row (dynamic) */
+    __shared__ lf_ring_next xnx[G][2];              /* ... and rank 0's next row (dynamic) */
     __shared__ uint64_t xbar[G][2];
     __shared__ unsigned am_key[G][CE_SLOTS];
     __shared__ int am_nan[G][CE_SLOTS];
@@ -938,7 +927,7 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
     /* Rows: static, this cluster's cid, cid + nclusters, ... (local row k is the k-th); dynamic
      * (dyn, at most two groups), the first nstages the same, then whichever row the workspace's
      * counter hands out (from nclusters * nstages on) when a stage is reloaded, until it passes N.
-     * In a cluster rank 0 draws and posts the row with its statistics (ce_next). */
+     * In a cluster rank 0 draws and posts the row with its statistics (lf_ring_next). */
     const int64_t my_rows = dyn ? INT64_MAX : cid < N ? (N - 1 - cid) / nclusters + 1 : 0;
     const int64_t drawn0 = (int64_t)nclusters * nstages; /* dynamic: the counter's first row */
     /* sum / mean: the thread that writes a row's outputs adds its loss to the workspace's
@@ -1074,8 +1063,7 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
              * L2 then; in a cluster it goes to the peers with the exchange; it is loaded into the
              * stage at the reload */
             if (threadIdx.x == 0 && rank == 0) {
-                const unsigned long long d = atomicAdd(&p.ws->row_next, 1ull);
-                r_next = (int64_t)d < N - drawn0 ? drawn0 + (int64_t)d : -1;
+                r_next = lf_ring_draw(&p.ws->row_next, drawn0, N);
             }
             if (rank == 0) {
                 const T *x0 = (const T *)p.logits + row * p.stride;
@@ -1099,7 +1087,7 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
         auto post = [&](const lf_row_stats &st) {
             if (dyn) {
                 const int64_t rn = __shfl_sync(0xffffffffu, r_next, 0), yn = __shfl_sync(0xffffffffu, y_dyn, 0);
-                if ((int)threadIdx.x == rank) lf_mbar_expect_tx(&xbar[grp][xq], (uint32_t)sizeof(ce_next));
+                if ((int)threadIdx.x == rank) lf_mbar_expect_tx(&xbar[grp][xq], (uint32_t)sizeof(lf_ring_next));
                 if (rank == 0 && (int)threadIdx.x < nranks)
                     lf_cluster_store(ce_next_pack(p, rn, yn), &xnx[grp][xq], &xbar[grp][xq], (int)threadIdx.x);
             }
@@ -1108,8 +1096,8 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
         /* ... and after the collect every CTA's thread 0 takes rank 0's next row */
         auto take_next = [&]() {
             if (dyn && threadIdx.x == 0) {
-                const ce_next nx = xnx[grp][xq];
-                r_next = ce_next_row(nx);
+                const lf_ring_next nx = xnx[grp][xq];
+                r_next = lf_ring_next_row(nx);
                 if (rank != 0) y_dyn = ce_next_label(p, nx); /* rank 0 keeps the label itself */
                 if (rank != 0) prefetch(r_next, y_dyn); /* measured: better than rank 0 prefetching all slices */
             }
