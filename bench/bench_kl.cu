@@ -15,7 +15,8 @@
  * writing a 256 MiB buffer (nothing of the inputs left in L2); the median is reported.
  * impl=lossfuse is the automatic plan (fused forward+backward: row-resident on sm_90; the
  * RESULT line says the plan); --variants also times each schedule forced (impl=lossfuse_streamed,
- * and where it applies lossfuse_resident), so the automatic plan's rule stays measured.
+ * and where it applies lossfuse_resident, and lossfuse_resident_static: its rows in a fixed share
+ * per cluster instead of handed out dynamically), so the automatic plan's rules stay measured.
  * A benchmark, not a test: it checks nothing but CUDA errors.
  */
 #define KL_NO_MAIN
@@ -113,15 +114,18 @@ int main(int argc, char **argv)
         char suffix[32] = "";
         if (topk >= 0) snprintf(suffix, sizeof suffix, "_top%lld", (long long)K);
         const size_t moved = topk >= 0 ? (fwd_only ? 1 : 2) * bytes + (size_t)N * K * 8 : (fwd_only ? 2 : 3) * bytes;
-        for (int kv = 0; kv < 15; ++kv) {
+        for (int kv = 0; kv < 20; ++kv) { /* automatic, streamed, resident, resident with static rows */
             const int k = kv % 5, sched = kv < 5 ? KL_SCHED_AUTO : kv < 10 ? KL_SCHED_STREAM : KL_SCHED_RESIDENT;
+            const bool static_rows = kv >= 15;
             if (("," + kinds + ",").find("," + std::string(names[k]) + ",") == std::string::npos) continue;
             if (sched != KL_SCHED_AUTO && !variants) continue;
             if (sched == KL_SCHED_RESIDENT && topk >= 0) continue; /* a sparse teacher streams */
             kl_args b = a;
             b.opts.kind = (lf_kl_kind)k;
             b.schedule = sched;
+            b.static_rows = static_rows;
             kl_plan plan;
+            memset(&plan, 0, sizeof plan);
             b.plan = &plan;
             std::vector<float> t;
             for (int it = 0; it < iters + 3; ++it) {
@@ -142,10 +146,12 @@ int main(int argc, char **argv)
             }
             CK(cudaGetLastError());
             printf("RESULT impl=lossfuse%s%s mode=%s%s%s N=%lld V=%lld dtype=bf16 ms=%.4f bytes=%zu extra_bytes=%zu status=ok "
-                   "schedule=%s cluster=%d stages=%d pieces=%d ctas=%d\n",
-                   sched == KL_SCHED_STREAM ? "_streamed" : sched == KL_SCHED_RESIDENT ? "_resident" : "", tag.c_str(),
+                   "schedule=%s cluster=%d stages=%d pieces=%d ctas=%d dynamic=%d\n",
+                   sched == KL_SCHED_STREAM ? "_streamed" : static_rows ? "_resident_static" : sched == KL_SCHED_RESIDENT ? "_resident" : "",
+                   tag.c_str(),
                    names[k], suffix, fwd_only ? "_fo" : "", (long long)N, (long long)V, median(t), moved, wsb,
-                   plan.schedule == KL_SCHED_RESIDENT ? "resident" : "streamed", plan.cluster, plan.stages, plan.pieces, plan.ctas);
+                   plan.schedule == KL_SCHED_RESIDENT ? "resident" : "streamed", plan.cluster, plan.stages, plan.pieces, plan.ctas,
+                   plan.dynamic);
             fflush(stdout);
         }
         CK(cudaFree(xs));

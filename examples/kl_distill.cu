@@ -44,7 +44,7 @@
  *   reverse KL at 88-96% of the copy bandwidth on an H100 and 67-85% on an H200 (where these
  *   kernels are bound by the SMs, not by memory), 1.2-1.4x the streamed kernel at every V on
  *   the H200; JSD gains only at V = 32K (clusters of 2). The automatic plan takes it where it
- *   was not slower (kl_launch_any).
+ *   was not slower (kl_launch_any). Its rows are handed out dynamically (kl_args.static_rows).
  * Contract (as DESIGN.md and examples/cross_entropy.cu)
  *   - Masked rows (mask byte 0, or label == ignore_index) have loss 0, zero gradient, weight 0.
  *     A label outside [0, V) that is not ignore_index adds 1 to *n_errors and masks the row.
@@ -120,6 +120,9 @@ typedef struct kl_args {
     int schedule;          /* KL_SCHED_AUTO (0), _STREAM or _RESIDENT: see kl_schedule */
     int max_cluster;       /* resident: at most this many CTAs per cluster (0: automatic) */
     int stages;            /* resident: shared-memory stages per CTA, 3..8 (0: automatic) */
+    int static_rows;       /* resident: 0 (default) hands the rows out from an atomic counter in the
+                            * workspace as the CTAs free their stages (the faster SMs take more);
+                            * 1: a fixed share per cluster. The results are the same bits either way */
     struct kl_plan *plan;  /* optional host out */
 } kl_args;
 
@@ -144,6 +147,7 @@ typedef struct kl_plan {
     int cluster;     /* resident: CTAs per cluster sharing a row pair (1: none) */
     int stages;      /* resident: row-pair slices staged per CTA */
     int ctas;        /* persistent CTAs launched */
+    int dynamic;     /* resident: rows handed out from the workspace's counter (kl_args.static_rows) */
 } kl_plan;
 
 static kl_args kl_args_default(void)
@@ -159,14 +163,16 @@ static kl_args kl_args_default(void)
     return a;
 }
 
-/* Workspace: a 64-byte header (completion counter, default divisor) and three words per row
- * (the row's loss; with a sparse teacher its rest value and status). Zero it once; every
- * launch leaves the counter at zero again. One per launch in flight. */
+/* Workspace: a 64-byte header (completion counter, row counter, default divisor) and three
+ * words per row (the row's loss; with a sparse teacher its rest value and status). Zero it
+ * once; every launch leaves the counters at zero again. One per launch in flight. */
 typedef struct kl_ws_header {
     unsigned long long rows_done;
+    unsigned long long row_next; /* row-resident, dynamic: the next row to hand out (lf_ring_draw) */
     float divisor;
-    float pad[13];
+    float pad[11];
 } kl_ws_header;
+static_assert(sizeof(kl_ws_header) == 64, "kl_workspace_bytes documents a 64-byte header");
 
 static size_t kl_workspace_bytes(int64_t n_rows)
 {
@@ -307,8 +313,10 @@ static __device__ __forceinline__ lf_dual_out kl_dual_out_zero(void)
     return o;
 }
 
-/* After a CTA's rows (sum / mean; THREADS threads of the CTA call it, bar their barrier as
- * lf_block_bar): the CTA that completes the count sums all rows' losses in a fixed order. */
+/* After a CTA's rows (sum / mean, and every launch that hands rows out dynamically; THREADS
+ * threads of the CTA call it, bar their barrier as lf_block_bar): the CTA that completes the
+ * count sums all rows' losses in row order (the same bits whichever CTA took which row) and sets
+ * the workspace's counters back to zero for the next launch. */
 template <int THREADS>
 static __device__ __forceinline__ void kl_batch_reduce(const kl_kparams &p, double *fin, int *is_last, int bar)
 {
@@ -318,6 +326,13 @@ static __device__ __forceinline__ void kl_batch_reduce(const kl_kparams &p, doub
     }
     lf_block_bar<THREADS>(bar);
     if (!*is_last) return;
+    if (p.reduction == LF_REDUCE_NONE) {
+        if (threadIdx.x == 0) {
+            p.ws->row_next = 0ull;
+            p.ws->rows_done = 0;
+        }
+        return;
+    }
     __threadfence();
     double a = 0.0;
     for (int64_t i = threadIdx.x; i < p.n_rows; i += THREADS) a += (double)__ldcg(p.ws_loss + i);
@@ -328,6 +343,7 @@ static __device__ __forceinline__ void kl_batch_reduce(const kl_kparams &p, doub
             a = d == 0.0 ? a * 0.0 : a / d; /* 0, or NaN when a row is NaN: never hidden */
         }
         p.loss[0] = (float)a;
+        p.ws->row_next = 0ull;
         p.ws->rows_done = 0;
     }
 }
@@ -565,11 +581,20 @@ __global__ void __launch_bounds__(KL_THREADS, KL_CTAS_PER_SM) kl_kernel(const kl
  * group of the other CTAs (lf_cluster_post / _posts_wait, no cluster barrier per row). The
  * stage ticket (lf_ticket_*) orders a group's parity wait after the stage's previous use.
  * Per row: wait for the stage, pass 1, block + cluster merge, (pass 2, its merges,) the
- * gradient from the stage, the group barrier, then thread 0 reloads the stage with the row
- * nstages further on (its status computed when the row started) and prefetches the next into
- * L2. Rank 0 of a cluster also takes the row's edge elements (from global memory) and writes
- * the row's outputs. 16-bit sides only: a bulk copy cannot split an fp32 side's units into the
- * two halves that the unit loops read (section 8's piece layout). */
+ * gradient from the stage, the group barrier, then thread 0 reloads the stage with the CTA's
+ * next row and prefetches the one after into L2. Rank 0 of a cluster also takes the row's edge
+ * elements (from global memory) and writes the row's outputs. 16-bit sides only: a bulk copy
+ * cannot split an fp32 side's units into the two halves that the unit loops read (section 8's
+ * piece layout).
+ *   Which rows a CTA takes: static, a fixed share per cluster (cid, cid + nclusters, ...; the
+ * next row's status read when a row starts). Dynamic (DYN, the default) as cross_entropy.cu's
+ * ring: the first nstages rows that share, then rows drawn from the workspace's counter
+ * (lf_ring_draw) by rank 0's thread 0 once its stage's row is known to exist; the drawn row's
+ * status is read during pass 1 and its slice prefetched into L2, and in a cluster the row and
+ * status go to the peers with pass 1's exchange (lf_ring_next, on the same mbarrier phase;
+ * a masked row, which has no statistics, still exchanges), who prefetch their slices. A draw
+ * past the last row ends the group: it passes the end on to its stage's next user and stops.
+ * The batch sum adds the rows' losses in row order (kl_batch_reduce): the same bits either way. */
 #ifndef KL_RES_GROUP
 #define KL_RES_GROUP 256
 #endif
@@ -578,23 +603,28 @@ __global__ void __launch_bounds__(KL_THREADS, KL_CTAS_PER_SM) kl_kernel(const kl
 #define KL_RES_MIN_STAGES 3
 #define KL_RES_MAX_STAGES 8
 
-template <typename TS, typename TT, bool LIN>
+template <typename TS, typename TT, bool LIN, bool DYN>
 __global__ void __launch_bounds__(KL_RES_THREADS, 1)
     kl_res_kernel(const kl_kparams p, int nranks, int nstages, int su, int nclusters)
 {
     constexpr int TH = KL_RES_GROUP, G = KL_RES_GROUPS;
+    /* DYN, a template parameter as in cross_entropy.cu (a runtime flag there cost 3% where not taken) */
+    constexpr bool dyn = DYN;
     static_assert(sizeof(TS) == 2 && sizeof(TT) == 2, "the resident schedule stages 16-bit sides");
+    static_assert(!DYN || G <= 2, "dynamic rows: the end-of-rows hand-off below holds for at most two groups");
     /* [nstages][2 su], aligned to 128 bytes (as cross_entropy.cu's ring: where the static
      * variables leave the stages matters, measured there) */
     extern __shared__ __align__(128) uint4 kl_res_smem[];
     __shared__ uint64_t full[KL_RES_MAX_STAGES];
     __shared__ int stage_st[KL_RES_MAX_STAGES];    /* the status of the row in the stage */
+    __shared__ uint32_t stage_row[KL_RES_MAX_STAGES]; /* dynamic: the row in the stage, UINT32_MAX: no more */
     __shared__ int64_t stage_k[KL_RES_MAX_STAGES]; /* the ticket: local row last loaded, -1 none */
     __shared__ int st0[KL_RES_MAX_STAGES + G];     /* statuses of the first rows */
     __shared__ lf_dual_acc red[G][2][TH / 32];
     __shared__ float2 red2[G][2][TH / 32];
     __shared__ lf_dual_acc xa[G][2][16]; /* cluster exchange, pass 1: per group, two sets */
     __shared__ float2 xb[G][2][16];      /* ... pass 2 */
+    __shared__ lf_ring_next xnx[G][2];   /* ... and, dynamic, rank 0's next row (with pass 1) */
     __shared__ uint64_t xbar[G][2][2];   /* [group][pass][set] */
     __shared__ double fin[TH / 32];
     __shared__ int is_last;
@@ -602,7 +632,12 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
     const int grp = (int)threadIdx.y, bar = 1 + grp;
     const int rank = (int)(blockIdx.x % nranks);
     const int64_t cid = blockIdx.x / nranks, N = p.n_rows, V = p.vocab;
-    const int64_t my_rows = cid < N ? (N - 1 - cid) / nclusters + 1 : 0;
+    /* Rows: static, this cluster's cid, cid + nclusters, ... (local row k is the k-th); dynamic,
+     * the first nstages the same, then whichever row the workspace's counter hands out (from
+     * nclusters * nstages on, lf_ring_draw) when a stage is reloaded; in a cluster rank 0 draws
+     * and posts the row and its status with pass 1's exchange. */
+    const int64_t my_rows = dyn ? INT64_MAX : cid < N ? (N - 1 - cid) / nclusters + 1 : 0;
+    const int64_t drawn0 = (int64_t)nclusters * nstages;
     const bool three = p.kind == LF_KL_JSD || p.kind == LF_KL_TVD;
     const bool grad = p.grad != nullptr;
     if (threadIdx.x == 0 && grp == 0) {
@@ -614,8 +649,14 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
             for (int i = 0; i < 4; ++i) lf_mbar_init(&xbar[g][i >> 1][i & 1], 1u); /* lf_cluster_post */
         lf_mbar_init_fence();
     }
-    if (grp == G - 1 && (int)threadIdx.x < nstages + G && threadIdx.x < my_rows)
-        st0[threadIdx.x] = kl_row_status(p, cid + (int64_t)threadIdx.x * nclusters);
+    /* local row kk's row while it is known in advance (static: all; dynamic: the ring's first
+     * nstages), -1 past the rows */
+    auto row_of = [&](int64_t kk) -> int64_t {
+        const int64_t r = cid + kk * nclusters;
+        return kk < my_rows && r < N ? r : -1;
+    };
+    if (grp == G - 1 && (int)threadIdx.x < nstages + (dyn ? 0 : G) && row_of(threadIdx.x) >= 0)
+        st0[threadIdx.x] = kl_row_status(p, row_of(threadIdx.x));
     __syncthreads();
     if (nranks > 1) lf_cluster_sync(); /* every CTA's mbarriers exist before any post */
 
@@ -625,14 +666,12 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
         const float d = p.divisor ? *p.divisor : p.ws->divisor;
         inv_div = d == 0.0f ? 0.0f : 1.0f / d;
     }
-    auto row_of = [&](int64_t kk) { return cid + kk * nclusters; };
-    auto status_of = [&](int64_t kk) -> int {
+    auto status_of = [&](int64_t kk) -> int { /* static */
         if (kk >= my_rows) return 1;
         return kk < nstages + G ? st0[kk] : kl_row_status(p, row_of(kk));
     };
-    /* This CTA's units of local row kk: the first, the count, and the two rows' bodies. */
-    auto slice_of = [&](int64_t kk, const TS **xs, const TT **xt, int *ub, int *nu) {
-        const int64_t row = row_of(kk);
+    /* This CTA's units of `row`: the first, the count, and the two rows' bodies. */
+    auto slice_of = [&](int64_t row, const TS **xs, const TT **xt, int *ub, int *nu) {
         *xs = (const TS *)p.student + row * p.s_stride;
         *xt = (const TT *)p.teacher + row * p.t_stride;
         const lf_dual_span sp = lf_dual_span_make(*xs, *xt, V);
@@ -641,14 +680,16 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
         *xs += sp.head + 8 * (int64_t)*ub;
         *xt += sp.head + 8 * (int64_t)*ub;
     };
-    auto load = [&](int q, int64_t kk, int status) { /* one thread */
+    /* Load `row` (-1: none, no more rows) into stage q as local row kk: by one thread. */
+    auto load = [&](int q, int64_t kk, int64_t row, int status) {
         stage_st[q] = status; /* published by the arrive (release) */
+        stage_row[q] = row < 0 ? UINT32_MAX : (uint32_t)row;
         lf_ticket_store(&stage_k[q], kk);
         const TS *xs;
         const TT *xt;
-        int ub, nu;
-        slice_of(kk, &xs, &xt, &ub, &nu);
-        if (status || nu == 0) {
+        int ub, nu = 0;
+        if (row >= 0 && !status) slice_of(row, &xs, &xt, &ub, &nu);
+        if (nu == 0) {
             lf_mbar_arrive(&full[q]);
         } else {
             uint4 *b = kl_res_smem + (size_t)q * 2 * su;
@@ -657,35 +698,33 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
             lf_bulk_load(b + su, xt, 16u * (uint32_t)nu, &full[q]);
         }
     };
-    auto prefetch = [&](int64_t kk, int status) { /* one thread: row kk into L2 */
-        if (kk >= my_rows || status) return;
+    auto prefetch = [&](int64_t row, int status) { /* one thread: this CTA's slice of `row` into L2 */
+        if (row < 0 || status) return;
         const TS *xs;
         const TT *xt;
         int ub, nu;
-        slice_of(kk, &xs, &xt, &ub, &nu);
+        slice_of(row, &xs, &xt, &ub, &nu);
         if (nu == 0) return;
         lf_bulk_prefetch_l2(xs, 16u * (uint32_t)nu);
         lf_bulk_prefetch_l2(xt, 16u * (uint32_t)nu);
     };
     if (threadIdx.x == 0 && grp == 0) {
-        for (int q = 0; q < nstages && q < my_rows; ++q) load(q, q, st0[q]);
-        if (nstages < my_rows) prefetch(nstages, st0[nstages]);
+        if (dyn) { /* every stage is loaded, past the last row with the end */
+            for (int q = 0; q < nstages; ++q) load(q, q, row_of(q), row_of(q) >= 0 ? st0[q] : 1);
+        } else {
+            for (int q = 0; q < nstages && q < my_rows; ++q) load(q, q, row_of(q), st0[q]);
+            if (nstages < my_rows) prefetch(row_of(nstages), st0[nstages]);
+        }
     }
 
     unsigned x_phase = 0; /* bit 2 pass + set: the parity of xbar[grp][pass][set]'s next phase */
     int xq = 0, par = 0, q = grp;
     unsigned use_par = 0;
     for (int64_t k = grp; k < my_rows; k += G) {
-        const int64_t row = row_of(k);
-        const TS *xs = (const TS *)p.student + row * p.s_stride;
-        const TT *xt = (const TT *)p.teacher + row * p.t_stride;
-        const lf_dual_span sp = lf_dual_span_make(xs, xt, V);
-        TS *out = grad ? (TS *)p.grad + row * p.grad_stride : nullptr;
-        const float w = p.weights ? p.weights[row] : 1.0f;
-        const float dl = (grad && p.dloss && p.reduction == LF_REDUCE_NONE) ? p.dloss[row] : 1.0f;
+        int64_t row = row_of(k); /* static; dynamic: known once the stage has landed */
         const int64_t k_next = k + nstages;
-        int st_next = 1, st_pf = 1; /* thread 0: the rows it loads / prefetches after this one */
-        if (threadIdx.x == 0) {
+        int st_next = 1, st_pf = 1; /* static, thread 0: the rows it loads / prefetches after this one */
+        if (!dyn && threadIdx.x == 0) {
             st_next = status_of(k_next);
             st_pf = status_of(k_next + 1);
         }
@@ -694,14 +733,70 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
             }
         __syncwarp();
         lf_mbar_wait(&full[q], use_par);
+        int64_t r_next = -1; /* dynamic: the row this stage takes next, and its status */
+        int st_dyn = 1;
+        if (dyn) {
+            row = stage_row[q] == UINT32_MAX ? -1 : (int64_t)stage_row[q];
+            if (row < 0) {
+                /* No more rows: the stage passes the end on to its next user (after the group's
+                 * barrier: no thread still waits on its phase) and the group stops (as in
+                 * cross_entropy.cu's ring; every CTA of a cluster meets it at the same local row) */
+                lf_block_bar<TH>(bar);
+                if (threadIdx.x == 0) load(q, k_next, -1, 1);
+                break;
+            }
+            /* the next row, drawn once this one is known to exist (every draw is used); its
+             * status is read after pass 1's element loops, when it is posted to the peers */
+            if (threadIdx.x == 0 && rank == 0) r_next = lf_ring_draw(&p.ws->row_next, drawn0, N);
+        }
+        const TS *xs = (const TS *)p.student + row * p.s_stride;
+        const TT *xt = (const TT *)p.teacher + row * p.t_stride;
+        const lf_dual_span sp = lf_dual_span_make(xs, xt, V);
+        TS *out = grad ? (TS *)p.grad + row * p.grad_stride : nullptr;
+        const float w = p.weights ? p.weights[row] : 1.0f;
+        const float dl = (grad && p.dloss && p.reduction == LF_REDUCE_NONE) ? p.dloss[row] : 1.0f;
+        /* dynamic, thread 0 of rank 0: the drawn row's status and its slice's L2 prefetch */
+        auto draw_status = [&]() {
+            if (dyn && threadIdx.x == 0 && rank == 0 && r_next >= 0) {
+                st_dyn = kl_row_status(p, r_next);
+                prefetch(r_next, st_dyn);
+            }
+        };
+        /* pass 1's exchange: rank 0 also stores the drawn row and its status into every CTA's
+         * xnx on the same phase (thread 0's values, by lanes 0 .. nranks-1 of warp 0), which
+         * each CTA expects before its own post; after the wait every CTA's thread 0 takes them */
+        auto exchange1 = [&](const lf_dual_acc &acc) {
+            if (dyn) {
+                const int64_t rn = __shfl_sync(0xffffffffu, r_next, 0);
+                const int sn = __shfl_sync(0xffffffffu, st_dyn, 0);
+                if ((int)threadIdx.x == rank) lf_mbar_expect_tx(&xbar[grp][0][xq], (uint32_t)sizeof(lf_ring_next));
+                if (rank == 0 && (int)threadIdx.x < nranks)
+                    lf_cluster_store(lf_ring_next_make(rn, sn), &xnx[grp][xq], &xbar[grp][0][xq], (int)threadIdx.x);
+            }
+            lf_cluster_post(acc, xa[grp][xq], &xbar[grp][0][xq], rank, nranks);
+            lf_cluster_posts_wait(&xbar[grp][0][xq], (x_phase >> xq) & 1u);
+            x_phase ^= 1u << xq;
+            if (dyn && threadIdx.x == 0 && rank != 0) {
+                const lf_ring_next nx = xnx[grp][xq];
+                r_next = lf_ring_next_row(nx);
+                st_dyn = nx.tag;
+                prefetch(r_next, st_dyn);
+            }
+        };
         const int status = stage_st[q];
         const int ub = rank * su, nu = max(0, min(su, sp.nunit - ub));
         if (status) {
+            draw_status();
             if (grad) { /* this CTA's units and, on rank 0, the edges */
                 const TS z = lf_elem<TS>::from_f32(0.0f);
                 for (int64_t j = sp.head + 8 * (int64_t)ub + threadIdx.x; j < sp.head + 8 * (int64_t)(ub + nu); j += TH) out[j] = z;
                 if (rank == 0)
                     for (int e = (int)threadIdx.x; e < sp.nedge; e += TH) out[lf_dual_edge_index(sp, e)] = z;
+            }
+            if (dyn && nranks > 1) { /* no statistics, but the next row to hand on (no barrier needed:
+                                      * the row-end barrier lies between the last collect and this post) */
+                exchange1(lf_dual_acc_init());
+                xq ^= 1;
             }
             if (rank == 0 && threadIdx.x == 0) {
                 if (status == 2 && p.n_errors) atomicAdd(p.n_errors, 1u);
@@ -716,11 +811,10 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
                 lf_dual_acc acc = lf_dual_acc_init();
                 if (rank == 0) lf_dual_edge_stats<TH, TS, TT, LIN, LF_DUAL_FULL>(acc, xs, xt, sp, p.xf);
                 lf_dual_piece_stats<TH, TS, TT, LIN, T>(acc, bs, bt, nu, su, p.xf);
+                draw_status();
                 acc = lf_block_dual_acc<TH, T>(acc, p.xf.cs, red[grp][par], bar);
                 if (nranks > 1) {
-                    lf_cluster_post(acc, xa[grp][xq], &xbar[grp][0][xq], rank, nranks);
-                    lf_cluster_posts_wait(&xbar[grp][0][xq], (x_phase >> xq) & 1u);
-                    x_phase ^= 1u << xq;
+                    exchange1(acc);
                     acc = lf_dual_acc_merge_warp<T>(xa[grp][xq], nranks, p.xf.cs);
                 }
                 dout = lf_impl_dual_final(lf_dual_acc_final(acc, p.xf), T == LF_DUAL_FULL, (T & LF_DUAL_RB) != 0,
@@ -763,9 +857,11 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
         }
         /* the group is done with the stage: its thread 0 reloads it */
         lf_block_bar<TH>(bar);
-        if (threadIdx.x == 0 && k_next < my_rows) {
-            load(q, k_next, st_next);
-            prefetch(k_next + 1, st_pf);
+        if (threadIdx.x == 0 && dyn) {
+            load(q, k_next, r_next, st_dyn);
+        } else if (threadIdx.x == 0 && k_next < my_rows) {
+            load(q, k_next, row_of(k_next), st_next);
+            prefetch(row_of(k_next + 1), st_pf);
         }
         q += G;
         if (q >= nstages) {
@@ -775,7 +871,9 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
     }
     __syncthreads();
     if (nranks > 1) lf_cluster_sync(); /* no CTA leaves while a peer may still post to it */
-    if (p.reduction != LF_REDUCE_NONE && grp == 0) kl_batch_reduce<TH>(p, fin, &is_last, bar);
+    /* the batch sum (its rows' losses are in row order in the workspace: the same bits whichever
+     * CTA took a row); dynamic, also with reduction none: the last CTA resets the row counter */
+    if ((p.reduction != LF_REDUCE_NONE || dyn) && grp == 0) kl_batch_reduce<TH>(p, fin, &is_last, bar);
 }
 
 /* ============================================================================================
@@ -827,6 +925,7 @@ static lf_status kl_launch_kernel(kl_kparams p, kl_plan *plan, cudaStream_t stre
         plan->cluster = 1;
         plan->stages = 0;
         plan->ctas = nctas;
+        plan->dynamic = 0;
     }
     kernel<<<nctas, KL_THREADS, smem, stream>>>(p, npieces < 1 ? 1 : npieces, nctas);
     KL_CHECK(cudaGetLastError());
@@ -839,15 +938,16 @@ static lf_status kl_launch_kernel(kl_kparams p, kl_plan *plan, cudaStream_t stre
  * KL_RES_MIN_STAGES, as many as fit, at most KL_RES_MAX_STAGES) and keeps the most CTAs
  * resident, the smaller on a tie. */
 template <typename TS, typename TT, bool LIN>
-static lf_status kl_launch_resident(const kl_kparams &p, int max_cluster, int stages, bool forced, int auto_cluster,
+static lf_status kl_launch_resident(const kl_kparams &p, int max_cluster, int stages, int static_rows, bool forced, int auto_cluster,
                                     kl_plan *plan, cudaStream_t stream, cudaError_t *cuda_err, bool *launched)
 {
     *launched = false;
     if constexpr (sizeof(TS) != 2 || sizeof(TT) != 2) {
         return forced ? LF_ERR_ARG : LF_OK;
     } else {
-        auto kernel = kl_res_kernel<TS, TT, LIN>;
-        static lf_ring_device ring_d[KL_MAX_DEVICES]; /* per instantiation and device: set up once */
+        auto kernel = kl_res_kernel<TS, TT, LIN, false>;
+        auto kernel_dyn = kl_res_kernel<TS, TT, LIN, true>;
+        static lf_ring_device ring_d[KL_MAX_DEVICES], ring_dyn_d[KL_MAX_DEVICES]; /* per instantiation and device: set up once */
         int dev = 0;
         KL_CHECK(cudaGetDevice(&dev));
         if (dev < 0 || dev >= KL_MAX_DEVICES) return LF_ERR_DEVICE;
@@ -866,24 +966,37 @@ static lf_status kl_launch_resident(const kl_kparams &p, int max_cluster, int st
         if (pl.cluster == 0) return forced ? LF_ERR_SIZE : LF_OK;
         /* Automatically up to clusters of auto_cluster (kl_launch_any; bench/RESULTS.md) */
         if (!forced && pl.cluster > auto_cluster) return LF_OK;
+        /* Rows handed out dynamically (unless static_rows; fewer than 2^32 rows): every resident
+         * cluster starts, and those on faster SMs take more rows (cross_entropy.cu measured its
+         * CTAs' fixed shares finishing up to 17% apart on an H200). All resident clusters, not
+         * lf_ring_plan's `streaming` count: that rule was measured with the cross-entropy's
+         * 4 B/elem, not here. */
+        bool dyn = !static_rows && p.n_rows < ((int64_t)1 << 32);
+        if (dyn) { /* the dynamic kernel's own shared-memory opt-in; the plan's stages must fit it too */
+            KL_CHECK(lf_ring_setup(kernel_dyn, dev, &ring_dyn_d[dev]));
+            dyn = ring_dyn_d[dev].dyn_max >= (int)pl.dyn_bytes;
+        }
+        const int64_t nclusters = dyn ? (pl.resident < p.n_rows ? pl.resident : p.n_rows) : pl.clusters;
+        const int64_t ctas = nclusters * pl.cluster;
         if (plan) {
             plan->schedule = KL_SCHED_RESIDENT;
             plan->pieces = 1;
             plan->piece_units = (int)pl.slice_units;
             plan->cluster = pl.cluster;
             plan->stages = pl.stages;
-            plan->ctas = (int)pl.ctas;
+            plan->ctas = (int)ctas;
+            plan->dynamic = dyn;
         }
-        KL_CHECK(lf_launch_clusters(kernel, pl.ctas, pl.cluster, block, pl.dyn_bytes, stream, false, p, pl.cluster, pl.stages,
-                                    (int)pl.slice_units, (int)pl.clusters));
+        KL_CHECK(lf_launch_clusters(dyn ? kernel_dyn : kernel, ctas, pl.cluster, block, pl.dyn_bytes, stream, false, p, pl.cluster,
+                                    pl.stages, (int)pl.slice_units, (int)nclusters));
         *launched = true;
         return LF_OK;
     }
 }
 
 template <typename TS, typename TT, bool LIN, bool SPARSE>
-static lf_status kl_launch_any(const kl_kparams &p, int schedule, int max_cluster, int stages, kl_plan *plan, cudaStream_t s,
-                               cudaError_t *e)
+static lf_status kl_launch_any(const kl_kparams &p, int schedule, int max_cluster, int stages, int static_rows, kl_plan *plan,
+                               cudaStream_t s, cudaError_t *e)
 {
     /* Automatically resident for forward + backward (bench_kl --variants, H200, 2026-11-25, after
      * the st.async exchange): forward / reverse KL (and soft CE) at every cluster size, 1.2-1.4x
@@ -894,7 +1007,7 @@ static lf_status kl_launch_any(const kl_kparams &p, int schedule, int max_cluste
     const bool one_pass = p.kind == LF_KL_FORWARD || p.kind == LF_KL_REVERSE || p.kind == LF_KL_SOFT_CE;
     if (!SPARSE && (schedule == KL_SCHED_RESIDENT || (schedule == KL_SCHED_AUTO && p.grad))) {
         bool launched = false;
-        const lf_status st = kl_launch_resident<TS, TT, LIN>(p, max_cluster, stages, schedule == KL_SCHED_RESIDENT,
+        const lf_status st = kl_launch_resident<TS, TT, LIN>(p, max_cluster, stages, static_rows, schedule == KL_SCHED_RESIDENT,
                                                              one_pass ? 16 : 2, plan, s, e, &launched);
         if (st != LF_OK || launched) return st;
     } else if (schedule == KL_SCHED_RESIDENT) {
@@ -906,20 +1019,20 @@ static lf_status kl_launch_any(const kl_kparams &p, int schedule, int max_cluste
 template <typename TS>
 static lf_status kl_dispatch_t(const kl_kparams &p, lf_dtype tt, bool lin, const kl_args *a, cudaStream_t s, cudaError_t *e)
 {
-    const int sc = a->schedule, mc = a->max_cluster, ns = a->stages;
+    const int sc = a->schedule, mc = a->max_cluster, ns = a->stages, sr = a->static_rows;
     kl_plan *const pl = a->plan;
     if (p.topk_idx) /* a sparse teacher, built as fp32 in shared memory */
-        return lin ? kl_launch_any<TS, float, true, true>(p, sc, mc, ns, pl, s, e) : kl_launch_any<TS, float, false, true>(p, sc, mc, ns, pl, s, e);
+        return lin ? kl_launch_any<TS, float, true, true>(p, sc, mc, ns, sr, pl, s, e) : kl_launch_any<TS, float, false, true>(p, sc, mc, ns, sr, pl, s, e);
     switch (tt) {
     case LF_F32:
-        return lin ? kl_launch_any<TS, float, true, false>(p, sc, mc, ns, pl, s, e)
-                   : kl_launch_any<TS, float, false, false>(p, sc, mc, ns, pl, s, e);
+        return lin ? kl_launch_any<TS, float, true, false>(p, sc, mc, ns, sr, pl, s, e)
+                   : kl_launch_any<TS, float, false, false>(p, sc, mc, ns, sr, pl, s, e);
     case LF_BF16:
-        return lin ? kl_launch_any<TS, __nv_bfloat16, true, false>(p, sc, mc, ns, pl, s, e)
-                   : kl_launch_any<TS, __nv_bfloat16, false, false>(p, sc, mc, ns, pl, s, e);
+        return lin ? kl_launch_any<TS, __nv_bfloat16, true, false>(p, sc, mc, ns, sr, pl, s, e)
+                   : kl_launch_any<TS, __nv_bfloat16, false, false>(p, sc, mc, ns, sr, pl, s, e);
     default:
-        return lin ? kl_launch_any<TS, __half, true, false>(p, sc, mc, ns, pl, s, e)
-                   : kl_launch_any<TS, __half, false, false>(p, sc, mc, ns, pl, s, e);
+        return lin ? kl_launch_any<TS, __half, true, false>(p, sc, mc, ns, sr, pl, s, e)
+                   : kl_launch_any<TS, __half, false, false>(p, sc, mc, ns, sr, pl, s, e);
     }
 }
 
@@ -1228,7 +1341,11 @@ int main(int argc, char **argv)
         CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
         if (it > 0 && ms < best) best = ms;
     }
-    printf("plan         : %d piece(s) of %d units per row pair, %d CTAs\n", plan.pieces, plan.piece_units, plan.ctas);
+    if (plan.schedule == KL_SCHED_RESIDENT)
+        printf("plan         : row-resident, clusters of %d, %d stages of %d units, %d CTAs, rows %s\n", plan.cluster, plan.stages,
+               plan.piece_units, plan.ctas, plan.dynamic ? "handed out dynamically" : "in fixed shares");
+    else
+        printf("plan         : streamed, %d piece(s) of %d units per row pair, %d CTAs\n", plan.pieces, plan.piece_units, plan.ctas);
     printf("fwd+bwd      : mean loss %.6f; 16 rows vs lf_ref: KL(q||p) max err %.3f, gradient max err %.3f of tolerance\n",
            mean_loss, max_kl_err, max_grad_err);
     printf("fwd+bwd time : %.3f ms, %.1f GB/s (read student + teacher, write gradient = %d B/elem)\n", best,

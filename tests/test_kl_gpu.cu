@@ -110,8 +110,10 @@ struct Case {
     lf_kl_rest rest = LF_KL_REST_SPREAD;
     bool plant_topk = false; /* rows 0-6: repeated / out-of-range indices, NaN / -inf / +inf lp, no rest mass */
     int schedule = KL_SCHED_AUTO, max_cluster = 0, stages = 0;
+    int static_rows = 0;     /* resident: 1 = a fixed share of rows per cluster (kl_args.static_rows) */
     int expect_schedule = 0; /* on sm_90: the plan must be this schedule ... */
     int expect_cluster = 0;  /* ... with clusters of this size */
+    int expect_dynamic = -1; /* ... handing rows out dynamically (1) or not (0), where resident */
 };
 static int g_cc_major = 0;
 
@@ -311,13 +313,14 @@ static void run_case(const Case &c)
     CK(cudaMemset(cnt.p, 0, 4));
     const int64_t gs = c.grad == 1 ? V + c.gpad : ss;
     DevBuf gbuf(c.grad == 1 ? (size_t)N * gs * es : 4);
-    if (c.grad == 1) {
+    auto poison_grad = [&]() { /* a separate gradient buffer: padding patterned, rows poisoned */
         if (c.sdt == LF_F32) fill_bits<uint32_t><<<1024, 256>>>((uint32_t *)gbuf.p, N * gs, PAD32);
         else fill_bits<uint16_t><<<1024, 256>>>((uint16_t *)gbuf.p, N * gs, PAD16);
         CK(cudaGetLastError());
         for (int64_t i = 0; i < N && c.gpad > 0; ++i) fill_poison((char *)gbuf.p + (size_t)i * gs * es, V, c.sdt);
         if (c.gpad == 0) fill_poison(gbuf.p, (size_t)N * gs, c.sdt);
-    }
+    };
+    if (c.grad == 1) poison_grad();
 
     kl_args a = kl_args_default();
     a.student = xs.p;
@@ -368,6 +371,7 @@ static void run_case(const Case &c)
     a.schedule = c.schedule;
     a.max_cluster = c.max_cluster;
     a.stages = c.stages;
+    a.static_rows = c.static_rows;
     kl_plan plan;
     memset(&plan, 0, sizeof plan);
     a.plan = &plan;
@@ -433,6 +437,8 @@ static void run_case(const Case &c)
     if (g_cc_major >= 9 && c.expect_cluster)
         EXPECT(plan.cluster == c.expect_cluster, "plan: cluster %d, want %d", plan.cluster, c.expect_cluster);
     if (c.schedule != KL_SCHED_AUTO) EXPECT(plan.schedule == c.schedule, "plan: schedule %d, forced %d", plan.schedule, c.schedule);
+    if (g_cc_major >= 9 && c.expect_dynamic >= 0 && plan.schedule == KL_SCHED_RESIDENT)
+        EXPECT(plan.dynamic == c.expect_dynamic, "plan: dynamic %d, want %d", plan.dynamic, c.expect_dynamic);
 
     /* ---- counters and per-row outputs: every element written ---- */
     unsigned errs;
@@ -613,23 +619,40 @@ static void run_case(const Case &c)
         }
     }
 
-    /* ---- determinism ---- */
+    /* ---- determinism: every output poisoned again, relaunched, the same bits ---- */
     if (c.determinism) {
         const size_t gbytes = (c.grad == 1 ? (size_t)N * gs : nel_s) * es;
-        const unsigned long long h1 = c.grad ? device_checksum(c.grad == 1 ? gbuf.p : xs.p, gbytes) : 0;
-        const float l1 = lossh[0];
-        for (int rep = 0; rep < 2; ++rep) {
-            if (c.grad == 2) {
-                gen_student(xs.p, c.sdt, N, V, ss, seed_s, c.outlier);
-                CK(cudaDeviceSynchronize());
-            }
-            EXPECT(kl_launch(&a, 0, &ce) == LF_OK, "relaunch failed");
+        auto outputs_hash = [&]() { /* the gradient, and the loss and per-row outputs (poisoned where not asked for) */
+            unsigned long long h = c.grad ? device_checksum(c.grad == 1 ? gbuf.p : xs.p, gbytes) : 0;
+            for (DevBuf *b : {&loss, &kf, &kr, &ens, &ent}) h = mix64(h ^ device_checksum(b->p, b->bytes));
+            return h;
+        };
+        auto relaunch = [&](const kl_args &b) {
+            for (DevBuf *o : {&loss, &kf, &kr, &ens, &ent}) fill_poison(o->p, o->bytes / 4, LF_F32);
+            if (c.grad == 1) poison_grad();
+            if (c.grad == 2) gen_student(xs.p, c.sdt, N, V, ss, seed_s, c.outlier);
             CK(cudaDeviceSynchronize());
-            float l2;
-            CK(cudaMemcpy(&l2, loss.p, 4, cudaMemcpyDeviceToHost));
-            const unsigned long long h2 = c.grad ? device_checksum(c.grad == 1 ? gbuf.p : xs.p, gbytes) : 0;
-            EXPECT(bits(l1) == bits(l2), "loss not bit-identical across runs: %.9g vs %.9g", l1, l2);
-            EXPECT(h1 == h2, "gradient not bit-identical across runs");
+            cudaError_t e2;
+            EXPECT(kl_launch(&b, 0, &e2) == LF_OK, "relaunch failed: %s", cudaGetErrorString(e2));
+            CK(cudaDeviceSynchronize());
+            return outputs_hash();
+        };
+        const unsigned long long h1 = outputs_hash();
+        for (int rep = 0; rep < 2; ++rep) EXPECT(relaunch(a) == h1, "outputs not bit-identical across runs (relaunch %d)", rep);
+        /* resident: the other way of handing out rows (dynamic <-> a fixed share per cluster) must
+         * give the same bits: a row's work does not depend on its CTA, and the batch sum adds the
+         * rows in row order */
+        if (plan.schedule == KL_SCHED_RESIDENT) {
+            kl_args b = a;
+            kl_plan plan2;
+            memset(&plan2, 0, sizeof plan2);
+            b.static_rows = plan.dynamic; /* static after dynamic; 0 (dynamic where it applies) after static */
+            b.plan = &plan2;
+            const unsigned long long h2 = relaunch(b);
+            EXPECT(plan2.schedule == KL_SCHED_RESIDENT, "relaunch: schedule %d", plan2.schedule);
+            if (plan.dynamic || c.static_rows)
+                EXPECT(plan2.dynamic == !plan.dynamic, "relaunch: dynamic %d after %d", plan2.dynamic, plan.dynamic);
+            EXPECT(h2 == h1, "outputs differ between dynamic %d and %d", plan.dynamic, plan2.dynamic);
         }
     }
     printf("%-4s %s\n", g_fail == fails_before ? "ok" : "FAIL", g_case);
@@ -730,10 +753,12 @@ static void test_arguments(void)
     printf("%-4s %s\n", "ok", g_case);
 }
 
-/* A captured graph replays to the same bits as the eager launch. */
-static void test_graph(void)
+/* A captured graph replays to the same bits as the eager launch: JSD (streamed by the automatic
+ * plan at this V) and forward KL (on sm_90 the resident schedule with dynamic rows: each replay
+ * must find the workspace's row counter reset by the launch before). */
+static void test_graph(lf_kl_kind kind)
 {
-    snprintf(g_case, sizeof g_case, "graph capture + replay (JSD)");
+    snprintf(g_case, sizeof g_case, "graph capture + replay (%s)", kind == LF_KL_JSD ? "JSD" : "forward KL");
     const int64_t N = g_small ? 33 : 1024, V = g_small ? 3001 : 50257;
     DevBuf xs(N * V * 2), xt(N * V * 2), g(N * V * 2), l(4), ws(kl_workspace_bytes(N));
     gen_student(xs.p, LF_BF16, N, V, V, mix64(g_seed + 99), 40.0f);
@@ -745,15 +770,22 @@ static void test_graph(void)
     a.n_rows = N;
     a.vocab = V;
     a.s_stride = a.t_stride = V;
-    a.opts.kind = LF_KL_JSD;
+    a.opts.kind = kind;
     a.loss = (float *)l.p;
     a.grad = g.p;
     a.grad_stride = V;
     a.workspace = ws.p;
     a.workspace_bytes = ws.bytes;
+    kl_plan pl;
+    memset(&pl, 0, sizeof pl);
+    a.plan = &pl;
     cudaError_t ce;
     EXPECT(kl_launch(&a, 0, &ce) == LF_OK, "eager launch");
     CK(cudaDeviceSynchronize());
+    a.plan = NULL;
+    if (g_cc_major >= 9 && kind == LF_KL_FORWARD)
+        EXPECT(pl.schedule == KL_SCHED_RESIDENT && pl.dynamic == 1, "plan: schedule %d dynamic %d, want resident, dynamic",
+               pl.schedule, pl.dynamic);
     float l0;
     CK(cudaMemcpy(&l0, l.p, 4, cudaMemcpyDeviceToHost));
     const unsigned long long h0 = device_checksum(g.p, N * V * 2);
@@ -801,7 +833,8 @@ int main(int argc, char **argv)
            g_small ? ", small sizes" : "");
 
     test_arguments();
-    test_graph();
+    test_graph(LF_KL_JSD);
+    test_graph(LF_KL_FORWARD);
 
     const lf_dtype dts[3] = {LF_BF16, LF_F16, LF_F32};
     const lf_kl_kind kinds[5] = {LF_KL_FORWARD, LF_KL_REVERSE, LF_KL_JSD, LF_KL_SOFT_CE, LF_KL_TVD};
@@ -1032,6 +1065,32 @@ int main(int argc, char **argv)
         c.V = 262144;
         c.expect_cluster = g_small ? 0 : 16;
         run_case(c);
+        /* Dynamic rows (the default of the resident schedule): rows of one CTA (V = 16385) and
+         * rows split over clusters, with enough rows that most are drawn from the counter; in a
+         * cluster rank 0 hands each row and its status to its peers with pass 1's exchange (a
+         * masked row still exchanges, JSD's pass 2 exchanges on its own phases). run_case's
+         * determinism check relaunches the other way (static) and requires the same bits, after
+         * poisoning every output again: a counter left unreset would skip rows. */
+        for (int cl = 0; cl < 2; ++cl) {
+            static char names[2][6][80];
+            auto named = [&](int i, const char *what) {
+                snprintf(names[cl][i], sizeof names[cl][i], "dynamic rows%s, %s", cl ? " (clusters)" : "", what);
+                return names[cl][i];
+            };
+            Case b;
+            b.schedule = KL_SCHED_RESIDENT;
+            b.V = cl ? (g_small ? 40000 : 151936) : 16385;
+            b.N = cl ? (g_small ? 400 : 1024) : (g_small ? 600 : 3000);
+            b.determinism = true;
+            b.expect_dynamic = 1;
+            Case c;
+            c = b; c.name = named(0, "sum"); c.red = LF_REDUCE_SUM; run_case(c);
+            c = b; c.name = named(1, "masks, bad labels, weights, none, in place"); c.kind = LF_KL_REVERSE; c.labels = true; c.ignore_frac = 0.3; c.bad_frac = 0.1; c.weights = true; c.red = LF_REDUCE_NONE; c.grad = 2; run_case(c);
+            c = b; c.name = named(2, "JSD, masks, mean, stats"); c.kind = LF_KL_JSD; c.labels = true; c.ignore_frac = 0.2; c.stats = true; run_case(c);
+            c = b; c.name = named(3, "fewer rows than clusters, NaN rows"); c.kind = LF_KL_REVERSE; c.N = 7; c.plant_nonfinite = true; c.check_all = true; c.determinism = false; run_case(c);
+            c = b; c.name = named(4, "all masked"); c.labels = true; c.ignore_frac = 1.0; c.stats = true; run_case(c);
+            c = b; c.name = named(5, "off: static rows forced"); c.kind = LF_KL_TVD; c.static_rows = 1; c.expect_dynamic = 0; c.labels = true; c.ignore_frac = 0.1; run_case(c);
+        }
         c = Case();
         c.name = "resident determinism, clusters, JSD in place";
         c.schedule = KL_SCHED_RESIDENT;
