@@ -527,7 +527,8 @@ static void run_case(const Case &c)
         if (plan.schedule == CE_SCHED_RESIDENT) {
             ce_args b = a;
             ce_plan plan2;
-            b.static_rows = !plan.dynamic;
+            memset(&plan2, 0, sizeof plan2);
+            b.static_rows = plan.dynamic; /* static after dynamic; 0 (dynamic where it applies) after static */
             b.plan = &plan2;
             if (c.grad == 2) {
                 gen_device(x.p, c, stride, data_seed);
@@ -540,6 +541,8 @@ static void run_case(const Case &c)
             CK(cudaMemcpy(&z2, zo.p, 4, cudaMemcpyDeviceToHost));
             const unsigned long long h2 = c.grad ? device_checksum(c.grad == 1 ? gbuf.p : x.p, (c.grad == 1 ? (size_t)N * gstride : nel) * esz) : 0;
             EXPECT(plan2.schedule == CE_SCHED_RESIDENT, "relaunch: schedule %d", plan2.schedule);
+            if (plan.dynamic || c.static_rows)
+                EXPECT(plan2.dynamic == !plan.dynamic, "relaunch: dynamic %d after %d", plan2.dynamic, plan.dynamic);
             EXPECT(bits(l1) == bits(l2) && bits(z1) == bits(z2), "static_rows %d: loss / z %.9g / %.9g, dynamic %d: %.9g / %.9g",
                    b.static_rows, l2, z2, plan.dynamic, l1, z1);
             EXPECT(h1 == h2, "gradient differs between dynamic %d and %d", plan.dynamic, plan2.dynamic);
