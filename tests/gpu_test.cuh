@@ -163,6 +163,17 @@ static inline bool close(double d, double r, double tol)
 
 static inline const char *dt_name(lf_dtype d) { return d == LF_F32 ? "fp32" : d == LF_F16 ? "fp16" : "bf16"; }
 
+/* A case name made at run time, "<what>[ (clusters)], <detail>", from a rotating pool: valid
+ * until 32 more are made (a test's run_case reads its case's name while it runs). */
+static inline const char *case_name(const char *what, bool clusters, const char *detail)
+{
+    static char pool[32][112];
+    static int next = 0;
+    char *s = pool[next++ & 31];
+    snprintf(s, sizeof pool[0], "%s%s, %s", what, clusters ? " (clusters)" : "", detail);
+    return s;
+}
+
 struct DevBuf {
     void *p = nullptr;
     size_t bytes = 0;

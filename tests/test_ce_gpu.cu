@@ -1231,13 +1231,8 @@ int main(int argc, char **argv)
      * with sum; reduction none (the row counter must still be reset); statistics and smoothing
      * (the full merge). */
     for (int cl = 0; cl < 2; ++cl) {
-        static char names[2][8][64];
-        auto named = [&](int i, const char *what) {
-            snprintf(names[cl][i], sizeof names[cl][i], "dynamic rows%s, %s", cl ? " (clusters)" : "", what);
-            return names[cl][i];
-        };
         Case c;
-        c.name = named(0, "z-loss, sum");
+        c.name = case_name("dynamic rows", cl, "z-loss, sum");
         c.N = g_small ? 300 : 5000;
         c.V = cl ? (g_small ? 40000 : 151936) : (g_small ? 16385 : 32768);
         c.lam = 1e-3f;
@@ -1246,24 +1241,24 @@ int main(int argc, char **argv)
         c.expect_schedule = CE_SCHED_RESIDENT;
         c.expect_dynamic = 1;
         run_case(c);
-        c.name = named(1, "fewer rows than SMs, NaN rows");
+        c.name = case_name("dynamic rows", cl, "fewer rows than SMs, NaN rows");
         c.N = 7;
         c.plant_nonfinite = true;
         c.check_all = true;
         run_case(c);
-        c.name = named(2, "all ignored, mean");
+        c.name = case_name("dynamic rows", cl, "all ignored, mean");
         c.N = g_small ? 200 : 3000;
         c.plant_nonfinite = false;
         c.ignore_frac = 1.0;
         c.red = LF_REDUCE_MEAN;
         run_case(c);
-        c.name = named(3, "reduction none, in place, bad labels");
+        c.name = case_name("dynamic rows", cl, "reduction none, in place, bad labels");
         c.ignore_frac = 0.05;
         c.bad_frac = 0.1;
         c.red = LF_REDUCE_NONE;
         c.grad = 2;
         run_case(c);
-        c.name = named(4, "smoothing, statistics, ties");
+        c.name = case_name("dynamic rows", cl, "smoothing, statistics, ties");
         c.bad_frac = 0.0;
         c.red = LF_REDUCE_MEAN;
         c.grad = 1;
@@ -1272,7 +1267,7 @@ int main(int argc, char **argv)
         c.plant_ties = true;
         c.ignore_frac = 0.3;
         run_case(c);
-        c.name = named(5, "off: static rows forced, mean");
+        c.name = case_name("dynamic rows", cl, "off: static rows forced, mean");
         c.eps = 0.0f;
         c.stats = false;
         c.plant_ties = false;

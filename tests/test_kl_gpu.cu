@@ -1072,11 +1072,6 @@ int main(int argc, char **argv)
          * determinism check relaunches the other way (static) and requires the same bits, after
          * poisoning every output again: a counter left unreset would skip rows. */
         for (int cl = 0; cl < 2; ++cl) {
-            static char names[2][6][80];
-            auto named = [&](int i, const char *what) {
-                snprintf(names[cl][i], sizeof names[cl][i], "dynamic rows%s, %s", cl ? " (clusters)" : "", what);
-                return names[cl][i];
-            };
             Case b;
             b.schedule = KL_SCHED_RESIDENT;
             b.V = cl ? (g_small ? 40000 : 151936) : 16385;
@@ -1084,12 +1079,12 @@ int main(int argc, char **argv)
             b.determinism = true;
             b.expect_dynamic = 1;
             Case c;
-            c = b; c.name = named(0, "sum"); c.red = LF_REDUCE_SUM; run_case(c);
-            c = b; c.name = named(1, "masks, bad labels, weights, none, in place"); c.kind = LF_KL_REVERSE; c.labels = true; c.ignore_frac = 0.3; c.bad_frac = 0.1; c.weights = true; c.red = LF_REDUCE_NONE; c.grad = 2; run_case(c);
-            c = b; c.name = named(2, "JSD, masks, mean, stats"); c.kind = LF_KL_JSD; c.labels = true; c.ignore_frac = 0.2; c.stats = true; run_case(c);
-            c = b; c.name = named(3, "fewer rows than clusters, NaN rows"); c.kind = LF_KL_REVERSE; c.N = 7; c.plant_nonfinite = true; c.check_all = true; c.determinism = false; run_case(c);
-            c = b; c.name = named(4, "all masked"); c.labels = true; c.ignore_frac = 1.0; c.stats = true; run_case(c);
-            c = b; c.name = named(5, "off: static rows forced"); c.kind = LF_KL_TVD; c.static_rows = 1; c.expect_dynamic = 0; c.labels = true; c.ignore_frac = 0.1; run_case(c);
+            c = b; c.name = case_name("dynamic rows", cl, "sum"); c.red = LF_REDUCE_SUM; run_case(c);
+            c = b; c.name = case_name("dynamic rows", cl, "masks, bad labels, weights, none, in place"); c.kind = LF_KL_REVERSE; c.labels = true; c.ignore_frac = 0.3; c.bad_frac = 0.1; c.weights = true; c.red = LF_REDUCE_NONE; c.grad = 2; run_case(c);
+            c = b; c.name = case_name("dynamic rows", cl, "JSD, masks, mean, stats"); c.kind = LF_KL_JSD; c.labels = true; c.ignore_frac = 0.2; c.stats = true; run_case(c);
+            c = b; c.name = case_name("dynamic rows", cl, "fewer rows than clusters, NaN rows"); c.kind = LF_KL_REVERSE; c.N = 7; c.plant_nonfinite = true; c.check_all = true; c.determinism = false; run_case(c);
+            c = b; c.name = case_name("dynamic rows", cl, "all masked"); c.labels = true; c.ignore_frac = 1.0; c.stats = true; run_case(c);
+            c = b; c.name = case_name("dynamic rows", cl, "off: static rows forced"); c.kind = LF_KL_TVD; c.static_rows = 1; c.expect_dynamic = 0; c.labels = true; c.ignore_frac = 0.1; run_case(c);
         }
         c = Case();
         c.name = "resident determinism, clusters, JSD in place";
