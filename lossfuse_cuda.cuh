@@ -1668,6 +1668,12 @@ static __device__ __forceinline__ lf_row_stats lf_cluster_stats_collect(const lf
  *    Pass 2 (JSD and TVD only: they need both lse first): lf_kl_piece_stats2 / lf_kl_edge_stats2
  *        JSD   k_p = sum_j p_j (log p_j - log M_j),  k_q = sum_j q_j (log q_j - log M_j)
  *        TVD   sum_j |p_j - q_j|,  sum_j sgn(p_j - q_j) p_j
+ *    JSD's pass 2 is first swept without tests (M held at FLT_MIN or above, the log on MUFU
+ *    with subnormals flushed); a thread whose share then sums to a non-finite value (a -inf
+ *    entry) sums it again exactly. Each pass 1 and 2 tells its caller whether the thread's
+ *    share held special values; where neither did, the gradient of reverse KL and JSD runs
+ *    without tests too (lf_kl_piece_grad's `exact`): half the instructions per pair, the
+ *    per-pair tests having compiled to a branch per pair.
  *    Gradient (lf_kl_coef_make, lf_kl_piece_grad, lf_kl_edge_grad): d loss / d x_s,j =
  *        forward KL, soft CE   a (p_j - q_j)
  *        reverse KL            a p_j (log p_j - log q_j - KL(p || q))
@@ -2020,14 +2026,17 @@ static __device__ __forceinline__ void lf_impl_dual_sweep(const lf_dual_acc &a, 
  * maximum is exact (the state's m is a shift, not necessarily the maximum; lf_dual_final does
  * not care). The 2^64 bound keeps the merges exact enough: a state whose shift lies more than
  * 126 exp2 units below the row's maximum is flushed to 0 when it is moved there (EX2 flushes
- * subnormals), and what it held is then below 2^(64 - 126) of the maximum's own term. */
+ * subnormals), and what it held is then below 2^(64 - 126) of the maximum's own term.
+ * Returns true when the share went the long way (the entropy terms, a large sum, or special
+ * values: a -inf entry or a NaN); false means every entry of the share is finite, which the
+ * fast gradient forms need (lf_kl_piece_grad's `exact`). */
 template <int THREADS, typename TS, typename TT, bool LIN, int TERMS>
-static __device__ __forceinline__ void lf_dual_piece_stats(lf_dual_acc &a, const uint4 *bs, const uint4 *bt, int n, int PU,
+static __device__ __forceinline__ bool lf_dual_piece_stats(lf_dual_acc &a, const uint4 *bs, const uint4 *bt, int n, int PU,
                                                            const lf_kl_xf &xf)
 {
     constexpr bool ENT = TERMS == LF_DUAL_FULL, RA = (TERMS & LF_DUAL_RA) != 0, RB = (TERMS & LF_DUAL_RB) != 0;
     const int t0 = (int)threadIdx.x;
-    if (t0 >= n) return;
+    if (t0 >= n) return false;
     const float cs = xf.cs;
     float q[6];
     bool done = false;
@@ -2082,6 +2091,7 @@ static __device__ __forceinline__ void lf_dual_piece_stats(lf_dual_acc &a, const
     a.ut += q[3];
     a.ra = (a.ra == LF_INF_F || q[4] == LF_INF_F) ? LF_INF_F : a.ra + q[4];
     a.rb = (a.rb == LF_INF_F || q[5] == LF_INF_F) ? LF_INF_F : a.rb + q[5];
+    return !done;
 }
 
 /* The thread's state as an lf_dual of z (lossfuse.h §3b). */
@@ -2236,22 +2246,40 @@ static __device__ __forceinline__ lf_kl_coef lf_kl_coef_make(int kind, float bet
     return c;
 }
 
-/* p, q, and log2 M = log2(beta q + (1 - beta) p) of one pair (w values). */
+/* p and q of one pair (w values) with their log2: lp2, lq2. fma_q: q on the FMA pipe
+ * (lf_ex2_fma, the same function to 2^-22), for loops that would otherwise wait on MUFU. */
 static __device__ __forceinline__ void lf_impl_kl_pq(const lf_kl_coef &c, float ws, float wt, float *lp2, float *lq2,
-                                                     float *p, float *q)
+                                                     float *p, float *q, bool fma_q = false)
 {
     *lp2 = fmaf(ws, c.cs, -c.ks);
     *lq2 = fmaf(wt, c.cs, -c.kt);
     *p = lf_ex2(*lp2);
-    *q = lf_ex2(*lq2);
+    *q = fma_q ? lf_ex2_fma(*lq2) : lf_ex2(*lq2);
 }
 
-/* Pass 2 terms of one pair, added to (x, y): JSD (k_p, k_q) in log2 units, TVD (|p-q|, sgn p). */
-static __device__ __forceinline__ void lf_impl_kl_stats2(const lf_kl_coef &c, float ws, float wt, float *x, float *y)
+/* JSD's fast forms (below) take q on the FMA pipe for elements e < LF_KL_JSD_EX2_FMA of each
+ * unit of 8: they run three MUFU operations per pair in each of pass 2 and the gradient, two
+ * in pass 1 (bench_kl measures the split; 0: all on MUFU). */
+#ifndef LF_KL_JSD_EX2_FMA
+#define LF_KL_JSD_EX2_FMA 0
+#endif
+
+/* log2 on MUFU with subnormal inputs flushed (log2 of 0 or a subnormal is -inf). */
+static __device__ __forceinline__ float lf_lg2(float x)
+{
+    float y;
+    asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+/* Pass 2 terms of one pair, added to (x, y): JSD (k_p, k_q) in log2 units, TVD (|p-q|, sgn p),
+ * with the exact conventions (0 log 0 = 0; a masked entry adds nothing). */
+template <int KIND>
+static __device__ __forceinline__ void lf_impl_kl_stats2_exact(const lf_kl_coef &c, float ws, float wt, float *x, float *y)
 {
     float lp2, lq2, p, q;
     lf_impl_kl_pq(c, ws, wt, &lp2, &lq2, &p, &q);
-    if (c.kind == LF_KL_JSD) {
+    if (KIND == LF_KL_JSD) {
         const float lm2 = __log2f(fmaf(c.beta, q - p, p)); /* beta q + (1 - beta) p */
         *x += p > 0.0f ? p * (lp2 - lm2) : 0.0f;
         *y += q > 0.0f ? q * (lq2 - lm2) : 0.0f;
@@ -2262,8 +2290,27 @@ static __device__ __forceinline__ void lf_impl_kl_stats2(const lf_kl_coef &c, fl
     }
 }
 
+static __device__ __forceinline__ void lf_impl_kl_stats2(const lf_kl_coef &c, float ws, float wt, float *x, float *y)
+{
+    if (c.kind == LF_KL_JSD) lf_impl_kl_stats2_exact<LF_KL_JSD>(c, ws, wt, x, y);
+    else lf_impl_kl_stats2_exact<LF_KL_TVD>(c, ws, wt, x, y);
+}
+
+/* log2 M_j = log2(beta q_j + (1 - beta) p_j) without tests, for finite w: M is held at or above
+ * FLT_MIN, so the log is finite where both p and q flushed to 0 (p (lp2 - lm2) is then 0, not
+ * 0 * inf). That moves only pairs with both p and q below ~2^-125, by at most their own size
+ * times a few units (lossfuse.h's reference has them to the last bit; the sums cannot see it). */
+static __device__ __forceinline__ float lf_impl_kl_lm2_fast(const lf_kl_coef &c, float p, float q)
+{
+    return lf_lg2(fmaxf(fmaf(c.beta, q - p, p), FLT_MIN));
+}
+
+/* The fast JSD sweep of this thread's units: no tests (2 EX2, 1 LG2, 9 FP32 operations per pair
+ * against the exact form's 4 tests, 2 selects and the subnormal handling of __log2f, which the
+ * compiler makes a branch per pair). A -inf entry makes a term 0 * -inf = NaN: the caller then
+ * sums the share again exactly. */
 template <int THREADS, typename TS, typename TT, bool LIN>
-static __device__ __forceinline__ void lf_kl_piece_stats2(float2 &acc, const uint4 *bs, const uint4 *bt, int n, int PU,
+static __device__ __forceinline__ void lf_impl_jsd_sweep2(float2 &s, const uint4 *bs, const uint4 *bt, int n, int PU,
                                                           const lf_kl_xf &xf, const lf_kl_coef &c)
 {
     for (int i = (int)threadIdx.x; i < n; i += THREADS) {
@@ -2271,8 +2318,51 @@ static __device__ __forceinline__ void lf_kl_piece_stats2(float2 &acc, const uin
         lf_impl_unit_get<TS>(bs, i, PU, fs);
         lf_impl_unit_get<TT>(bt, i, PU, ft);
 #pragma unroll
-        for (int e = 0; e < 8; ++e) lf_impl_kl_stats2(c, lf_kl_w<LIN>(fs[e], xf.s, xf), lf_kl_w<LIN>(ft[e], xf.t, xf), &acc.x, &acc.y);
+        for (int e = 0; e < 8; ++e) {
+            float lp2, lq2, p, q;
+            lf_impl_kl_pq(c, lf_kl_w<LIN>(fs[e], xf.s, xf), lf_kl_w<LIN>(ft[e], xf.t, xf), &lp2, &lq2, &p, &q,
+                          e < LF_KL_JSD_EX2_FMA);
+            const float lm2 = lf_impl_kl_lm2_fast(c, p, q);
+            s.x = fmaf(p, lp2 - lm2, s.x);
+            s.y = fmaf(q, lq2 - lm2, s.y);
+        }
     }
+}
+
+/* Pass 2 over this thread's units of a staged piece (JSD or TVD), added to acc. Returns true
+ * when the share holds special values (a -inf entry, a NaN): JSD's fast sweep then gave a
+ * non-finite sum and the share was summed again with the exact conventions. A caller that
+ * keeps the flag for the same units (every pass gives a unit to the same thread) may pass it
+ * on to lf_kl_piece_grad (its `exact`), whose fast form needs finite entries. */
+template <int THREADS, typename TS, typename TT, bool LIN>
+static __device__ __forceinline__ bool lf_kl_piece_stats2(float2 &acc, const uint4 *bs, const uint4 *bt, int n, int PU,
+                                                          const lf_kl_xf &xf, const lf_kl_coef &c)
+{
+    float2 s = make_float2(0.0f, 0.0f);
+    bool special = false;
+    if (c.kind == LF_KL_JSD) {
+        lf_impl_jsd_sweep2<THREADS, TS, TT, LIN>(s, bs, bt, n, PU, xf, c);
+        special = !(fabsf(s.x) + fabsf(s.y) < LF_INF_F); /* also NaN */
+    }
+    if (c.kind != LF_KL_JSD || special) {
+        s = make_float2(0.0f, 0.0f);
+        for (int i = (int)threadIdx.x; i < n; i += THREADS) {
+            float fs[8], ft[8];
+            lf_impl_unit_get<TS>(bs, i, PU, fs);
+            lf_impl_unit_get<TT>(bt, i, PU, ft);
+            if (c.kind == LF_KL_JSD) {
+                for (int e = 0; e < 8; ++e)
+                    lf_impl_kl_stats2_exact<LF_KL_JSD>(c, lf_kl_w<LIN>(fs[e], xf.s, xf), lf_kl_w<LIN>(ft[e], xf.t, xf), &s.x, &s.y);
+            } else {
+#pragma unroll
+                for (int e = 0; e < 8; ++e)
+                    lf_impl_kl_stats2_exact<LF_KL_TVD>(c, lf_kl_w<LIN>(fs[e], xf.s, xf), lf_kl_w<LIN>(ft[e], xf.t, xf), &s.x, &s.y);
+            }
+        }
+    }
+    acc.x += s.x;
+    acc.y += s.y;
+    return special;
 }
 
 /* Pass 2's merged sums into the coefficients (and the loss they give: JSD in nats, TVD). */
@@ -2287,14 +2377,17 @@ static __device__ __forceinline__ float lf_kl_coef_set_stats2(lf_kl_coef &c, flo
 }
 
 /* d loss / d w_s of one pair, before the scale a and dz/dx; KIND a compile-time lf_kl_kind so
- * that the unit loops carry no per-element switch (lf_kl_piece_grad dispatches once). */
-template <int KIND>
-static __device__ __forceinline__ float lf_impl_kl_grad(const lf_kl_coef &c, float ws, float wt)
+ * that the unit loops carry no per-element switch (lf_kl_piece_grad dispatches once). EXACT:
+ * the conventions for -inf entries (a masked student entry has gradient 0, not 0 * -inf); the
+ * fast form (EXACT false) has no tests and needs finite entries. */
+template <int KIND, bool EXACT = true>
+static __device__ __forceinline__ float lf_impl_kl_grad(const lf_kl_coef &c, float ws, float wt, int e = 8)
 {
     float lp2, lq2, p, q;
-    lf_impl_kl_pq(c, ws, wt, &lp2, &lq2, &p, &q);
-    if (KIND == LF_KL_REVERSE) return p > 0.0f ? p * (lp2 - lq2 - c.c3) : 0.0f;
+    lf_impl_kl_pq(c, ws, wt, &lp2, &lq2, &p, &q, KIND == LF_KL_JSD && !EXACT && e < LF_KL_JSD_EX2_FMA);
+    if (KIND == LF_KL_REVERSE) return !EXACT ? p * (lp2 - lq2 - c.c3) : p > 0.0f ? p * (lp2 - lq2 - c.c3) : 0.0f;
     if (KIND == LF_KL_JSD) {
+        if (!EXACT) return p * (lp2 - lf_impl_kl_lm2_fast(c, p, q) - c.c3);
         const float lm2 = __log2f(fmaf(c.beta, q - p, p));
         return p > 0.0f ? p * (lp2 - lm2 - c.c3) : 0.0f;
     }
@@ -2315,7 +2408,7 @@ static __device__ __forceinline__ float lf_impl_kl_grad_any(const lf_kl_coef &c,
     }
 }
 
-template <int THREADS, typename TS, typename TT, bool LIN, int KIND>
+template <int THREADS, typename TS, typename TT, bool LIN, int KIND, bool EXACT>
 static __device__ __forceinline__ void lf_impl_kl_piece_grad(TS *out, bool vec_ok, const uint4 *bs, const uint4 *bt,
                                                              const lf_dual_span &sp, int ub, int n, int PU,
                                                              const lf_kl_xf &xf, const lf_kl_coef &c)
@@ -2326,7 +2419,7 @@ static __device__ __forceinline__ void lf_impl_kl_piece_grad(TS *out, bool vec_o
         lf_impl_unit_get<TT>(bt, i, PU, ft);
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
-            const float d = lf_impl_kl_grad<KIND>(c, lf_kl_w<LIN>(fs[e], xf.s, xf), lf_kl_w<LIN>(ft[e], xf.t, xf));
+            const float d = lf_impl_kl_grad<KIND, EXACT>(c, lf_kl_w<LIN>(fs[e], xf.s, xf), lf_kl_w<LIN>(ft[e], xf.t, xf), e);
             g[e] = LIN ? c.a * d : c.a * d * lf_kl_dzdx(fs[e], xf);
         }
         TS *dst = out + sp.head + 8 * (int64_t)(ub + i);
@@ -2342,17 +2435,25 @@ static __device__ __forceinline__ void lf_impl_kl_piece_grad(TS *out, bool vec_o
 
 /* Gradient of this thread's units [ub, ub + n) of a staged piece, stored to out: the student's
  * row (in place) or another row with the same element alignment when vec_ok (16-byte stores),
- * element by element otherwise. */
+ * element by element otherwise. exact = false takes the fast forms of reverse KL and JSD (no
+ * tests per pair): only for units known to hold finite entries, i.e. those for which this
+ * thread's lf_dual_piece_stats and lf_kl_piece_stats2 both returned false. */
 template <int THREADS, typename TS, typename TT, bool LIN>
 static __device__ __forceinline__ void lf_kl_piece_grad(TS *out, bool vec_ok, const uint4 *bs, const uint4 *bt,
                                                         const lf_dual_span &sp, int ub, int n, int PU, const lf_kl_xf &xf,
-                                                        const lf_kl_coef &c)
+                                                        const lf_kl_coef &c, bool exact = true)
 {
     switch (c.kind) {
-    case LF_KL_REVERSE: lf_impl_kl_piece_grad<THREADS, TS, TT, LIN, LF_KL_REVERSE>(out, vec_ok, bs, bt, sp, ub, n, PU, xf, c); break;
-    case LF_KL_JSD: lf_impl_kl_piece_grad<THREADS, TS, TT, LIN, LF_KL_JSD>(out, vec_ok, bs, bt, sp, ub, n, PU, xf, c); break;
-    case LF_KL_TVD: lf_impl_kl_piece_grad<THREADS, TS, TT, LIN, LF_KL_TVD>(out, vec_ok, bs, bt, sp, ub, n, PU, xf, c); break;
-    default: lf_impl_kl_piece_grad<THREADS, TS, TT, LIN, LF_KL_FORWARD>(out, vec_ok, bs, bt, sp, ub, n, PU, xf, c); break;
+    case LF_KL_REVERSE:
+        if (exact) lf_impl_kl_piece_grad<THREADS, TS, TT, LIN, LF_KL_REVERSE, true>(out, vec_ok, bs, bt, sp, ub, n, PU, xf, c);
+        else lf_impl_kl_piece_grad<THREADS, TS, TT, LIN, LF_KL_REVERSE, false>(out, vec_ok, bs, bt, sp, ub, n, PU, xf, c);
+        break;
+    case LF_KL_JSD:
+        if (exact) lf_impl_kl_piece_grad<THREADS, TS, TT, LIN, LF_KL_JSD, true>(out, vec_ok, bs, bt, sp, ub, n, PU, xf, c);
+        else lf_impl_kl_piece_grad<THREADS, TS, TT, LIN, LF_KL_JSD, false>(out, vec_ok, bs, bt, sp, ub, n, PU, xf, c);
+        break;
+    case LF_KL_TVD: lf_impl_kl_piece_grad<THREADS, TS, TT, LIN, LF_KL_TVD, true>(out, vec_ok, bs, bt, sp, ub, n, PU, xf, c); break;
+    default: lf_impl_kl_piece_grad<THREADS, TS, TT, LIN, LF_KL_FORWARD, true>(out, vec_ok, bs, bt, sp, ub, n, PU, xf, c); break;
     }
 }
 

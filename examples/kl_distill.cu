@@ -43,8 +43,10 @@
  *   CTAs exchange their states over DSMEM. MEASURED (bench/RESULTS.md, session 15): forward /
  *   reverse KL at 88-96% of the copy bandwidth on an H100 and 67-85% on an H200 (where these
  *   kernels are bound by the SMs, not by memory), 1.2-1.4x the streamed kernel at every V on
- *   the H200; JSD gains only at V = 32K (clusters of 2). The automatic plan takes it where it
- *   was not slower (kl_launch_any). Its rows are handed out dynamically (kl_args.static_rows).
+ *   the H200; JSD 1.15-1.28x on the H200 at every V (session 20, after its pass 2 and gradient
+ *   lost their per-pair tests; at 40-49% of copy there it is bound by its arithmetic: 8 MUFU
+ *   operations and ~42 instructions per pair over its three sweeps). The automatic plan takes
+ *   it where it applies (kl_launch_any). Its rows are handed out dynamically (kl_args.static_rows).
  * Contract (as DESIGN.md and examples/cross_entropy.cu)
  *   - Masked rows (mask byte 0, or label == ignore_index) have loss 0, zero gradient, weight 0.
  *     A label outside [0, V) that is not ignore_index adds 1 to *n_errors and masks the row.
@@ -135,9 +137,9 @@ typedef struct kl_args {
  *                      pairs too wide for three stages are split over a cluster. Each pair is
  *                      read from HBM once. Where it does not apply, LF_ERR_ARG (or, for the
  *                      device, LF_ERR_DEVICE).
- *   KL_SCHED_AUTO      resident for forward + backward of forward / reverse KL and soft CE where
- *                      it applies and a pair needs at most 8 CTAs (V up to ~200K in bf16),
- *                      else streamed: where it measured faster (kl_launch_resident). */
+ *   KL_SCHED_AUTO      resident for forward + backward of every kind where it applies (a
+ *                      pair's slices fit a cluster of up to 16 CTAs: V up to ~300K in bf16),
+ *                      else streamed: where it measured faster (kl_launch_any). */
 enum kl_schedule { KL_SCHED_AUTO = 0, KL_SCHED_STREAM = 1, KL_SCHED_RESIDENT = 2 };
 
 typedef struct kl_plan {
@@ -804,13 +806,15 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
             }
         } else {
             const uint4 *bs = kl_res_smem + (size_t)q * 2 * su, *bt = bs + su;
-            /* pass 1, its merges and the row's statistics, for the terms the loss needs (T) */
+            /* pass 1, its merges and the row's statistics, for the terms the loss needs (T);
+             * exact: this thread's units may hold special values (the gradient's tested forms) */
             lf_dual_out dout;
+            bool exact = false;
             auto pass1 = [&](auto terms) {
                 constexpr int T = decltype(terms)::value;
                 lf_dual_acc acc = lf_dual_acc_init();
                 if (rank == 0) lf_dual_edge_stats<TH, TS, TT, LIN, LF_DUAL_FULL>(acc, xs, xt, sp, p.xf);
-                lf_dual_piece_stats<TH, TS, TT, LIN, T>(acc, bs, bt, nu, su, p.xf);
+                exact = lf_dual_piece_stats<TH, TS, TT, LIN, T>(acc, bs, bt, nu, su, p.xf);
                 draw_status();
                 acc = lf_block_dual_acc<TH, T>(acc, p.xf.cs, red[grp][par], bar);
                 if (nranks > 1) {
@@ -828,7 +832,7 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
             float l;
             if (three) {
                 float2 acc2 = make_float2(0.0f, 0.0f);
-                lf_kl_piece_stats2<TH, TS, TT, LIN>(acc2, bs, bt, nu, su, p.xf, coef);
+                exact |= lf_kl_piece_stats2<TH, TS, TT, LIN>(acc2, bs, bt, nu, su, p.xf, coef);
                 if (rank == 0) lf_kl_edge_stats2<TH, TS, TT, LIN>(acc2, xs, xt, sp, p.xf, coef);
                 float2 sums = lf_block_sum2_f32<TH>(acc2, red2[grp][par], bar);
                 if (nranks > 1) {
@@ -850,7 +854,7 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
             par ^= 1;
             if (grad) {
                 const bool vec_ok = ((uintptr_t)(out + sp.head) & 15u) == 0;
-                lf_kl_piece_grad<TH, TS, TT, LIN>(out, vec_ok, bs, bt, sp, ub, nu, su, p.xf, coef);
+                lf_kl_piece_grad<TH, TS, TT, LIN>(out, vec_ok, bs, bt, sp, ub, nu, su, p.xf, coef, exact);
                 if (rank == 0) lf_kl_edge_grad<TH, TS, TT, LIN>(out, xs, xt, sp, p.xf, coef);
             }
             if (rank == 0 && threadIdx.x == 0) kl_row_outputs(p, row, dout, l * p.tau2_scale * w);
@@ -938,7 +942,7 @@ static lf_status kl_launch_kernel(kl_kparams p, kl_plan *plan, cudaStream_t stre
  * KL_RES_MIN_STAGES, as many as fit, at most KL_RES_MAX_STAGES) and keeps the most CTAs
  * resident, the smaller on a tie. */
 template <typename TS, typename TT, bool LIN>
-static lf_status kl_launch_resident(const kl_kparams &p, int max_cluster, int stages, int static_rows, bool forced, int auto_cluster,
+static lf_status kl_launch_resident(const kl_kparams &p, int max_cluster, int stages, int static_rows, bool forced,
                                     kl_plan *plan, cudaStream_t stream, cudaError_t *cuda_err, bool *launched)
 {
     *launched = false;
@@ -964,8 +968,6 @@ static lf_status kl_launch_resident(const kl_kparams &p, int max_cluster, int st
         lf_ring_plan pl;
         KL_CHECK(lf_ring_plan_make(kernel, block, dev, &ring_d[dev], r, &pl));
         if (pl.cluster == 0) return forced ? LF_ERR_SIZE : LF_OK;
-        /* Automatically up to clusters of auto_cluster (kl_launch_any; bench/RESULTS.md) */
-        if (!forced && pl.cluster > auto_cluster) return LF_OK;
         /* Rows handed out dynamically (unless static_rows; fewer than 2^32 rows): every resident
          * cluster starts, and those on faster SMs take more rows (cross_entropy.cu measured its
          * CTAs' fixed shares finishing up to 17% apart on an H200). All resident clusters, not
@@ -998,17 +1000,15 @@ template <typename TS, typename TT, bool LIN, bool SPARSE>
 static lf_status kl_launch_any(const kl_kparams &p, int schedule, int max_cluster, int stages, int static_rows, kl_plan *plan,
                                cudaStream_t s, cudaError_t *e)
 {
-    /* Automatically resident for forward + backward (bench_kl --variants, H200, 2026-11-25, after
-     * the st.async exchange): forward / reverse KL (and soft CE) at every cluster size, 1.2-1.4x
-     * streamed at V = 32K-152K and 1.2-1.3x on clusters of 16 (V = 256K; the H100 gained there
-     * before too); JSD (and TVD, which has its structure: not timed separately) only where a
-     * pair needs at most 2 CTAs — 9% faster at V = 32K, its second pass and second exchange on
-     * each row's critical path make it 5-12% slower on clusters of 8 and 16 at N = 16384. */
-    const bool one_pass = p.kind == LF_KL_FORWARD || p.kind == LF_KL_REVERSE || p.kind == LF_KL_SOFT_CE;
+    /* Automatically resident for forward + backward, every kind and cluster size (bench_kl
+     * --variants, H200, 2026-11-25): forward / reverse KL (and soft CE) 1.2-1.4x streamed at
+     * V = 32K-152K and 1.2-1.3x on clusters of 16 (V = 256K); JSD, since its pass 2 and gradient
+     * lost their per-pair tests, 1.15-1.28x streamed on clusters of 2-16 (before that it paid
+     * only on clusters of 2). TVD has JSD's structure with less arithmetic per pair. */
     if (!SPARSE && (schedule == KL_SCHED_RESIDENT || (schedule == KL_SCHED_AUTO && p.grad))) {
         bool launched = false;
         const lf_status st = kl_launch_resident<TS, TT, LIN>(p, max_cluster, stages, static_rows, schedule == KL_SCHED_RESIDENT,
-                                                             one_pass ? 16 : 2, plan, s, e, &launched);
+                                                             plan, s, e, &launched);
         if (st != LF_OK || launched) return st;
     } else if (schedule == KL_SCHED_RESIDENT) {
         return LF_ERR_ARG; /* a sparse teacher is built in shared memory, piece by piece: streamed */

@@ -172,15 +172,22 @@ static void run_case(const Case &c)
         /* row 0: both sides -inf on the last 7 entries and every 5th (vocabulary padding);
          * row 1: the student -inf where the teacher is not (forward KL +inf);
          * row 2: the teacher -inf where the student is not (reverse KL +inf, NaN gradient);
-         * row 3: the student all -inf; row 4: the teacher all -inf (no distribution: NaN) */
+         * row 3: the student all -inf; row 4: the teacher all -inf (no distribution: NaN);
+         * rows 5 and 6 (few -inf entries: most threads' units finite, so the fast gradient
+         * forms run beside the exact ones in one row): row 5 both sides -inf every 997th entry
+         * and on 40 entries from V / 3; row 6 the student -inf every 1009th entry (forward KL
+         * +inf; reverse KL and JSD finite, and their gradient there exactly 0) */
+        const int64_t nm = N >= 7 ? 7 : 5;
         for (int64_t j = 0; j < V; ++j) {
             if (j % 5 == 0 || j >= V - 7) hs[0][j] = ht[0][j] = NINF;
             if (j % 7 == 3 && j + 1 < V) hs[1][j] = NINF;
             if (j % 6 == 2 && j + 1 < V) ht[2][j] = NINF;
             hs[3][j] = NINF;
             ht[4][j] = NINF;
+            if (nm == 7 && (j % 997 == 500 || (j >= V / 3 && j < V / 3 + 40))) hs[5][j] = ht[5][j] = NINF;
+            if (nm == 7 && j % 1009 == 17 && j + 1 < V) hs[6][j] = NINF;
         }
-        for (int64_t i = 0; i < 5; ++i) {
+        for (int64_t i = 0; i < nm; ++i) {
             write_row(i);
             planted.insert(i);
         }
@@ -1028,9 +1035,9 @@ int main(int argc, char **argv)
             c = b; c.name = "resident forward only, stats"; c.schedule = KL_SCHED_RESIDENT; c.grad = 0; c.stats = true; c.red = LF_REDUCE_NONE; run_case(c);
             c = b; c.name = "resident all masked"; c.schedule = KL_SCHED_RESIDENT; c.labels = true; c.ignore_frac = 1.0; c.stats = true; run_case(c);
         }
-        /* automatic plans (kl_launch_any): resident for forward / reverse KL with a gradient at
-         * V = 131K, 32K and 256K (clusters of 8, 2 and 16 on an H100 / H200), for JSD only at
-         * V = 32K; streamed for JSD at 131K, forward only and an fp32 teacher */
+        /* automatic plans (kl_launch_any): resident for every kind with a gradient at V = 131K,
+         * 32K and 256K (clusters of 8, 2 and 16 on an H100 / H200); streamed for forward only
+         * and an fp32 teacher */
         Case c;
         c.name = "automatic plan";
         c.N = g_small ? 300 : 4096;
@@ -1040,11 +1047,13 @@ int main(int argc, char **argv)
         run_case(c);
         c.name = "automatic plan, JSD";
         c.kind = LF_KL_JSD;
-        c.expect_schedule = KL_SCHED_STREAM;
+        c.expect_cluster = g_small ? 0 : 8;
         run_case(c);
         c.name = "automatic plan, forward only";
         c.kind = LF_KL_FORWARD;
         c.grad = 0;
+        c.expect_schedule = KL_SCHED_STREAM;
+        c.expect_cluster = 0;
         run_case(c);
         c.name = "automatic plan, fp32 teacher";
         c.grad = 1;
@@ -1064,6 +1073,9 @@ int main(int argc, char **argv)
         c.N = g_small ? 7 : 64;
         c.V = 262144;
         c.expect_cluster = g_small ? 0 : 16;
+        run_case(c);
+        c.name = "automatic plan, TVD, V = 256K";
+        c.kind = LF_KL_TVD;
         run_case(c);
         /* Dynamic rows (the default of the resident schedule): rows of one CTA (V = 16385) and
          * rows split over clusters, with enough rows that most are drawn from the counter; in a
