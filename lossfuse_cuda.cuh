@@ -1672,8 +1672,9 @@ static __device__ __forceinline__ lf_row_stats lf_cluster_stats_collect(const lf
  *    with subnormals flushed); a thread whose share then sums to a non-finite value (a -inf
  *    entry) sums it again exactly. Each pass 1 and 2 tells its caller whether the thread's
  *    share held special values; where neither did, the gradient of reverse KL and JSD runs
- *    without tests too (lf_kl_piece_grad's `exact`): half the instructions per pair, the
- *    per-pair tests having compiled to a branch per pair.
+ *    without tests too (lf_kl_piece_grad's `exact`). The tests had compiled to a branch per
+ *    pair: JSD's pass 2 went from 31 to 15 instructions per pair, its gradient from 27 to 17
+ *    (sm_90 SASS; bench/RESULTS.md, design log 64).
  *    Gradient (lf_kl_coef_make, lf_kl_piece_grad, lf_kl_edge_grad): d loss / d x_s,j =
  *        forward KL, soft CE   a (p_j - q_j)
  *        reverse KL            a p_j (log p_j - log q_j - KL(p || q))
@@ -2298,8 +2299,8 @@ static __device__ __forceinline__ void lf_impl_kl_stats2(const lf_kl_coef &c, fl
 
 /* log2 M_j = log2(beta q_j + (1 - beta) p_j) without tests, for finite w: M is held at or above
  * FLT_MIN, so the log is finite where both p and q flushed to 0 (p (lp2 - lm2) is then 0, not
- * 0 * inf). That moves only pairs with both p and q below ~2^-125, by at most their own size
- * times a few units (lossfuse.h's reference has them to the last bit; the sums cannot see it). */
+ * 0 * inf). Only pairs with M below FLT_MIN change: then p < FLT_MIN / (1 - beta), and its term
+ * moves by at most p log2(1 / (1 - beta)) (q's likewise with beta): ~2^-125 at beta = 0.5. */
 static __device__ __forceinline__ float lf_impl_kl_lm2_fast(const lf_kl_coef &c, float p, float q)
 {
     return lf_lg2(fmaxf(fmaf(c.beta, q - p, p), FLT_MIN));
