@@ -2247,23 +2247,16 @@ static __device__ __forceinline__ lf_kl_coef lf_kl_coef_make(int kind, float bet
     return c;
 }
 
-/* p and q of one pair (w values) with their log2: lp2, lq2. fma_q: q on the FMA pipe
- * (lf_ex2_fma, the same function to 2^-22), for loops that would otherwise wait on MUFU. */
+/* p and q of one pair (w values) with their log2: lp2, lq2. (q on the FMA pipe, lf_ex2_fma, for
+ * part of JSD's pairs did not pay: bench/RESULTS.md, design log 65.) */
 static __device__ __forceinline__ void lf_impl_kl_pq(const lf_kl_coef &c, float ws, float wt, float *lp2, float *lq2,
-                                                     float *p, float *q, bool fma_q = false)
+                                                     float *p, float *q)
 {
     *lp2 = fmaf(ws, c.cs, -c.ks);
     *lq2 = fmaf(wt, c.cs, -c.kt);
     *p = lf_ex2(*lp2);
-    *q = fma_q ? lf_ex2_fma(*lq2) : lf_ex2(*lq2);
+    *q = lf_ex2(*lq2);
 }
-
-/* JSD's fast forms (below) take q on the FMA pipe for elements e < LF_KL_JSD_EX2_FMA of each
- * unit of 8: they run three MUFU operations per pair in each of pass 2 and the gradient, two
- * in pass 1 (bench_kl measures the split; 0: all on MUFU). */
-#ifndef LF_KL_JSD_EX2_FMA
-#define LF_KL_JSD_EX2_FMA 0
-#endif
 
 /* log2 on MUFU with subnormal inputs flushed (log2 of 0 or a subnormal is -inf). */
 static __device__ __forceinline__ float lf_lg2(float x)
@@ -2321,8 +2314,7 @@ static __device__ __forceinline__ void lf_impl_jsd_sweep2(float2 &s, const uint4
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
             float lp2, lq2, p, q;
-            lf_impl_kl_pq(c, lf_kl_w<LIN>(fs[e], xf.s, xf), lf_kl_w<LIN>(ft[e], xf.t, xf), &lp2, &lq2, &p, &q,
-                          e < LF_KL_JSD_EX2_FMA);
+            lf_impl_kl_pq(c, lf_kl_w<LIN>(fs[e], xf.s, xf), lf_kl_w<LIN>(ft[e], xf.t, xf), &lp2, &lq2, &p, &q);
             const float lm2 = lf_impl_kl_lm2_fast(c, p, q);
             s.x = fmaf(p, lp2 - lm2, s.x);
             s.y = fmaf(q, lq2 - lm2, s.y);
@@ -2382,10 +2374,10 @@ static __device__ __forceinline__ float lf_kl_coef_set_stats2(lf_kl_coef &c, flo
  * the conventions for -inf entries (a masked student entry has gradient 0, not 0 * -inf); the
  * fast form (EXACT false) has no tests and needs finite entries. */
 template <int KIND, bool EXACT = true>
-static __device__ __forceinline__ float lf_impl_kl_grad(const lf_kl_coef &c, float ws, float wt, int e = 8)
+static __device__ __forceinline__ float lf_impl_kl_grad(const lf_kl_coef &c, float ws, float wt)
 {
     float lp2, lq2, p, q;
-    lf_impl_kl_pq(c, ws, wt, &lp2, &lq2, &p, &q, KIND == LF_KL_JSD && !EXACT && e < LF_KL_JSD_EX2_FMA);
+    lf_impl_kl_pq(c, ws, wt, &lp2, &lq2, &p, &q);
     if (KIND == LF_KL_REVERSE) return !EXACT ? p * (lp2 - lq2 - c.c3) : p > 0.0f ? p * (lp2 - lq2 - c.c3) : 0.0f;
     if (KIND == LF_KL_JSD) {
         if (!EXACT) return p * (lp2 - lf_impl_kl_lm2_fast(c, p, q) - c.c3);
@@ -2420,7 +2412,7 @@ static __device__ __forceinline__ void lf_impl_kl_piece_grad(TS *out, bool vec_o
         lf_impl_unit_get<TT>(bt, i, PU, ft);
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
-            const float d = lf_impl_kl_grad<KIND, EXACT>(c, lf_kl_w<LIN>(fs[e], xf.s, xf), lf_kl_w<LIN>(ft[e], xf.t, xf), e);
+            const float d = lf_impl_kl_grad<KIND, EXACT>(c, lf_kl_w<LIN>(fs[e], xf.s, xf), lf_kl_w<LIN>(ft[e], xf.t, xf));
             g[e] = LIN ? c.a * d : c.a * d * lf_kl_dzdx(fs[e], xf);
         }
         TS *dst = out + sp.head + 8 * (int64_t)(ub + i);
