@@ -123,7 +123,7 @@ int main(int argc, char **argv)
             kl_args b = a;
             b.opts.kind = (lf_kl_kind)k;
             b.schedule = sched;
-            b.static_rows = static_rows;
+            b.static_rows = sched == KL_SCHED_RESIDENT ? (static_rows ? 1 : -1) : 0; /* forced: each way */
             kl_plan plan;
             memset(&plan, 0, sizeof plan);
             b.plan = &plan;

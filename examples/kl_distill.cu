@@ -46,7 +46,8 @@
  *   the H200; JSD 1.15-1.28x on the H200 at every V (session 20, after its pass 2 and gradient
  *   lost their per-pair tests; at 40-49% of copy there it is bound by its arithmetic: 8 MUFU
  *   operations and ~42 instructions per pair over its three sweeps). The automatic plan takes
- *   it where it applies (kl_launch_any). Its rows are handed out dynamically (kl_args.static_rows).
+ *   it where it applies (kl_launch_any). Its rows are handed out dynamically, except JSD's on
+ *   clusters of 16 (kl_args.static_rows).
  * Contract (as DESIGN.md and examples/cross_entropy.cu)
  *   - Masked rows (mask byte 0, or label == ignore_index) have loss 0, zero gradient, weight 0.
  *     A label outside [0, V) that is not ignore_index adds 1 to *n_errors and masks the row.
@@ -122,9 +123,11 @@ typedef struct kl_args {
     int schedule;          /* KL_SCHED_AUTO (0), _STREAM or _RESIDENT: see kl_schedule */
     int max_cluster;       /* resident: at most this many CTAs per cluster (0: automatic) */
     int stages;            /* resident: shared-memory stages per CTA, 3..8 (0: automatic) */
-    int static_rows;       /* resident: 0 (default) hands the rows out from an atomic counter in the
-                            * workspace as the CTAs free their stages (the faster SMs take more);
-                            * 1: a fixed share per cluster. The results are the same bits either way */
+    int static_rows;       /* resident: 0 (default, automatic) hands the rows out from an atomic
+                            * counter in the workspace as the CTAs free their stages (the faster SMs
+                            * take more), except JSD on clusters of 16 (a fixed share: measured
+                            * faster there, bench/RESULTS.md design log 67); 1: a fixed share per
+                            * cluster; -1: the counter always. The results are the same bits either way */
     struct kl_plan *plan;  /* optional host out */
 } kl_args;
 
@@ -972,8 +975,11 @@ static lf_status kl_launch_resident(const kl_kparams &p, int max_cluster, int st
          * cluster starts, and those on faster SMs take more rows (cross_entropy.cu measured its
          * CTAs' fixed shares finishing up to 17% apart on an H200). All resident clusters, not
          * lf_ring_plan's `streaming` count: that rule was measured with the cross-entropy's
-         * 4 B/elem, not here. */
-        bool dyn = !static_rows && p.n_rows < ((int64_t)1 << 32);
+         * 4 B/elem, not here. Automatic: JSD on clusters of 16 takes fixed shares, 2-3 points of
+         * copy faster than the counter at V = 256K on the H200 and the H100 in two sessions'
+         * runs (design log 67; not explained, and not so for TVD, nor at smaller clusters). */
+        const bool fixed = static_rows > 0 || (static_rows == 0 && p.kind == LF_KL_JSD && pl.cluster >= 16);
+        bool dyn = !fixed && p.n_rows < ((int64_t)1 << 32);
         if (dyn) { /* the dynamic kernel's own shared-memory opt-in; the plan's stages must fit it too */
             KL_CHECK(lf_ring_setup(kernel_dyn, dev, &ring_dyn_d[dev]));
             dyn = ring_dyn_d[dev].dyn_max >= (int)pl.dyn_bytes;
@@ -1061,6 +1067,7 @@ static lf_status kl_launch(const kl_args *a, cudaStream_t stream, cudaError_t *c
     if ((int)a->reduction < 0 || (int)a->reduction > 2) return LF_ERR_ARG;
     if (a->schedule < KL_SCHED_AUTO || a->schedule > KL_SCHED_RESIDENT || a->max_cluster < 0) return LF_ERR_ARG;
     if (a->stages != 0 && (a->stages < KL_RES_GROUPS + 1 || a->stages > KL_RES_MAX_STAGES)) return LF_ERR_ARG;
+    if (a->static_rows < -1 || a->static_rows > 1) return LF_ERR_ARG;
     if (a->grad && a->grad_stride < a->vocab) return LF_ERR_SIZE;
     if (a->grad && a->n_rows > 0) {
         /* In place means the student's own rows; any other overlap with the student or the

@@ -653,11 +653,11 @@ static void run_case(const Case &c)
             kl_args b = a;
             kl_plan plan2;
             memset(&plan2, 0, sizeof plan2);
-            b.static_rows = plan.dynamic; /* static after dynamic; 0 (dynamic where it applies) after static */
+            b.static_rows = plan.dynamic ? 1 : -1; /* static after dynamic; dynamic (where it applies) after static */
             b.plan = &plan2;
             const unsigned long long h2 = relaunch(b);
             EXPECT(plan2.schedule == KL_SCHED_RESIDENT, "relaunch: schedule %d", plan2.schedule);
-            if (plan.dynamic || c.static_rows)
+            if (plan.dynamic || c.static_rows || c.expect_dynamic == 0)
                 EXPECT(plan2.dynamic == !plan.dynamic, "relaunch: dynamic %d after %d", plan2.dynamic, plan.dynamic);
             EXPECT(h2 == h1, "outputs differ between dynamic %d and %d", plan.dynamic, plan2.dynamic);
         }
@@ -714,6 +714,11 @@ static void test_arguments(void)
     b = a;
     b.stages = 2;
     EXPECT(kl_launch(&b, 0, &ce) == LF_ERR_ARG, "2 stages accepted");
+    b = a;
+    b.static_rows = 2;
+    EXPECT(kl_launch(&b, 0, &ce) == LF_ERR_ARG, "static_rows 2 accepted");
+    b.static_rows = -2;
+    EXPECT(kl_launch(&b, 0, &ce) == LF_ERR_ARG, "static_rows -2 accepted");
     b = a;
     b.s_dtype = b.t_dtype = LF_F32;
     b.schedule = KL_SCHED_RESIDENT;
@@ -1076,6 +1081,11 @@ int main(int argc, char **argv)
         run_case(c);
         c.name = "automatic plan, TVD, V = 256K";
         c.kind = LF_KL_TVD;
+        c.expect_dynamic = 1;
+        run_case(c);
+        c.name = "automatic plan, JSD, V = 256K (fixed row shares)";
+        c.kind = LF_KL_JSD;
+        c.expect_dynamic = g_small ? -1 : 0;
         run_case(c);
         /* Dynamic rows (the default of the resident schedule): rows of one CTA (V = 16385) and
          * rows split over clusters, with enough rows that most are drawn from the counter; in a
