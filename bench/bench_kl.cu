@@ -15,8 +15,8 @@
  * writing a 256 MiB buffer (nothing of the inputs left in L2); the median is reported.
  * impl=lossfuse is the automatic plan (fused forward+backward: row-resident on sm_90; the
  * RESULT line says the plan); --variants also times each schedule forced (impl=lossfuse_streamed,
- * and where it applies lossfuse_resident, and lossfuse_resident_static: its rows in a fixed share
- * per cluster instead of handed out dynamically), so the automatic plan's rules stay measured.
+ * and where it applies lossfuse_resident, its rows handed out by the counter, and
+ * lossfuse_resident_static, a fixed share per cluster), so the automatic plan's rules stay measured.
  * A benchmark, not a test: it checks nothing but CUDA errors.
  */
 #define KL_NO_MAIN

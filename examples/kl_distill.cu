@@ -976,7 +976,7 @@ static lf_status kl_launch_resident(const kl_kparams &p, int max_cluster, int st
          * CTAs' fixed shares finishing up to 17% apart on an H200). All resident clusters, not
          * lf_ring_plan's `streaming` count: that rule was measured with the cross-entropy's
          * 4 B/elem, not here. Automatic: JSD on clusters of 16 takes fixed shares, 2-3 points of
-         * copy faster than the counter at V = 256K on the H200 and the H100 in two sessions'
+         * copy faster than the counter at V = 256K on the H200 and the H100 in three sessions'
          * runs (design log 67; not explained, and not so for TVD, nor at smaller clusters). */
         const bool fixed = static_rows > 0 || (static_rows == 0 && p.kind == LF_KL_JSD && pl.cluster >= 16);
         bool dyn = !fixed && p.n_rows < ((int64_t)1 << 32);
