@@ -15,8 +15,9 @@
  * writing a 256 MiB buffer (nothing of the inputs left in L2); the median is reported.
  * impl=lossfuse is the automatic plan (fused forward+backward: row-resident on sm_90; the
  * RESULT line says the plan); --variants also times each schedule forced (impl=lossfuse_streamed,
- * and where it applies lossfuse_resident, its rows handed out by the counter, and
- * lossfuse_resident_static, a fixed share per cluster), so the automatic plan's rules stay measured.
+ * and where it applies lossfuse_resident, its rows handed out by the counter with the automatic
+ * side CTAs, lossfuse_resident_static, a fixed share per cluster, and lossfuse_resident_noside,
+ * the counter without side CTAs), so the automatic plan's rules stay measured.
  * A benchmark, not a test: it checks nothing but CUDA errors.
  */
 #define KL_NO_MAIN
@@ -114,9 +115,11 @@ int main(int argc, char **argv)
         char suffix[32] = "";
         if (topk >= 0) snprintf(suffix, sizeof suffix, "_top%lld", (long long)K);
         const size_t moved = topk >= 0 ? (fwd_only ? 1 : 2) * bytes + (size_t)N * K * 8 : (fwd_only ? 2 : 3) * bytes;
-        for (int kv = 0; kv < 20; ++kv) { /* automatic, streamed, resident, resident with static rows */
+        /* automatic, streamed, resident (rows from the counter, side CTAs automatic), resident with
+         * static rows, resident from the counter without side CTAs */
+        for (int kv = 0; kv < 25; ++kv) {
             const int k = kv % 5, sched = kv < 5 ? KL_SCHED_AUTO : kv < 10 ? KL_SCHED_STREAM : KL_SCHED_RESIDENT;
-            const bool static_rows = kv >= 15;
+            const bool static_rows = kv >= 15 && kv < 20, noside = kv >= 20;
             if (("," + kinds + ",").find("," + std::string(names[k]) + ",") == std::string::npos) continue;
             if (sched != KL_SCHED_AUTO && !variants) continue;
             if (sched == KL_SCHED_RESIDENT && topk >= 0) continue; /* a sparse teacher streams */
@@ -124,6 +127,7 @@ int main(int argc, char **argv)
             b.opts.kind = (lf_kl_kind)k;
             b.schedule = sched;
             b.static_rows = sched == KL_SCHED_RESIDENT ? (static_rows ? 1 : -1) : 0; /* forced: each way */
+            b.side_ctas = noside ? -1 : 0;
             kl_plan plan;
             memset(&plan, 0, sizeof plan);
             b.plan = &plan;
@@ -146,12 +150,16 @@ int main(int argc, char **argv)
             }
             CK(cudaGetLastError());
             printf("RESULT impl=lossfuse%s%s mode=%s%s%s N=%lld V=%lld dtype=bf16 ms=%.4f bytes=%zu extra_bytes=%zu status=ok "
-                   "schedule=%s cluster=%d stages=%d pieces=%d ctas=%d dynamic=%d\n",
-                   sched == KL_SCHED_STREAM ? "_streamed" : static_rows ? "_resident_static" : sched == KL_SCHED_RESIDENT ? "_resident" : "",
+                   "schedule=%s cluster=%d stages=%d pieces=%d ctas=%d dynamic=%d side=%d\n",
+                   sched == KL_SCHED_STREAM         ? "_streamed"
+                   : static_rows                    ? "_resident_static"
+                   : noside                         ? "_resident_noside"
+                   : sched == KL_SCHED_RESIDENT     ? "_resident"
+                                                    : "",
                    tag.c_str(),
                    names[k], suffix, fwd_only ? "_fo" : "", (long long)N, (long long)V, median(t), moved, wsb,
                    plan.schedule == KL_SCHED_RESIDENT ? "resident" : "streamed", plan.cluster, plan.stages, plan.pieces, plan.ctas,
-                   plan.dynamic);
+                   plan.dynamic, plan.side_ctas);
             fflush(stdout);
         }
         CK(cudaFree(xs));

@@ -47,7 +47,11 @@
  *   lost their per-pair tests; at 40-49% of copy there it is bound by its arithmetic: 8 MUFU
  *   operations and ~42 instructions per pair over its three sweeps). The automatic plan takes
  *   it where it applies (kl_launch_any). Its rows are handed out dynamically, except JSD's on
- *   clusters of 16 (kl_args.static_rows).
+ *   clusters of 16 where no side CTAs run (kl_args.static_rows). Side CTAs (kl_side_kernel,
+ *   kl_args.side_ctas): where the clusters leave SMs idle and the device is bound by its SMs
+ *   (an H200: 120 or 112 of 132 busy on clusters of 8 or 16), a second grid on those SMs takes
+ *   whole rows from the same counter, each computed as a cluster would (the same bits):
+ *   2-8% faster on the H200 at V >= 131K (bench/RESULTS.md, design log 68).
  * Contract (as DESIGN.md and examples/cross_entropy.cu)
  *   - Masked rows (mask byte 0, or label == ignore_index) have loss 0, zero gradient, weight 0.
  *     A label outside [0, V) that is not ignore_index adds 1 to *n_errors and masks the row.
@@ -128,6 +132,10 @@ typedef struct kl_args {
                             * take more), except JSD on clusters of 16 (a fixed share: measured
                             * faster there, bench/RESULTS.md design log 67); 1: a fixed share per
                             * cluster; -1: the counter always. The results are the same bits either way */
+    int side_ctas;         /* resident with rows from the counter: 0 (default) automatic, side CTAs on the
+                            * SMs that the clusters leave idle where the device is bound by its SMs
+                            * (kl_side_kernel; an H200, not an H100); -1: none; n > 0: n side CTAs, which
+                            * draw rows from the first one on (for tests). The same bits either way */
     struct kl_plan *plan;  /* optional host out */
 } kl_args;
 
@@ -153,6 +161,7 @@ typedef struct kl_plan {
     int stages;      /* resident: row-pair slices staged per CTA */
     int ctas;        /* persistent CTAs launched */
     int dynamic;     /* resident: rows handed out from the workspace's counter (kl_args.static_rows) */
+    int side_ctas;   /* resident, dynamic: CTAs of the side grid on the SMs the clusters leave idle (kl_args.side_ctas) */
 } kl_plan;
 
 static kl_args kl_args_default(void)
@@ -175,7 +184,9 @@ typedef struct kl_ws_header {
     unsigned long long rows_done;
     unsigned long long row_next; /* row-resident, dynamic: the next row to hand out (lf_ring_draw) */
     float divisor;
-    float pad[11];
+    unsigned int side_rows;      /* row-resident, side CTAs: rows they took in this launch so far */
+    unsigned int side_rows_last; /* ... in the last launch that had side CTAs (set by its last CTA) */
+    float pad[9];
 } kl_ws_header;
 static_assert(sizeof(kl_ws_header) == 64, "kl_workspace_bytes documents a 64-byte header");
 
@@ -231,6 +242,7 @@ typedef struct kl_kparams {
     int64_t topk, topk_stride;
     int topk_rest;
     kl_ws_header *ws;
+    int64_t ctas_all; /* CTAs that count in the batch sum's completion counter (0: the grid's) */
     float *ws_loss;
     float *ws_rest; /* sparse teacher: per row, written by kl_topk_prep_kernel */
     int *ws_status;
@@ -327,10 +339,15 @@ static __device__ __forceinline__ void kl_batch_reduce(const kl_kparams &p, doub
 {
     if (threadIdx.x == 0) {
         __threadfence();
-        *is_last = atomicAdd(&p.ws->rows_done, 1ull) == (unsigned long long)(gridDim.x - 1);
+        const unsigned long long all = p.ctas_all ? (unsigned long long)p.ctas_all : gridDim.x;
+        *is_last = atomicAdd(&p.ws->rows_done, 1ull) == all - 1ull;
     }
     lf_block_bar<THREADS>(bar);
     if (!*is_last) return;
+    if (threadIdx.x == 0 && p.ctas_all) { /* a launch with side CTAs: their row count, for the tests */
+        p.ws->side_rows_last = p.ws->side_rows;
+        p.ws->side_rows = 0u;
+    }
     if (p.reduction == LF_REDUCE_NONE) {
         if (threadIdx.x == 0) {
             p.ws->row_next = 0ull;
@@ -608,6 +625,19 @@ __global__ void __launch_bounds__(KL_THREADS, KL_CTAS_PER_SM) kl_kernel(const kl
 #define KL_RES_MIN_STAGES 3
 #define KL_RES_MAX_STAGES 8
 
+/* The factors of a row's gradient scale that hold for the whole launch: the upstream gradient
+ * of a reduced loss and the mean's 1 / divisor (0 for a zero divisor). */
+static __device__ __forceinline__ void kl_grad_consts(const kl_kparams &p, float *dl_all, float *inv_div)
+{
+    const bool grad = p.grad != nullptr;
+    *dl_all = (grad && p.dloss && p.reduction != LF_REDUCE_NONE) ? p.dloss[0] : 1.0f;
+    *inv_div = 1.0f;
+    if (grad && p.reduction == LF_REDUCE_MEAN) {
+        const float d = p.divisor ? *p.divisor : p.ws->divisor;
+        *inv_div = d == 0.0f ? 0.0f : 1.0f / d;
+    }
+}
+
 template <typename TS, typename TT, bool LIN, bool DYN>
 __global__ void __launch_bounds__(KL_RES_THREADS, 1)
     kl_res_kernel(const kl_kparams p, int nranks, int nstages, int su, int nclusters)
@@ -634,6 +664,7 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
     __shared__ double fin[TH / 32];
     __shared__ int is_last;
 
+    if (p.ctas_all) lf_pdl_trigger(); /* side CTAs follow (kl_side_kernel): they may start now */
     const int grp = (int)threadIdx.y, bar = 1 + grp;
     const int rank = (int)(blockIdx.x % nranks);
     const int64_t cid = blockIdx.x / nranks, N = p.n_rows, V = p.vocab;
@@ -665,12 +696,8 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
     __syncthreads();
     if (nranks > 1) lf_cluster_sync(); /* every CTA's mbarriers exist before any post */
 
-    const float dl_all = (grad && p.dloss && p.reduction != LF_REDUCE_NONE) ? p.dloss[0] : 1.0f;
-    float inv_div = 1.0f;
-    if (grad && p.reduction == LF_REDUCE_MEAN) {
-        const float d = p.divisor ? *p.divisor : p.ws->divisor;
-        inv_div = d == 0.0f ? 0.0f : 1.0f / d;
-    }
+    float dl_all, inv_div;
+    kl_grad_consts(p, &dl_all, &inv_div);
     auto status_of = [&](int64_t kk) -> int { /* static */
         if (kk >= my_rows) return 1;
         return kk < nstages + G ? st0[kk] : kl_row_status(p, row_of(kk));
@@ -883,6 +910,158 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
     if ((p.reduction != LF_REDUCE_NONE || dyn) && grp == 0) kl_batch_reduce<TH>(p, fin, &is_last, bar);
 }
 
+/* Side CTAs: the SMs a cluster grid leaves idle, filled. A grid of clusters of c CTAs runs on
+ * fewer SMs than the device has (a cluster lives in one GPC: an H200 runs 15 clusters of 8 =
+ * 120 of its 132 SMs, 7 of 16 = 112), and on an H200 the resident kernel is bound by its SMs,
+ * not by memory (bench/RESULTS.md, session 21). kl_side_kernel runs on those SMs, launched
+ * after kl_res_kernel with programmatic dependent launch: every kl_res_kernel CTA triggers at
+ * its start, so the side grid starts once the clusters are resident, and it cannot share their
+ * SMs (they hold all the registers). Its CTAs draw rows from the same counter and compute each
+ * one as a whole cluster would, slice by slice: the group's slices of ranks grp, grp + 2, ...
+ * read from global memory (L2: the row was prefetched while the previous one ran), the same
+ * per-slice merges into records, the same record merge, the same gradient forms. So a row has
+ * the same bits whichever grid took it, and the launch stays deterministic. Each slice is read
+ * from L2 once more for the gradient (twice for JSD / TVD); nothing of it is staged.
+ * A side CTA takes a whole row, c / 2 times as long as a cluster group would at the same speed
+ * per SM, and measured ~9 times as long at c = 8 (H200, session 22: its slices come from L2, not
+ * from staged shared memory, so a side SM does ~45% of a cluster SM's work): it stops drawing
+ * while `reserve` rows are left for the clusters, KL_SIDE_RESERVE per cluster CTA (more than
+ * they finish while a side CTA does one row, so that no side row outlasts them; 4 measured
+ * faster than 1 or 2 at every shape where side CTAs run, and within 0.1 points of copy of 8
+ * or faster), 0 when forced (the tests). At the
+ * end it waits for the cluster grid to complete (griddepcontrol.wait) before it counts itself
+ * done: the launch's last CTA is then a side CTA, the batch sum sees every row, and the kernels
+ * after this launch on the stream also wait for both grids. */
+#ifndef KL_SIDE_RESERVE
+#define KL_SIDE_RESERVE 4 /* rows left to the clusters at the end: this many per CTA of theirs */
+#endif
+template <typename TS, typename TT, bool LIN>
+__global__ void __launch_bounds__(KL_RES_THREADS, 1)
+    kl_side_kernel(const kl_kparams p, int nranks, int su, int64_t first, int64_t reserve)
+{
+    constexpr int TH = KL_RES_GROUP, G = KL_RES_GROUPS;
+    __shared__ lf_dual_acc red[G][2][TH / 32];
+    __shared__ float2 red2[G][2][TH / 32];
+    __shared__ lf_dual_acc xa[16];
+    __shared__ float2 xb[16];
+    __shared__ int64_t s_row[2];
+    __shared__ double fin[TH / 32];
+    __shared__ int is_last;
+    const int grp = (int)threadIdx.y, bar = 1 + grp;
+    const bool lead = threadIdx.x == 0 && grp == 0;
+    const int64_t N = p.n_rows, V = p.vocab;
+    const bool three = p.kind == LF_KL_JSD || p.kind == LF_KL_TVD;
+    const bool grad = p.grad != nullptr;
+    float dl_all, inv_div;
+    kl_grad_consts(p, &dl_all, &inv_div);
+    /* a row while more than `reserve` are left (a relaxed look, then the draw: a race takes one
+     * of the reserved rows, which is still a row owed and done); its pair prefetched into L2 */
+    auto draw = [&]() -> int64_t {
+        const unsigned long long c = *(volatile const unsigned long long *)&p.ws->row_next;
+        if ((int64_t)c + first + reserve >= N) return -1;
+        const int64_t r = lf_ring_draw(&p.ws->row_next, first, N);
+        if (r >= 0 && !kl_row_status(p, r)) {
+            const TS *xs = (const TS *)p.student + r * p.s_stride;
+            const TT *xt = (const TT *)p.teacher + r * p.t_stride;
+            const lf_dual_span sp = lf_dual_span_make(xs, xt, V);
+            if (sp.nunit > 0) {
+                lf_bulk_prefetch_l2(xs + sp.head, 16u * (uint32_t)sp.nunit);
+                lf_bulk_prefetch_l2(xt + sp.head, 16u * (uint32_t)sp.nunit);
+            }
+        }
+        return r;
+    };
+    if (lead) s_row[0] = draw();
+    __syncthreads();
+    int par = 0;
+    for (int buf = 0;; buf ^= 1) {
+        const int64_t row = s_row[buf];
+        if (row < 0) break;
+        if (lead) { /* the next row (read after the row-end barrier below) */
+            s_row[buf ^ 1] = draw();
+            atomicAdd(&p.ws->side_rows, 1u);
+        }
+        const TS *xs = (const TS *)p.student + row * p.s_stride;
+        const TT *xt = (const TT *)p.teacher + row * p.t_stride;
+        const lf_dual_span sp = lf_dual_span_make(xs, xt, V);
+        const uint4 *body_s = (const uint4 *)(xs + sp.head), *body_t = (const uint4 *)(xt + sp.head);
+        TS *out = grad ? (TS *)p.grad + row * p.grad_stride : nullptr;
+        const int status = kl_row_status(p, row);
+        const int tid = (int)threadIdx.x + TH * grp;
+        if (status) { /* the whole row's gradient zero, its outputs zero (as every rank of a cluster) */
+            if (grad) {
+                const TS z = lf_elem<TS>::from_f32(0.0f);
+                for (int64_t j = tid; j < V; j += TH * G) out[j] = z;
+            }
+            if (lead) {
+                if (status == 2 && p.n_errors) atomicAdd(p.n_errors, 1u);
+                kl_row_outputs(p, row, kl_dual_out_zero(), 0.0f);
+            }
+        } else {
+            const float w = p.weights ? p.weights[row] : 1.0f;
+            const float dl = (grad && p.dloss && p.reduction == LF_REDUCE_NONE) ? p.dloss[row] : 1.0f;
+            unsigned exact = 0u; /* bit r: rank r's slice went the long way (its lf_kl_piece_grad `exact`) */
+            auto units = [&](int r) { return max(0, min(su, sp.nunit - r * su)); };
+            lf_dual_out dout;
+            auto pass1 = [&](auto terms) {
+                constexpr int T = decltype(terms)::value;
+                for (int r = grp; r < nranks; r += G) {
+                    lf_dual_acc acc = lf_dual_acc_init();
+                    if (r == 0) lf_dual_edge_stats<TH, TS, TT, LIN, LF_DUAL_FULL>(acc, xs, xt, sp, p.xf);
+                    if (lf_dual_piece_stats<TH, TS, TT, LIN, T>(acc, body_s + r * su, body_t + r * su, units(r), su, p.xf))
+                        exact |= 1u << r;
+                    acc = lf_block_dual_acc<TH, T>(acc, p.xf.cs, red[grp][par], bar);
+                    par ^= 1;
+                    if (threadIdx.x == 0) xa[r] = acc;
+                }
+                __syncthreads();
+                const lf_dual_acc acc = lf_dual_acc_merge_warp<T>(xa, nranks, p.xf.cs);
+                dout = lf_impl_dual_final(lf_dual_acc_final(acc, p.xf), T == LF_DUAL_FULL, (T & LF_DUAL_RB) != 0,
+                                          (T & LF_DUAL_RA) != 0);
+            };
+            if (p.terms == LF_DUAL_RB) pass1(std::integral_constant<int, LF_DUAL_RB>());
+            else if (p.terms == LF_DUAL_RA) pass1(std::integral_constant<int, LF_DUAL_RA>());
+            else pass1(std::integral_constant<int, LF_DUAL_FULL>());
+            const float gs = grad ? p.grad_scale * (p.reduction == LF_REDUCE_NONE ? dl : dl_all) * inv_div * w * p.tau2_scale : 0.0f;
+            lf_kl_coef coef = lf_kl_coef_make(p.kind, p.beta, gs, dout, p.xf, LIN);
+            float l;
+            if (three) {
+                for (int r = grp; r < nranks; r += G) {
+                    float2 acc2 = make_float2(0.0f, 0.0f);
+                    if (lf_kl_piece_stats2<TH, TS, TT, LIN>(acc2, body_s + r * su, body_t + r * su, units(r), su, p.xf, coef))
+                        exact |= 1u << r;
+                    if (r == 0) lf_kl_edge_stats2<TH, TS, TT, LIN>(acc2, xs, xt, sp, p.xf, coef);
+                    const float2 sums = lf_block_sum2_f32<TH>(acc2, red2[grp][par], bar);
+                    par ^= 1;
+                    if (threadIdx.x == 0) xb[r] = sums;
+                }
+                __syncthreads();
+                float2 sums = xb[0]; /* in rank order, as the cluster adds its peers' sums */
+                for (int r = 1; r < nranks; ++r) {
+                    sums.x += xb[r].x;
+                    sums.y += xb[r].y;
+                }
+                l = lf_kl_coef_set_stats2(coef, sums);
+                if (!(fabsf(dout.lse_a) < LF_INF_F) || !(fabsf(dout.lse_b) < LF_INF_F)) l = NAN;
+            } else {
+                l = p.kind == LF_KL_FORWARD ? dout.kl_fwd : p.kind == LF_KL_REVERSE ? dout.kl_rev : dout.kl_fwd + dout.ent_b;
+            }
+            if (grad) {
+                const bool vec_ok = ((uintptr_t)(out + sp.head) & 15u) == 0;
+                for (int r = grp; r < nranks; r += G) {
+                    lf_kl_piece_grad<TH, TS, TT, LIN>(out, vec_ok, body_s + r * su, body_t + r * su, sp, r * su, units(r), su,
+                                                      p.xf, coef, (exact >> r) & 1u);
+                    if (r == 0) lf_kl_edge_grad<TH, TS, TT, LIN>(out, xs, xt, sp, p.xf, coef);
+                }
+            }
+            if (lead) kl_row_outputs(p, row, dout, l * p.tau2_scale * w);
+        }
+        __syncthreads(); /* xa, xb and s_row[buf] free again */
+    }
+    lf_pdl_wait(); /* the cluster grid has completed and its rows' losses are visible */
+    if (grp == 0) kl_batch_reduce<TH>(p, fin, &is_last, bar);
+}
+
 /* ============================================================================================
  * 3. Launcher
  * ========================================================================================== */
@@ -933,6 +1112,7 @@ static lf_status kl_launch_kernel(kl_kparams p, kl_plan *plan, cudaStream_t stre
         plan->stages = 0;
         plan->ctas = nctas;
         plan->dynamic = 0;
+        plan->side_ctas = 0;
     }
     kernel<<<nctas, KL_THREADS, smem, stream>>>(p, npieces < 1 ? 1 : npieces, nctas);
     KL_CHECK(cudaGetLastError());
@@ -945,10 +1125,11 @@ static lf_status kl_launch_kernel(kl_kparams p, kl_plan *plan, cudaStream_t stre
  * KL_RES_MIN_STAGES, as many as fit, at most KL_RES_MAX_STAGES) and keeps the most CTAs
  * resident, the smaller on a tie. */
 template <typename TS, typename TT, bool LIN>
-static lf_status kl_launch_resident(const kl_kparams &p, int max_cluster, int stages, int static_rows, bool forced,
-                                    kl_plan *plan, cudaStream_t stream, cudaError_t *cuda_err, bool *launched)
+static lf_status kl_launch_resident(kl_kparams p, const kl_args *a, bool forced, cudaStream_t stream, cudaError_t *cuda_err,
+                                    bool *launched)
 {
     *launched = false;
+    kl_plan *const plan = a->plan;
     if constexpr (sizeof(TS) != 2 || sizeof(TT) != 2) {
         return forced ? LF_ERR_ARG : LF_OK;
     } else {
@@ -962,8 +1143,8 @@ static lf_status kl_launch_resident(const kl_kparams &p, int max_cluster, int st
         if (ring_d[dev].dyn_max <= 0) return forced ? LF_ERR_DEVICE : LF_OK;
         /* units of a pair: 8 elements of each row, 32 bytes; a pair's own span may have one less */
         lf_ring_req r = lf_ring_req_make(p.vocab / 8, 32, p.n_rows);
-        r.max_cluster = max_cluster;
-        r.stages = stages;
+        r.max_cluster = a->max_cluster;
+        r.stages = a->stages;
         r.min_stages = KL_RES_MIN_STAGES;
         r.max_stages = KL_RES_MAX_STAGES;
         r.groups_per_cta = KL_RES_GROUPS;
@@ -975,18 +1156,50 @@ static lf_status kl_launch_resident(const kl_kparams &p, int max_cluster, int st
          * cluster starts, and those on faster SMs take more rows (cross_entropy.cu measured its
          * CTAs' fixed shares finishing up to 17% apart on an H200). All resident clusters, not
          * lf_ring_plan's `streaming` count: that rule was measured with the cross-entropy's
-         * 4 B/elem, not here. Automatic: JSD on clusters of 16 takes fixed shares, 2-3 points of
-         * copy faster than the counter at V = 256K on the H200 and the H100 in three sessions'
-         * runs (design log 67; not explained, and not so for TVD, nor at smaller clusters). */
-        const bool fixed = static_rows > 0 || (static_rows == 0 && p.kind == LF_KL_JSD && pl.cluster >= 16);
-        bool dyn = !fixed && p.n_rows < ((int64_t)1 << 32);
+         * 4 B/elem, not here. */
+        bool dyn = a->static_rows <= 0 && p.n_rows < ((int64_t)1 << 32);
         if (dyn) { /* the dynamic kernel's own shared-memory opt-in; the plan's stages must fit it too */
             KL_CHECK(lf_ring_setup(kernel_dyn, dev, &ring_dyn_d[dev]));
             dyn = ring_dyn_d[dev].dyn_max >= (int)pl.dyn_bytes;
         }
-        const int64_t nclusters = dyn ? (pl.resident < p.n_rows ? pl.resident : p.n_rows) : pl.clusters;
-        const int64_t ctas = nclusters * pl.cluster;
+        int64_t nclusters = dyn ? (pl.resident < p.n_rows ? pl.resident : p.n_rows) : pl.clusters;
+        int64_t ctas = nclusters * pl.cluster;
+        const int64_t first = nclusters * pl.stages; /* dynamic: the rows of the rings' first stages */
+        /* Side CTAs (kl_side_kernel) on the SMs the clusters leave idle, with dynamic rows only.
+         * Automatic where the device's memory wants more CTAs than the clusters have (lf_ring_plan's
+         * `streaming` rule, LF_RING_CTA_BW: an H200, not an H100) and more rows are left after the
+         * rings' first stages than the side CTAs leave to the clusters at the end (`reserve`,
+         * KL_SIDE_RESERVE). Forced: that many, reserve 0. */
+        int64_t side = 0, reserve = 0;
+        if (dyn && a->side_ctas >= 0 && pl.cluster > 1) {
+            static int side_per_sm_d[KL_MAX_DEVICES], sms_d[KL_MAX_DEVICES];
+            if (!sms_d[dev]) {
+                KL_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&side_per_sm_d[dev], kl_side_kernel<TS, TT, LIN>,
+                                                                       KL_RES_THREADS, 0));
+                KL_CHECK(cudaDeviceGetAttribute(&sms_d[dev], cudaDevAttrMultiProcessorCount, dev));
+            }
+            const int64_t idle = ((int64_t)sms_d[dev] - ctas) * side_per_sm_d[dev];
+            reserve = KL_SIDE_RESERVE * nclusters * pl.cluster;
+            if (a->side_ctas > 0) {
+                side = a->side_ctas;
+                reserve = 0;
+            } else if (idle > 0 && ring_dyn_d[dev].peak_bw / LF_RING_CTA_BW > (double)ctas && p.n_rows - first > reserve + idle) {
+                side = idle;
+            }
+        }
+        /* Automatic: JSD on clusters of 16 without side CTAs takes fixed shares, 2-3 points of
+         * copy faster than the counter at V = 256K on the H200 and the H100 in three sessions'
+         * runs (design log 67; not explained, and not so for TVD, nor at smaller clusters). With
+         * side CTAs (an H200) the counter and they are 2.6-3.2% faster than fixed shares
+         * (design log 68). */
+        if (dyn && a->static_rows == 0 && side == 0 && p.kind == LF_KL_JSD && pl.cluster >= 16) {
+            dyn = false;
+            nclusters = pl.clusters;
+            ctas = nclusters * pl.cluster;
+        }
+        p.ctas_all = side > 0 ? ctas + side : 0;
         if (plan) {
+            plan->side_ctas = (int)side;
             plan->schedule = KL_SCHED_RESIDENT;
             plan->pieces = 1;
             plan->piece_units = (int)pl.slice_units;
@@ -997,15 +1210,18 @@ static lf_status kl_launch_resident(const kl_kparams &p, int max_cluster, int st
         }
         KL_CHECK(lf_launch_clusters(dyn ? kernel_dyn : kernel, ctas, pl.cluster, block, pl.dyn_bytes, stream, false, p, pl.cluster,
                                     pl.stages, (int)pl.slice_units, (int)nclusters));
+        if (side > 0)
+            KL_CHECK(lf_launch_clusters(kl_side_kernel<TS, TT, LIN>, side, 1, block, 0, stream, true, p, pl.cluster,
+                                        (int)pl.slice_units, first, reserve));
         *launched = true;
         return LF_OK;
     }
 }
 
 template <typename TS, typename TT, bool LIN, bool SPARSE>
-static lf_status kl_launch_any(const kl_kparams &p, int schedule, int max_cluster, int stages, int static_rows, kl_plan *plan,
-                               cudaStream_t s, cudaError_t *e)
+static lf_status kl_launch_any(const kl_kparams &p, const kl_args *a, cudaStream_t s, cudaError_t *e)
 {
+    const int schedule = a->schedule;
     /* Automatically resident for forward + backward, every kind and cluster size (bench_kl
      * --variants, H200, 2026-11-25): forward / reverse KL (and soft CE) 1.2-1.4x streamed at
      * V = 32K-152K and 1.2-1.3x on clusters of 16 (V = 256K); JSD, since its pass 2 and gradient
@@ -1013,32 +1229,25 @@ static lf_status kl_launch_any(const kl_kparams &p, int schedule, int max_cluste
      * only on clusters of 2). TVD has JSD's structure with less arithmetic per pair. */
     if (!SPARSE && (schedule == KL_SCHED_RESIDENT || (schedule == KL_SCHED_AUTO && p.grad))) {
         bool launched = false;
-        const lf_status st = kl_launch_resident<TS, TT, LIN>(p, max_cluster, stages, static_rows, schedule == KL_SCHED_RESIDENT,
-                                                             plan, s, e, &launched);
+        const lf_status st = kl_launch_resident<TS, TT, LIN>(p, a, schedule == KL_SCHED_RESIDENT, s, e, &launched);
         if (st != LF_OK || launched) return st;
     } else if (schedule == KL_SCHED_RESIDENT) {
         return LF_ERR_ARG; /* a sparse teacher is built in shared memory, piece by piece: streamed */
     }
-    return kl_launch_kernel<TS, TT, LIN, SPARSE>(p, plan, s, e);
+    return kl_launch_kernel<TS, TT, LIN, SPARSE>(p, a->plan, s, e);
 }
 
 template <typename TS>
 static lf_status kl_dispatch_t(const kl_kparams &p, lf_dtype tt, bool lin, const kl_args *a, cudaStream_t s, cudaError_t *e)
 {
-    const int sc = a->schedule, mc = a->max_cluster, ns = a->stages, sr = a->static_rows;
-    kl_plan *const pl = a->plan;
     if (p.topk_idx) /* a sparse teacher, built as fp32 in shared memory */
-        return lin ? kl_launch_any<TS, float, true, true>(p, sc, mc, ns, sr, pl, s, e) : kl_launch_any<TS, float, false, true>(p, sc, mc, ns, sr, pl, s, e);
+        return lin ? kl_launch_any<TS, float, true, true>(p, a, s, e) : kl_launch_any<TS, float, false, true>(p, a, s, e);
     switch (tt) {
-    case LF_F32:
-        return lin ? kl_launch_any<TS, float, true, false>(p, sc, mc, ns, sr, pl, s, e)
-                   : kl_launch_any<TS, float, false, false>(p, sc, mc, ns, sr, pl, s, e);
+    case LF_F32: return lin ? kl_launch_any<TS, float, true, false>(p, a, s, e) : kl_launch_any<TS, float, false, false>(p, a, s, e);
     case LF_BF16:
-        return lin ? kl_launch_any<TS, __nv_bfloat16, true, false>(p, sc, mc, ns, sr, pl, s, e)
-                   : kl_launch_any<TS, __nv_bfloat16, false, false>(p, sc, mc, ns, sr, pl, s, e);
-    default:
-        return lin ? kl_launch_any<TS, __half, true, false>(p, sc, mc, ns, sr, pl, s, e)
-                   : kl_launch_any<TS, __half, false, false>(p, sc, mc, ns, sr, pl, s, e);
+        return lin ? kl_launch_any<TS, __nv_bfloat16, true, false>(p, a, s, e)
+                   : kl_launch_any<TS, __nv_bfloat16, false, false>(p, a, s, e);
+    default: return lin ? kl_launch_any<TS, __half, true, false>(p, a, s, e) : kl_launch_any<TS, __half, false, false>(p, a, s, e);
     }
 }
 
@@ -1068,6 +1277,7 @@ static lf_status kl_launch(const kl_args *a, cudaStream_t stream, cudaError_t *c
     if (a->schedule < KL_SCHED_AUTO || a->schedule > KL_SCHED_RESIDENT || a->max_cluster < 0) return LF_ERR_ARG;
     if (a->stages != 0 && (a->stages < KL_RES_GROUPS + 1 || a->stages > KL_RES_MAX_STAGES)) return LF_ERR_ARG;
     if (a->static_rows < -1 || a->static_rows > 1) return LF_ERR_ARG;
+    if (a->side_ctas < -1 || a->side_ctas > 4096) return LF_ERR_ARG;
     if (a->grad && a->grad_stride < a->vocab) return LF_ERR_SIZE;
     if (a->grad && a->n_rows > 0) {
         /* In place means the student's own rows; any other overlap with the student or the

@@ -114,8 +114,13 @@ struct Case {
     int expect_schedule = 0; /* on sm_90: the plan must be this schedule ... */
     int expect_cluster = 0;  /* ... with clusters of this size */
     int expect_dynamic = -1; /* ... handing rows out dynamically (1) or not (0), where resident */
+    int side_ctas = 0;       /* kl_args.side_ctas */
+    bool expect_side_auto = false; /* full size, sm_90: side CTAs where kl_launch's rule wants them, checked
+                                    * from the device's own figures (memory peak / LF_RING_CTA_BW > the
+                                    * clusters' CTAs, SMs left idle) */
 };
-static int g_cc_major = 0;
+static int g_cc_major = 0, g_sms = 0;
+static double g_peak_bw = 0.0;
 
 static const char *g_only = NULL;
 
@@ -158,7 +163,9 @@ static void run_case(const Case &c)
         }
     }
     std::set<int64_t> planted;
+    std::set<int64_t> rewritten; /* rows written from the host copies: a relaunch in place writes them again */
     auto write_row = [&](int64_t i) {
+        rewritten.insert(i);
         std::vector<char> a((size_t)V * es), b((size_t)V * et);
         for (int64_t j = 0; j < V; ++j) {
             host_put(a, j, hs[i][j], c.sdt);
@@ -379,6 +386,7 @@ static void run_case(const Case &c)
     a.max_cluster = c.max_cluster;
     a.stages = c.stages;
     a.static_rows = c.static_rows;
+    a.side_ctas = c.side_ctas;
     kl_plan plan;
     memset(&plan, 0, sizeof plan);
     a.plan = &plan;
@@ -446,6 +454,23 @@ static void run_case(const Case &c)
     if (c.schedule != KL_SCHED_AUTO) EXPECT(plan.schedule == c.schedule, "plan: schedule %d, forced %d", plan.schedule, c.schedule);
     if (g_cc_major >= 9 && c.expect_dynamic >= 0 && plan.schedule == KL_SCHED_RESIDENT)
         EXPECT(plan.dynamic == c.expect_dynamic, "plan: dynamic %d, want %d", plan.dynamic, c.expect_dynamic);
+    if (g_cc_major >= 9 && c.expect_side_auto && !g_small) {
+        const bool want = plan.schedule == KL_SCHED_RESIDENT && plan.dynamic && plan.cluster > 1 && plan.ctas < g_sms &&
+                          g_peak_bw / LF_RING_CTA_BW > (double)plan.ctas;
+        EXPECT((plan.side_ctas > 0) == want, "plan: %d side CTAs (cluster %d, %d CTAs of %d SMs, peak %.0f GB/s)", plan.side_ctas,
+               plan.cluster, plan.ctas, g_sms, g_peak_bw / 1e9);
+    }
+    if (c.side_ctas > 0 && plan.schedule == KL_SCHED_RESIDENT && plan.dynamic && plan.cluster > 1)
+        EXPECT(plan.side_ctas == c.side_ctas, "plan: %d side CTAs, forced %d", plan.side_ctas, c.side_ctas);
+    /* the workspace's counters are back at zero after every launch (the next one, or a graph
+     * replay, starts from them); with side CTAs their row count of this launch is kept */
+    kl_ws_header wh;
+    CK(cudaMemcpy(&wh, ws.p, sizeof wh, cudaMemcpyDeviceToHost));
+    EXPECT(wh.rows_done == 0 && wh.row_next == 0 && wh.side_rows == 0, "workspace counters left at %llu, %llu, %u", wh.rows_done,
+           wh.row_next, wh.side_rows);
+    if (plan.side_ctas > 0) printf("     %d side CTAs took %u of %lld rows\n", plan.side_ctas, wh.side_rows_last, (long long)N);
+    if (c.side_ctas > 0 && plan.side_ctas > 0 && !g_small && N >= 1000 && plan.ctas < g_sms) /* as below */
+        EXPECT(wh.side_rows_last > 0, "%d side CTAs took no row of %lld", plan.side_ctas, (long long)N);
 
     /* ---- counters and per-row outputs: every element written ---- */
     unsigned errs;
@@ -637,7 +662,10 @@ static void run_case(const Case &c)
         auto relaunch = [&](const kl_args &b) {
             for (DevBuf *o : {&loss, &kf, &kr, &ens, &ent}) fill_poison(o->p, o->bytes / 4, LF_F32);
             if (c.grad == 1) poison_grad();
-            if (c.grad == 2) gen_student(xs.p, c.sdt, N, V, ss, seed_s, c.outlier);
+            if (c.grad == 2) { /* the student as the first launch had it: generated, then the planted rows */
+                gen_student(xs.p, c.sdt, N, V, ss, seed_s, c.outlier);
+                for (int64_t i : rewritten) write_row(i);
+            }
             CK(cudaDeviceSynchronize());
             cudaError_t e2;
             EXPECT(kl_launch(&b, 0, &e2) == LF_OK, "relaunch failed: %s", cudaGetErrorString(e2));
@@ -660,6 +688,25 @@ static void run_case(const Case &c)
             if (plan.dynamic || c.static_rows || c.expect_dynamic == 0)
                 EXPECT(plan2.dynamic == !plan.dynamic, "relaunch: dynamic %d after %d", plan2.dynamic, plan.dynamic);
             EXPECT(h2 == h1, "outputs differ between dynamic %d and %d", plan.dynamic, plan2.dynamic);
+            /* and with side CTAs the other way (none after some; 8, drawing from the first row on,
+             * after none): the rows they took have the bits the clusters give them */
+            b = a;
+            b.static_rows = -1;
+            b.side_ctas = plan.side_ctas > 0 ? -1 : 8;
+            memset(&plan2, 0, sizeof plan2);
+            b.plan = &plan2;
+            const unsigned long long h3 = relaunch(b);
+            kl_ws_header wh3;
+            CK(cudaMemcpy(&wh3, ws.p, sizeof wh3, cudaMemcpyDeviceToHost));
+            EXPECT(h3 == h1, "outputs differ with %d side CTAs (%u rows) and %d", plan2.side_ctas, wh3.side_rows_last,
+                   plan.side_ctas);
+            if (plan2.side_ctas > 0) {
+                printf("     relaunch: %d side CTAs took %u of %lld rows\n", plan2.side_ctas, wh3.side_rows_last, (long long)N);
+                /* full size (not under compute-sanitizer, which may run the grids one after the
+                 * other), SMs left idle by the clusters: rows enough that the side CTAs, resident
+                 * beside the clusters, take some (on a full device they start as clusters end) */
+                if (!g_small && N >= 1000 && plan2.ctas < g_sms) EXPECT(wh3.side_rows_last > 0, "%d side CTAs took no row of %lld", plan2.side_ctas, (long long)N);
+            }
         }
     }
     printf("%-4s %s\n", g_fail == fails_before ? "ok" : "FAIL", g_case);
@@ -719,6 +766,11 @@ static void test_arguments(void)
     EXPECT(kl_launch(&b, 0, &ce) == LF_ERR_ARG, "static_rows 2 accepted");
     b.static_rows = -2;
     EXPECT(kl_launch(&b, 0, &ce) == LF_ERR_ARG, "static_rows -2 accepted");
+    b = a;
+    b.side_ctas = -2;
+    EXPECT(kl_launch(&b, 0, &ce) == LF_ERR_ARG, "side_ctas -2 accepted");
+    b.side_ctas = 4097;
+    EXPECT(kl_launch(&b, 0, &ce) == LF_ERR_ARG, "side_ctas 4097 accepted");
     b = a;
     b.s_dtype = b.t_dtype = LF_F32;
     b.schedule = KL_SCHED_RESIDENT;
@@ -841,6 +893,13 @@ int main(int argc, char **argv)
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     g_cc_major = prop.major;
+    g_sms = prop.multiProcessorCount;
+    {
+        int khz = 0, bits = 0;
+        CK(cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, 0));
+        CK(cudaDeviceGetAttribute(&bits, cudaDevAttrGlobalMemoryBusWidth, 0));
+        g_peak_bw = 2.0 * (double)khz * 1e3 * (double)bits / 8.0;
+    }
     printf("test_kl_gpu on %s (sm_%d%d), seed %llu%s\n", prop.name, prop.major, prop.minor, (unsigned long long)g_seed,
            g_small ? ", small sizes" : "");
 
@@ -1107,6 +1166,49 @@ int main(int argc, char **argv)
             c = b; c.name = case_name("dynamic rows", cl, "fewer rows than clusters, NaN rows"); c.kind = LF_KL_REVERSE; c.N = 7; c.plant_nonfinite = true; c.check_all = true; c.determinism = false; run_case(c);
             c = b; c.name = case_name("dynamic rows", cl, "all masked"); c.labels = true; c.ignore_frac = 1.0; c.stats = true; run_case(c);
             c = b; c.name = case_name("dynamic rows", cl, "off: static rows forced"); c.kind = LF_KL_TVD; c.static_rows = 1; c.expect_dynamic = 0; c.labels = true; c.ignore_frac = 0.1; run_case(c);
+        }
+        /* Side CTAs on the SMs the clusters leave idle (kl_side_kernel): the automatic rule at a
+         * benchmark shape (an H200 takes them, an H100 does not), and forced on a cluster plan
+         * with special rows; the determinism check relaunches with them the other way. */
+        {
+            Case s;
+            s.schedule = KL_SCHED_RESIDENT;
+            s.determinism = true;
+            s.expect_dynamic = 1;
+            s.N = g_small ? 300 : 4096;
+            s.V = g_small ? 40000 : 131072;
+            s.name = "side CTAs, automatic, forward KL";
+            s.expect_side_auto = true;
+            run_case(s);
+            s.N = g_small ? 300 : 2048;
+            s.name = "side CTAs, automatic, JSD, stats";
+            s.kind = LF_KL_JSD;
+            s.static_rows = -1;
+            s.stats = true;
+            run_case(s);
+            s = Case();
+            s.schedule = KL_SCHED_RESIDENT;
+            s.determinism = true;
+            s.N = g_small ? 300 : 1500;
+            s.V = g_small ? 40000 : 100003;
+            s.side_ctas = 5;
+            s.name = "side CTAs, forced, reverse KL, masks, bad labels, NaN rows, none";
+            s.kind = LF_KL_REVERSE;
+            s.labels = true;
+            s.ignore_frac = 0.2;
+            s.bad_frac = 0.05;
+            s.plant_nonfinite = true;
+            s.red = LF_REDUCE_NONE;
+            s.dloss = true;
+            run_case(s);
+            s.name = "side CTAs, forced, TVD, weights, softcap, in place";
+            s.kind = LF_KL_TVD;
+            s.red = LF_REDUCE_MEAN;
+            s.dloss = false;
+            s.weights = true;
+            s.cap = 30.0f;
+            s.grad = 2;
+            run_case(s);
         }
         c = Case();
         c.name = "resident determinism, clusters, JSD in place";
