@@ -924,7 +924,7 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
  * from L2 once more for the gradient (twice for JSD / TVD); nothing of it is staged.
  * A side CTA takes a whole row, c / 2 times as long as a cluster group would at the same speed
  * per SM, and measured ~9 times as long at c = 8 (H200, session 22: its slices come from L2, not
- * from staged shared memory, so a side SM does ~45% of a cluster SM's work): it stops drawing
+ * from staged shared memory, so a side SM does ~40-60% of a cluster SM's work): it stops drawing
  * while `reserve` rows are left for the clusters, KL_SIDE_RESERVE per cluster CTA (more than
  * they finish while a side CTA does one row, so that no side row outlasts them; 4 measured
  * faster than 1 or 2 at every shape where side CTAs run, and within 0.1 points of copy of 8
