@@ -129,8 +129,8 @@ typedef struct kl_args {
     int stages;            /* resident: shared-memory stages per CTA, 3..8 (0: automatic) */
     int static_rows;       /* resident: 0 (default, automatic) hands the rows out from an atomic
                             * counter in the workspace as the CTAs free their stages (the faster SMs
-                            * take more), except JSD on clusters of 16 (a fixed share: measured
-                            * faster there, bench/RESULTS.md design log 67); 1: a fixed share per
+                            * take more), except JSD on clusters of 16 without side CTAs (a fixed
+                            * share: measured faster there, bench/RESULTS.md design log 67); 1: a fixed share per
                             * cluster; -1: the counter always. The results are the same bits either way */
     int side_ctas;         /* resident with rows from the counter: 0 (default) automatic, side CTAs on the
                             * SMs that the clusters leave idle where the device is bound by its SMs
