@@ -638,6 +638,44 @@ static __device__ __forceinline__ void kl_grad_consts(const kl_kparams &p, float
     }
 }
 
+/* The resident kernels' row steps, shared by the cluster CTAs and the side CTAs (the same code,
+ * so the same bits). kl_with_terms: f(std::integral_constant<int, T>) for the pass-1 terms the
+ * loss needs (T = p.terms: LF_DUAL_RB, _RA or _FULL). */
+template <typename F> static __device__ __forceinline__ void kl_with_terms(int terms, F &&f)
+{
+    if (terms == LF_DUAL_RB) f(std::integral_constant<int, LF_DUAL_RB>());
+    else if (terms == LF_DUAL_RA) f(std::integral_constant<int, LF_DUAL_RA>());
+    else f(std::integral_constant<int, LF_DUAL_FULL>());
+}
+
+/* A row's statistics from its merged pass-1 state (the terms of T). */
+template <int T> static __device__ __forceinline__ lf_dual_out kl_row_final(const lf_dual_acc &acc, const lf_kl_xf &xf)
+{
+    return lf_impl_dual_final(lf_dual_acc_final(acc, xf), T == LF_DUAL_FULL, (T & LF_DUAL_RB) != 0, (T & LF_DUAL_RA) != 0);
+}
+
+/* A row's gradient coefficients: the scale (dl: the row's upstream gradient with reduction
+ * none; dl_all, inv_div: kl_grad_consts; w: its weight) and the statistics. */
+template <bool LIN>
+static __device__ __forceinline__ lf_kl_coef kl_row_coef(const kl_kparams &p, const lf_dual_out &dout, float w, float dl,
+                                                         float dl_all, float inv_div)
+{
+    const float gs = p.grad ? p.grad_scale * (p.reduction == LF_REDUCE_NONE ? dl : dl_all) * inv_div * w * p.tau2_scale : 0.0f;
+    return lf_kl_coef_make(p.kind, p.beta, gs, dout, p.xf, LIN);
+}
+
+/* A row's loss (before tau^2 and its weight); JSD / TVD (three): pass 2's sums set into coef
+ * first, NaN where either side's lse is not finite. */
+static __device__ __forceinline__ float kl_row_loss(const kl_kparams &p, const lf_dual_out &dout, lf_kl_coef &coef, bool three,
+                                                   float2 sums)
+{
+    if (three) {
+        const float l = lf_kl_coef_set_stats2(coef, sums);
+        return (fabsf(dout.lse_a) < LF_INF_F && fabsf(dout.lse_b) < LF_INF_F) ? l : NAN;
+    }
+    return p.kind == LF_KL_FORWARD ? dout.kl_fwd : p.kind == LF_KL_REVERSE ? dout.kl_rev : dout.kl_fwd + dout.ent_b;
+}
+
 template <typename TS, typename TT, bool LIN, bool DYN>
 __global__ void __launch_bounds__(KL_RES_THREADS, 1)
     kl_res_kernel(const kl_kparams p, int nranks, int nstages, int su, int nclusters)
@@ -851,20 +889,16 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
                     exchange1(acc);
                     acc = lf_dual_acc_merge_warp<T>(xa[grp][xq], nranks, p.xf.cs);
                 }
-                dout = lf_impl_dual_final(lf_dual_acc_final(acc, p.xf), T == LF_DUAL_FULL, (T & LF_DUAL_RB) != 0,
-                                          (T & LF_DUAL_RA) != 0);
+                dout = kl_row_final<T>(acc, p.xf);
             };
-            if (p.terms == LF_DUAL_RB) pass1(std::integral_constant<int, LF_DUAL_RB>());
-            else if (p.terms == LF_DUAL_RA) pass1(std::integral_constant<int, LF_DUAL_RA>());
-            else pass1(std::integral_constant<int, LF_DUAL_FULL>());
-            const float gs = grad ? p.grad_scale * (p.reduction == LF_REDUCE_NONE ? dl : dl_all) * inv_div * w * p.tau2_scale : 0.0f;
-            lf_kl_coef coef = lf_kl_coef_make(p.kind, p.beta, gs, dout, p.xf, LIN);
-            float l;
+            kl_with_terms(p.terms, pass1);
+            lf_kl_coef coef = kl_row_coef<LIN>(p, dout, w, dl, dl_all, inv_div);
+            float2 sums = make_float2(0.0f, 0.0f);
             if (three) {
                 float2 acc2 = make_float2(0.0f, 0.0f);
                 exact |= lf_kl_piece_stats2<TH, TS, TT, LIN>(acc2, bs, bt, nu, su, p.xf, coef);
                 if (rank == 0) lf_kl_edge_stats2<TH, TS, TT, LIN>(acc2, xs, xt, sp, p.xf, coef);
-                float2 sums = lf_block_sum2_f32<TH>(acc2, red2[grp][par], bar);
+                sums = lf_block_sum2_f32<TH>(acc2, red2[grp][par], bar);
                 if (nranks > 1) {
                     lf_cluster_post(sums, xb[grp][xq], &xbar[grp][1][xq], rank, nranks);
                     lf_cluster_posts_wait(&xbar[grp][1][xq], (x_phase >> (2 + xq)) & 1u);
@@ -875,11 +909,8 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
                         sums.y += xb[grp][xq][r].y;
                     }
                 }
-                l = lf_kl_coef_set_stats2(coef, sums);
-                if (!(fabsf(dout.lse_a) < LF_INF_F) || !(fabsf(dout.lse_b) < LF_INF_F)) l = NAN;
-            } else {
-                l = p.kind == LF_KL_FORWARD ? dout.kl_fwd : p.kind == LF_KL_REVERSE ? dout.kl_rev : dout.kl_fwd + dout.ent_b;
             }
+            const float l = kl_row_loss(p, dout, coef, three, sums);
             if (nranks > 1) xq ^= 1;
             par ^= 1;
             if (grad) {
@@ -1015,16 +1046,11 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
                     if (threadIdx.x == 0) xa[r] = acc;
                 }
                 __syncthreads();
-                const lf_dual_acc acc = lf_dual_acc_merge_warp<T>(xa, nranks, p.xf.cs);
-                dout = lf_impl_dual_final(lf_dual_acc_final(acc, p.xf), T == LF_DUAL_FULL, (T & LF_DUAL_RB) != 0,
-                                          (T & LF_DUAL_RA) != 0);
+                dout = kl_row_final<T>(lf_dual_acc_merge_warp<T>(xa, nranks, p.xf.cs), p.xf);
             };
-            if (p.terms == LF_DUAL_RB) pass1(std::integral_constant<int, LF_DUAL_RB>());
-            else if (p.terms == LF_DUAL_RA) pass1(std::integral_constant<int, LF_DUAL_RA>());
-            else pass1(std::integral_constant<int, LF_DUAL_FULL>());
-            const float gs = grad ? p.grad_scale * (p.reduction == LF_REDUCE_NONE ? dl : dl_all) * inv_div * w * p.tau2_scale : 0.0f;
-            lf_kl_coef coef = lf_kl_coef_make(p.kind, p.beta, gs, dout, p.xf, LIN);
-            float l;
+            kl_with_terms(p.terms, pass1);
+            lf_kl_coef coef = kl_row_coef<LIN>(p, dout, w, dl, dl_all, inv_div);
+            float2 sums = make_float2(0.0f, 0.0f);
             if (three) {
                 for (int r = grp; r < nranks; r += G) {
                     float2 acc2 = make_float2(0.0f, 0.0f);
@@ -1036,16 +1062,13 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
                     if (threadIdx.x == 0) xb[r] = sums;
                 }
                 __syncthreads();
-                float2 sums = xb[0]; /* in rank order, as the cluster adds its peers' sums */
+                sums = xb[0]; /* in rank order, as the cluster adds its peers' sums */
                 for (int r = 1; r < nranks; ++r) {
                     sums.x += xb[r].x;
                     sums.y += xb[r].y;
                 }
-                l = lf_kl_coef_set_stats2(coef, sums);
-                if (!(fabsf(dout.lse_a) < LF_INF_F) || !(fabsf(dout.lse_b) < LF_INF_F)) l = NAN;
-            } else {
-                l = p.kind == LF_KL_FORWARD ? dout.kl_fwd : p.kind == LF_KL_REVERSE ? dout.kl_rev : dout.kl_fwd + dout.ent_b;
             }
+            const float l = kl_row_loss(p, dout, coef, three, sums);
             if (grad) {
                 const bool vec_ok = ((uintptr_t)(out + sp.head) & 15u) == 0;
                 for (int r = grp; r < nranks; r += G) {
