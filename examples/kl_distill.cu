@@ -50,8 +50,9 @@
  *   clusters of 16 where no side CTAs run (kl_args.static_rows). Side CTAs (kl_side_kernel,
  *   kl_args.side_ctas): where the clusters leave SMs idle and the device is bound by its SMs
  *   (an H200: 120 or 112 of 132 busy on clusters of 8 or 16), a second grid on those SMs takes
- *   whole rows from the same counter, each computed as a cluster would (the same bits):
- *   2-8% faster on the H200 at V >= 131K (bench/RESULTS.md, design log 68).
+ *   whole rows from the same counter, each computed as a cluster would (the same bits), its
+ *   slices staged through its own ring of bulk copies: faster on the H200 at V >= 131K
+ *   than without them (bench/RESULTS.md, design logs 68-69).
  * Contract (as DESIGN.md and examples/cross_entropy.cu)
  *   - Masked rows (mask byte 0, or label == ignore_index) have loss 0, zero gradient, weight 0.
  *     A label outside [0, V) that is not ignore_index adds 1 to *n_errors and masks the row.
@@ -135,7 +136,8 @@ typedef struct kl_args {
     int side_ctas;         /* resident with rows from the counter: 0 (default) automatic, side CTAs on the
                             * SMs that the clusters leave idle where the device is bound by its SMs
                             * (kl_side_kernel; an H200, not an H100); -1: none; n > 0: n side CTAs, which
-                            * draw rows from the first one on (for tests). The same bits either way */
+                            * draw rows from the first one on (for tests). None on a forward-only launch of
+                            * a one-pass kind (forward / reverse KL, soft CE). The same bits either way */
     struct kl_plan *plan;  /* optional host out */
 } kl_args;
 
@@ -948,34 +950,47 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
  * after kl_res_kernel with programmatic dependent launch: every kl_res_kernel CTA triggers at
  * its start, so the side grid starts once the clusters are resident, and it cannot share their
  * SMs (they hold all the registers). Its CTAs draw rows from the same counter and compute each
- * one as a whole cluster would, slice by slice: the group's slices of ranks grp, grp + 2, ...
- * read from global memory (L2: the row was prefetched while the previous one ran), the same
- * per-slice merges into records, the same record merge, the same gradient forms. So a row has
- * the same bits whichever grid took it, and the launch stays deterministic. Each slice is read
- * from L2 once more for the gradient (twice for JSD / TVD); nothing of it is staged.
- * A side CTA takes a whole row, c / 2 times as long as a cluster group would at the same speed
- * per SM, and measured ~9 times as long at c = 8 (H200, session 22: its slices come from L2, not
- * from staged shared memory, so a side SM does ~40-60% of a cluster SM's work): it stops drawing
- * while `reserve` rows are left for the clusters, KL_SIDE_RESERVE per cluster CTA (more than
- * they finish while a side CTA does one row, so that no side row outlasts them; 4 measured
- * faster than 1 or 2 at every shape where side CTAs run, and within 0.1 points of copy of 8
- * or faster), 0 when forced (the tests). At the
- * end it waits for the cluster grid to complete (griddepcontrol.wait) before it counts itself
- * done: the launch's last CTA is then a side CTA, the batch sum sees every row, and the kernels
- * after this launch on the stream also wait for both grids. */
+ * one as a whole cluster would, slice by slice: the same per-slice merges into records (slice r
+ * by group r % 2), the same record merge, the same gradient forms. So a row has the same bits
+ * whichever grid took it, and the launch stays deterministic.
+ *   The slices come through a ring of `nstages` shared-memory stages filled by bulk copies, as
+ * in the clusters, but a side CTA's row does not fit: each pass visits the row's c slices in
+ * turn (pass 1; JSD / TVD's pass 2; the gradient), so a slice is copied once per pass, from L2
+ * (the row is prefetched there when it is drawn). Visit v of the CTA (row j = v / nv, pass,
+ * slice r; nv = passes x c visits per row, masked rows too, with nothing copied) goes to stage
+ * v % nstages; the group that finishes it reloads that stage with visit v + nstages (the stage
+ * ticket orders the consumer's parity wait, as in kl_res_kernel). The next row is drawn when a
+ * row starts and read by the loaders only after the row's first pass barrier, so a pass's
+ * loads reach the next row only from the second pass on: nstages <= (passes - 1) x c (the
+ * launcher's rule; a forward-only launch, one pass, takes no side CTAs).
+ *   A side CTA takes a whole row, c / 2 times as long as a cluster group would at the same speed
+ * per SM, and holds the next row it drew: it stops drawing while `reserve` rows are left for
+ * the clusters, KL_SIDE_RESERVE per cluster CTA, 0 when forced (the tests). The clusters finish
+ * R x c rows per cluster in R x c / 2 group-row times, and a side CTA's last two rows take c
+ * such times at full speed per SM: R = 2 covers that, 3 covers a side SM at 2/3 of a cluster
+ * SM's speed (a side SM did 76% of a cluster SM's work at 4096 x 131072 on an H200, its idle
+ * end included: session 23's test_kl_gpu, reserve 4). Measured (bench/RESULTS.md, design log
+ * 69): 2, 3 and 4 within 0.5 points of copy of each other, 2 and 3 ahead at 4096 rows.
+ *   At the end a side CTA waits for the cluster grid to complete (griddepcontrol.wait) before
+ * it counts itself done: the launch's last CTA is then a side CTA, the batch sum sees every
+ * row, and the kernels after this launch on the stream also wait for both grids. */
 #ifndef KL_SIDE_RESERVE
-#define KL_SIDE_RESERVE 4 /* rows left to the clusters at the end: this many per CTA of theirs */
+#define KL_SIDE_RESERVE 3 /* rows left to the clusters at the end: this many per CTA of theirs */
 #endif
 template <typename TS, typename TT, bool LIN>
 __global__ void __launch_bounds__(KL_RES_THREADS, 1)
-    kl_side_kernel(const kl_kparams p, int nranks, int su, int64_t first, int64_t reserve)
+    kl_side_kernel(const kl_kparams p, int nranks, int nstages, int su, int64_t first, int64_t reserve)
 {
     constexpr int TH = KL_RES_GROUP, G = KL_RES_GROUPS;
+    extern __shared__ __align__(128) uint4 kl_side_smem[]; /* [nstages][2 su], as kl_res_kernel's ring */
+    __shared__ uint64_t full[KL_RES_MAX_STAGES];
+    __shared__ int64_t stage_k[KL_RES_MAX_STAGES]; /* the ticket: the visit last loaded, -1 none */
     __shared__ lf_dual_acc red[G][2][TH / 32];
     __shared__ float2 red2[G][2][TH / 32];
     __shared__ lf_dual_acc xa[16];
     __shared__ float2 xb[16];
     __shared__ int64_t s_row[2];
+    __shared__ int s_st[2];
     __shared__ double fin[TH / 32];
     __shared__ int is_last;
     const int grp = (int)threadIdx.y, bar = 1 + grp;
@@ -983,15 +998,17 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
     const int64_t N = p.n_rows, V = p.vocab;
     const bool three = p.kind == LF_KL_JSD || p.kind == LF_KL_TVD;
     const bool grad = p.grad != nullptr;
+    const int passes = 1 + (int)three + (int)grad, nv = passes * nranks;
     float dl_all, inv_div;
     kl_grad_consts(p, &dl_all, &inv_div);
     /* a row while more than `reserve` are left (a relaxed look, then the draw: a race takes one
-     * of the reserved rows, which is still a row owed and done); its pair prefetched into L2 */
-    auto draw = [&]() -> int64_t {
+     * of the reserved rows, which is still a row owed and done) into slot b, with its status;
+     * its pair prefetched into L2, from where the stages are loaded */
+    auto draw = [&](int b) {
         const unsigned long long c = *(volatile const unsigned long long *)&p.ws->row_next;
-        if ((int64_t)c + first + reserve >= N) return -1;
-        const int64_t r = lf_ring_draw(&p.ws->row_next, first, N);
-        if (r >= 0 && !kl_row_status(p, r)) {
+        const int64_t r = (int64_t)c + first + reserve >= N ? -1 : lf_ring_draw(&p.ws->row_next, first, N);
+        const int st = r >= 0 ? kl_row_status(p, r) : 1;
+        if (r >= 0 && !st) {
             const TS *xs = (const TS *)p.student + r * p.s_stride;
             const TT *xt = (const TT *)p.teacher + r * p.t_stride;
             const lf_dual_span sp = lf_dual_span_make(xs, xt, V);
@@ -1000,33 +1017,89 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
                 lf_bulk_prefetch_l2(xt + sp.head, 16u * (uint32_t)sp.nunit);
             }
         }
-        return r;
+        s_row[b] = r;
+        s_st[b] = st;
     };
-    if (lead) s_row[0] = draw();
+    /* Load visit v into its stage (one thread; nothing past the last row): slice v % nranks of
+     * row v / nv, whose slot is known to this thread (see above). */
+    auto load = [&](int64_t v) {
+        const int b = (int)((v / nv) & 1);
+        const int64_t row = s_row[b];
+        if (row < 0) return;
+        const int q = (int)(v % nstages), r = (int)(v % nranks);
+        lf_ticket_store(&stage_k[q], v);
+        int nu = 0;
+        const TS *xs = (const TS *)p.student + row * p.s_stride;
+        const TT *xt = (const TT *)p.teacher + row * p.t_stride;
+        if (!s_st[b]) {
+            const lf_dual_span sp = lf_dual_span_make(xs, xt, V);
+            nu = max(0, min(su, sp.nunit - r * su));
+            xs += sp.head + 8 * (int64_t)r * su;
+            xt += sp.head + 8 * (int64_t)r * su;
+        }
+        if (nu == 0) {
+            lf_mbar_arrive(&full[q]);
+        } else {
+            uint4 *bs = kl_side_smem + (size_t)q * 2 * su;
+            lf_mbar_arrive_tx(&full[q], 32u * (uint32_t)nu);
+            lf_bulk_load(bs, xs, 16u * (uint32_t)nu, &full[q]);
+            lf_bulk_load(bs + su, xt, 16u * (uint32_t)nu, &full[q]);
+        }
+    };
+    /* Visit v: wait for its stage, f(student slice, teacher slice), then the group's barrier
+     * (no thread reads the stage any more) and its thread 0 reloads the stage with v + nstages. */
+    auto visit = [&](int64_t v, auto &&f) {
+        const int q = (int)(v % nstages);
+        if ((threadIdx.x & 31u) == 0)
+            while (lf_ticket_load(&stage_k[q]) != v) {
+            }
+        __syncwarp();
+        lf_mbar_wait(&full[q], (unsigned)((v / nstages) & 1));
+        const uint4 *bs = kl_side_smem + (size_t)q * 2 * su;
+        f(bs, bs + su);
+        lf_block_bar<TH>(bar);
+        if (threadIdx.x == 0) load(v + nstages);
+    };
+    if (lead) {
+        for (int q = 0; q < nstages; ++q) {
+            lf_mbar_init(&full[q], 1);
+            stage_k[q] = -1;
+        }
+        lf_mbar_init_fence();
+        draw(0);
+    }
     __syncthreads();
+    if (lead)
+        for (int v = 0; v < nstages; ++v) load(v); /* nstages <= nv: row 0's */
     int par = 0;
-    for (int buf = 0;; buf ^= 1) {
+    for (int64_t j = 0;; ++j) {
+        const int buf = (int)(j & 1);
         const int64_t row = s_row[buf];
         if (row < 0) break;
-        if (lead) { /* the next row (read after the row-end barrier below) */
-            s_row[buf ^ 1] = draw();
+        if (lead) { /* the next row (read by the loaders after this row's first pass barrier) */
+            draw(buf ^ 1);
             atomicAdd(&p.ws->side_rows, 1u);
         }
+        const int status = s_st[buf];
+        const int64_t v0 = j * nv;
         const TS *xs = (const TS *)p.student + row * p.s_stride;
         const TT *xt = (const TT *)p.teacher + row * p.t_stride;
         const lf_dual_span sp = lf_dual_span_make(xs, xt, V);
-        const uint4 *body_s = (const uint4 *)(xs + sp.head), *body_t = (const uint4 *)(xt + sp.head);
         TS *out = grad ? (TS *)p.grad + row * p.grad_stride : nullptr;
-        const int status = kl_row_status(p, row);
         const int tid = (int)threadIdx.x + TH * grp;
-        if (status) { /* the whole row's gradient zero, its outputs zero (as every rank of a cluster) */
+        if (status) { /* the whole row's gradient zero, its outputs zero (as every rank of a cluster);
+                       * its visits still pass through the ring, with nothing copied */
             if (grad) {
                 const TS z = lf_elem<TS>::from_f32(0.0f);
-                for (int64_t j = tid; j < V; j += TH * G) out[j] = z;
+                for (int64_t j2 = tid; j2 < V; j2 += TH * G) out[j2] = z;
             }
             if (lead) {
                 if (status == 2 && p.n_errors) atomicAdd(p.n_errors, 1u);
                 kl_row_outputs(p, row, kl_dual_out_zero(), 0.0f);
+            }
+            for (int pass = 0; pass < passes; ++pass) {
+                for (int r = grp; r < nranks; r += G) visit(v0 + pass * nranks + r, [](const uint4 *, const uint4 *) {});
+                __syncthreads(); /* as an unmasked row's pass barrier: the next row's slot is read after it */
             }
         } else {
             const float w = p.weights ? p.weights[row] : 1.0f;
@@ -1039,8 +1112,9 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
                 for (int r = grp; r < nranks; r += G) {
                     lf_dual_acc acc = lf_dual_acc_init();
                     if (r == 0) lf_dual_edge_stats<TH, TS, TT, LIN, LF_DUAL_FULL>(acc, xs, xt, sp, p.xf);
-                    if (lf_dual_piece_stats<TH, TS, TT, LIN, T>(acc, body_s + r * su, body_t + r * su, units(r), su, p.xf))
-                        exact |= 1u << r;
+                    visit(v0 + r, [&](const uint4 *bs, const uint4 *bt) {
+                        if (lf_dual_piece_stats<TH, TS, TT, LIN, T>(acc, bs, bt, units(r), su, p.xf)) exact |= 1u << r;
+                    });
                     acc = lf_block_dual_acc<TH, T>(acc, p.xf.cs, red[grp][par], bar);
                     par ^= 1;
                     if (threadIdx.x == 0) xa[r] = acc;
@@ -1054,12 +1128,13 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
             if (three) {
                 for (int r = grp; r < nranks; r += G) {
                     float2 acc2 = make_float2(0.0f, 0.0f);
-                    if (lf_kl_piece_stats2<TH, TS, TT, LIN>(acc2, body_s + r * su, body_t + r * su, units(r), su, p.xf, coef))
-                        exact |= 1u << r;
+                    visit(v0 + nranks + r, [&](const uint4 *bs, const uint4 *bt) {
+                        if (lf_kl_piece_stats2<TH, TS, TT, LIN>(acc2, bs, bt, units(r), su, p.xf, coef)) exact |= 1u << r;
+                    });
                     if (r == 0) lf_kl_edge_stats2<TH, TS, TT, LIN>(acc2, xs, xt, sp, p.xf, coef);
-                    const float2 sums = lf_block_sum2_f32<TH>(acc2, red2[grp][par], bar);
+                    const float2 s2 = lf_block_sum2_f32<TH>(acc2, red2[grp][par], bar);
                     par ^= 1;
-                    if (threadIdx.x == 0) xb[r] = sums;
+                    if (threadIdx.x == 0) xb[r] = s2;
                 }
                 __syncthreads();
                 sums = xb[0]; /* in rank order, as the cluster adds its peers' sums */
@@ -1072,8 +1147,10 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
             if (grad) {
                 const bool vec_ok = ((uintptr_t)(out + sp.head) & 15u) == 0;
                 for (int r = grp; r < nranks; r += G) {
-                    lf_kl_piece_grad<TH, TS, TT, LIN>(out, vec_ok, body_s + r * su, body_t + r * su, sp, r * su, units(r), su,
-                                                      p.xf, coef, (exact >> r) & 1u);
+                    visit(v0 + (passes - 1) * nranks + r, [&](const uint4 *bs, const uint4 *bt) {
+                        lf_kl_piece_grad<TH, TS, TT, LIN>(out, vec_ok, bs, bt, sp, r * su, units(r), su, p.xf, coef,
+                                                          (exact >> r) & 1u);
+                    });
                     if (r == 0) lf_kl_edge_grad<TH, TS, TT, LIN>(out, xs, xt, sp, p.xf, coef);
                 }
             }
@@ -1194,16 +1271,26 @@ static lf_status kl_launch_resident(kl_kparams p, const kl_args *a, bool forced,
          * rings' first stages than the side CTAs leave to the clusters at the end (`reserve`,
          * KL_SIDE_RESERVE). Forced: that many, reserve 0. */
         int64_t side = 0, reserve = 0;
-        if (dyn && a->side_ctas >= 0 && pl.cluster > 1) {
+        /* Their ring (kl_side_kernel): the clusters' stages, at most (passes - 1) x cluster (a
+         * pass's loads reach the next row from the second pass on: a forward-only launch takes no
+         * side CTAs) and as many as fit the side kernel's shared memory, at least 2 (one per group). */
+        const int passes = 1 + (p.kind == LF_KL_JSD || p.kind == LF_KL_TVD) + (p.grad != nullptr);
+        int side_stages = pl.stages < (passes - 1) * pl.cluster ? pl.stages : (passes - 1) * pl.cluster;
+        if (dyn && a->side_ctas >= 0 && pl.cluster > 1 && side_stages >= 2) {
+            static lf_ring_device side_d[KL_MAX_DEVICES];
             static int side_per_sm_d[KL_MAX_DEVICES], sms_d[KL_MAX_DEVICES];
+            KL_CHECK(lf_ring_setup(kl_side_kernel<TS, TT, LIN>, dev, &side_d[dev]));
             if (!sms_d[dev]) {
                 KL_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&side_per_sm_d[dev], kl_side_kernel<TS, TT, LIN>,
                                                                        KL_RES_THREADS, 0));
                 KL_CHECK(cudaDeviceGetAttribute(&sms_d[dev], cudaDevAttrMultiProcessorCount, dev));
             }
+            while (side_stages >= 2 && (int64_t)side_stages * 32 * pl.slice_units > side_d[dev].dyn_max) --side_stages;
             const int64_t idle = ((int64_t)sms_d[dev] - ctas) * side_per_sm_d[dev];
             reserve = KL_SIDE_RESERVE * nclusters * pl.cluster;
-            if (a->side_ctas > 0) {
+            if (side_stages < 2) {
+                reserve = 0;
+            } else if (a->side_ctas > 0) {
                 side = a->side_ctas;
                 reserve = 0;
             } else if (idle > 0 && ring_dyn_d[dev].peak_bw / LF_RING_CTA_BW > (double)ctas && p.n_rows - first > reserve + idle) {
@@ -1234,8 +1321,8 @@ static lf_status kl_launch_resident(kl_kparams p, const kl_args *a, bool forced,
         KL_CHECK(lf_launch_clusters(dyn ? kernel_dyn : kernel, ctas, pl.cluster, block, pl.dyn_bytes, stream, false, p, pl.cluster,
                                     pl.stages, (int)pl.slice_units, (int)nclusters));
         if (side > 0)
-            KL_CHECK(lf_launch_clusters(kl_side_kernel<TS, TT, LIN>, side, 1, block, 0, stream, true, p, pl.cluster,
-                                        (int)pl.slice_units, first, reserve));
+            KL_CHECK(lf_launch_clusters(kl_side_kernel<TS, TT, LIN>, side, 1, block, (size_t)side_stages * 32 * pl.slice_units,
+                                        stream, true, p, pl.cluster, side_stages, (int)pl.slice_units, first, reserve));
         *launched = true;
         return LF_OK;
     }
