@@ -38,6 +38,7 @@ struct Case {
     bool dloss_neg = false; /* ... or negative */
     float grad_scale = 1.0f;
     double ignore_frac = 0.05, bad_frac = 0.0;
+    int64_t ignore_index = -100; /* ce_args.ignore_index (the ignored rows' label) */
     bool plant_nonfinite = false; /* a NaN row and a +inf row */
     bool plant_masks = false;     /* rows with -inf entries, one with the label at -inf, one all -inf */
     bool plant_ties = false;      /* rows whose maximum appears several times (argmax: the first) */
@@ -110,10 +111,10 @@ static void run_case(const Case &c)
     int64_t n_bad = 0;
     for (int64_t i = 0; i < N; ++i) {
         const double r = rng_u(&rs);
-        if (r < c.ignore_frac) y[i] = -100;
+        if (r < c.ignore_frac) y[i] = c.ignore_index;
         else if (r < c.ignore_frac + c.bad_frac) {
-            const int64_t bads[3] = {V, -7, V + 1000};
-            y[i] = bads[i % 3];
+            const int64_t bads[3] = {V, -7, V + 1000}; /* V + 1 where V is the ignore index */
+            y[i] = bads[i % 3] == c.ignore_index ? V + 1 : bads[i % 3];
             ++n_bad;
         } else y[i] = (int64_t)(rng_u(&rs) * V) % V;
     }
@@ -122,7 +123,7 @@ static void run_case(const Case &c)
         put_elem(x.p, 1 * stride + (V - 1), NAN, c.dt);
         put_elem(x.p, 2 * stride + V / 2, INFINITY, c.dt);
         for (int64_t i : {1, 2}) {
-            if (y[i] < 0 || y[i] >= V) n_bad -= (y[i] != -100);
+            if (y[i] < 0 || y[i] >= V) n_bad -= (y[i] != c.ignore_index);
             y[i] = i % V;
             planted.insert(i);
         }
@@ -132,7 +133,7 @@ static void run_case(const Case &c)
          * row N/2: every entry -inf (a valid label over an empty distribution: NaN loss) */
         std::vector<char> h((size_t)V * esz);
         for (int64_t i : {(int64_t)0, N - 1, N / 2}) {
-            if (y[i] < 0 || y[i] >= V) n_bad -= (y[i] != -100);
+            if (y[i] < 0 || y[i] >= V) n_bad -= (y[i] != c.ignore_index);
             y[i] = 1;
             planted.insert(i);
             CK(cudaMemcpy(h.data(), (char *)x.p + i * stride * esz, V * esz, cudaMemcpyDeviceToHost));
@@ -156,7 +157,7 @@ static void run_case(const Case &c)
         };
         for (int64_t i : {(int64_t)3, (int64_t)4, (int64_t)5}) {
             if (i == 5 && V < 3) continue;
-            if (y[i] < 0 || y[i] >= V) n_bad -= (y[i] != -100);
+            if (y[i] < 0 || y[i] >= V) n_bad -= (y[i] != c.ignore_index);
             y[i] = 1 % V;
             planted.insert(i);
             CK(cudaMemcpy(h.data(), (char *)x.p + i * stride * esz, V * esz, cudaMemcpyDeviceToHost));
@@ -233,6 +234,7 @@ static void run_case(const Case &c)
     oh.softcap = c.cap;
     oh.logit_scale = c.scale;
     oh.class_weights = c.weights ? w.data() : NULL;
+    oh.ignore_index = c.ignore_index;
     double wsum_valid = 0.0; /* default mean divisor */
     for (int64_t i = 0; i < N; ++i)
         if (y[i] >= 0 && y[i] < V) wsum_valid += c.weights ? w[y[i]] : 1.0;
@@ -1258,6 +1260,15 @@ int main(int argc, char **argv)
         c.red = LF_REDUCE_NONE;
         c.grad = 2;
         run_case(c);
+        /* ignore_index == V: a bad label handed to the peers with the row (ce_next_label) must
+         * stay bad, neither a label nor the ignore index (V + 1 then) */
+        c.name = case_name("dynamic rows", cl, "ignore_index V, bad labels, mean");
+        c.ignore_index = c.V;
+        c.red = LF_REDUCE_MEAN;
+        c.grad = 1;
+        c.stats = true;
+        run_case(c);
+        c.ignore_index = -100;
         c.name = case_name("dynamic rows", cl, "smoothing, statistics, ties");
         c.bad_frac = 0.0;
         c.red = LF_REDUCE_MEAN;
