@@ -51,8 +51,8 @@
  *   kl_args.side_ctas): where the clusters leave SMs idle and the device is bound by its SMs
  *   (an H200: 120 or 112 of 132 busy on clusters of 8 or 16), a second grid on those SMs takes
  *   whole rows from the same counter, each computed as a cluster would (the same bits), its
- *   slices staged through its own ring of bulk copies: faster on the H200 at V >= 131K
- *   than without them (bench/RESULTS.md, design logs 68-69).
+ *   slices staged through its own ring of bulk copies: 5-17% faster on the H200 at V >= 131K
+ *   than without them (bench/RESULTS.md, session 23, design logs 68-69).
  * Contract (as DESIGN.md and examples/cross_entropy.cu)
  *   - Masked rows (mask byte 0, or label == ignore_index) have loss 0, zero gradient, weight 0.
  *     A label outside [0, V) that is not ignore_index adds 1 to *n_errors and masks the row.
@@ -970,7 +970,8 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
  * such times at full speed per SM: R = 2 covers that, 3 covers a side SM at 2/3 of a cluster
  * SM's speed (a side SM did 76% of a cluster SM's work at 4096 x 131072 on an H200, its idle
  * end included: session 23's test_kl_gpu, reserve 4). Measured (bench/RESULTS.md, design log
- * 69): 2, 3 and 4 within 0.5 points of copy of each other, 2 and 3 ahead at 4096 rows.
+ * 69): at 4096 rows 2, 3 and 4 within 0.7 points of copy of each other, 2 and 3 ahead of 4 by
+ * 0-0.8; at 16384 rows the calls were too noisy to choose.
  *   At the end a side CTA waits for the cluster grid to complete (griddepcontrol.wait) before
  * it counts itself done: the launch's last CTA is then a side CTA, the batch sum sees every
  * row, and the kernels after this launch on the stream also wait for both grids. */
