@@ -1260,8 +1260,10 @@ int main(int argc, char **argv)
         c.red = LF_REDUCE_NONE;
         c.grad = 2;
         run_case(c);
-        /* ignore_index == V: a bad label handed to the peers with the row (ce_next_label) must
-         * stay bad, neither a label nor the ignore index (V + 1 then) */
+        /* ignore_index == V end to end: ignored rows, bad labels counted, the mean's divisor. On
+         * clusters the peers take ce_next_label's V + 1 branch for a bad label; a peer uses only
+         * whether the row is masked, so this case would not see that branch return the ignore
+         * index instead (it would see one return a label in [0, V)) */
         c.name = case_name("dynamic rows", cl, "ignore_index V, bad labels, mean");
         c.ignore_index = c.V;
         c.red = LF_REDUCE_MEAN;

@@ -1220,8 +1220,10 @@ int main(int argc, char **argv)
             s.cap = 30.0f;
             s.grad = 2;
             run_case(s);
-            /* clusters of 2: the side ring has 2 stages for a two-pass kind (one per group, the
-             * cluster's 3 for JSD); forward only: no side CTAs, the clusters do every row */
+            /* clusters of 2: the plan (the side ring has 2 stages for a two-pass kind, the
+             * cluster's 3 for JSD) and the results; these plans fill every SM of an H100 or H200,
+             * so the side CTAs start as the clusters end and take no rows: the 2-stage ring is
+             * not exercised here. Forward only: no side CTAs, the clusters do every row */
             s = Case();
             s.schedule = KL_SCHED_RESIDENT;
             s.determinism = true;
