@@ -137,7 +137,13 @@ typedef struct kl_args {
                             * SMs that the clusters leave idle where the device is bound by its SMs
                             * (kl_side_kernel; an H200, not an H100); -1: none; n > 0: n side CTAs, which
                             * draw rows from the first one on (for tests). None on a forward-only launch of
-                            * a one-pass kind (forward / reverse KL, soft CE). The same bits either way */
+                            * a one-pass kind (forward / reverse KL, soft CE), nor where the plan is not
+                            * resident with rows from the counter on clusters of 2 or more (a forced count
+                            * is then dropped: kl_plan.side_ctas says what ran). The same bits either way */
+    int side_take_rest;    /* for tests, with side CTAs: 1 = the clusters take only the rows of their rings'
+                            * first stages and the side CTAs every later row, whatever the order in which the
+                            * two grids run (compute-sanitizer runs them one after the other); 0 (default):
+                            * both draw from the counter. Ignored where no side CTAs run */
     struct kl_plan *plan;  /* optional host out */
 } kl_args;
 
@@ -245,6 +251,7 @@ typedef struct kl_kparams {
     int topk_rest;
     kl_ws_header *ws;
     int64_t ctas_all; /* CTAs that count in the batch sum's completion counter (0: the grid's) */
+    int cluster_no_draw; /* dynamic, with side CTAs and kl_args.side_take_rest: the clusters draw no rows */
     float *ws_loss;
     float *ws_rest; /* sparse teacher: per row, written by kl_topk_prep_kernel */
     int *ws_status;
@@ -678,6 +685,21 @@ static __device__ __forceinline__ float kl_row_loss(const kl_kparams &p, const l
     return p.kind == LF_KL_FORWARD ? dout.kl_fwd : p.kind == LF_KL_REVERSE ? dout.kl_rev : dout.kl_fwd + dout.ent_b;
 }
 
+/* Fill a ring stage ([student units | teacher units], su units each) with nu units of each row
+ * (one thread): two bulk copies completing on the stage's mbarrier `full`; with nu = 0 a plain
+ * arrive, so the stage's phase still turns (masked rows, rows past the last). */
+template <typename TS, typename TT>
+static __device__ __forceinline__ void kl_stage_fill(uint4 *stage, int su, uint64_t *full, const TS *xs, const TT *xt, int nu)
+{
+    if (nu == 0) {
+        lf_mbar_arrive(full);
+        return;
+    }
+    lf_mbar_arrive_tx(full, 32u * (uint32_t)nu);
+    lf_bulk_load(stage, xs, 16u * (uint32_t)nu, full);
+    lf_bulk_load(stage + su, xt, 16u * (uint32_t)nu, full);
+}
+
 template <typename TS, typename TT, bool LIN, bool DYN>
 __global__ void __launch_bounds__(KL_RES_THREADS, 1)
     kl_res_kernel(const kl_kparams p, int nranks, int nstages, int su, int nclusters)
@@ -757,18 +779,11 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
         stage_st[q] = status; /* published by the arrive (release) */
         stage_row[q] = row < 0 ? UINT32_MAX : (uint32_t)row;
         lf_ticket_store(&stage_k[q], kk);
-        const TS *xs;
-        const TT *xt;
+        const TS *xs = nullptr;
+        const TT *xt = nullptr;
         int ub, nu = 0;
         if (row >= 0 && !status) slice_of(row, &xs, &xt, &ub, &nu);
-        if (nu == 0) {
-            lf_mbar_arrive(&full[q]);
-        } else {
-            uint4 *b = kl_res_smem + (size_t)q * 2 * su;
-            lf_mbar_arrive_tx(&full[q], 32u * (uint32_t)nu);
-            lf_bulk_load(b, xs, 16u * (uint32_t)nu, &full[q]);
-            lf_bulk_load(b + su, xt, 16u * (uint32_t)nu, &full[q]);
-        }
+        kl_stage_fill(kl_res_smem + (size_t)q * 2 * su, su, &full[q], xs, xt, nu);
     };
     auto prefetch = [&](int64_t row, int status) { /* one thread: this CTA's slice of `row` into L2 */
         if (row < 0 || status) return;
@@ -819,7 +834,7 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
             }
             /* the next row, drawn once this one is known to exist (every draw is used); its
              * status is read after pass 1's element loops, when it is posted to the peers */
-            if (threadIdx.x == 0 && rank == 0) r_next = lf_ring_draw(&p.ws->row_next, drawn0, N);
+            if (threadIdx.x == 0 && rank == 0) r_next = p.cluster_no_draw ? -1 : lf_ring_draw(&p.ws->row_next, drawn0, N);
         }
         const TS *xs = (const TS *)p.student + row * p.s_stride;
         const TT *xt = (const TT *)p.teacher + row * p.t_stride;
@@ -1038,14 +1053,7 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
             xs += sp.head + 8 * (int64_t)r * su;
             xt += sp.head + 8 * (int64_t)r * su;
         }
-        if (nu == 0) {
-            lf_mbar_arrive(&full[q]);
-        } else {
-            uint4 *bs = kl_side_smem + (size_t)q * 2 * su;
-            lf_mbar_arrive_tx(&full[q], 32u * (uint32_t)nu);
-            lf_bulk_load(bs, xs, 16u * (uint32_t)nu, &full[q]);
-            lf_bulk_load(bs + su, xt, 16u * (uint32_t)nu, &full[q]);
-        }
+        kl_stage_fill(kl_side_smem + (size_t)q * 2 * su, su, &full[q], xs, xt, nu);
     };
     /* Visit v: wait for its stage, f(student slice, teacher slice), then the group's barrier
      * (no thread reads the stage any more) and its thread 0 reloads the stage with v + nstages. */
@@ -1274,28 +1282,34 @@ static lf_status kl_launch_resident(kl_kparams p, const kl_args *a, bool forced,
         int64_t side = 0, reserve = 0;
         /* Their ring (kl_side_kernel): the clusters' stages, at most (passes - 1) x cluster (a
          * pass's loads reach the next row from the second pass on: a forward-only launch takes no
-         * side CTAs) and as many as fit the side kernel's shared memory, at least 2 (one per group). */
+         * side CTAs), at least 2 (one per group). */
         const int passes = 1 + (p.kind == LF_KL_JSD || p.kind == LF_KL_TVD) + (p.grad != nullptr);
-        int side_stages = pl.stages < (passes - 1) * pl.cluster ? pl.stages : (passes - 1) * pl.cluster;
+        const int side_stages = pl.stages < (passes - 1) * pl.cluster ? pl.stages : (passes - 1) * pl.cluster;
         if (dyn && a->side_ctas >= 0 && pl.cluster > 1 && side_stages >= 2) {
+            /* per device: the shared-memory opt-in, the SM count, and the occupancy at the last
+             * ring size asked for (1 CTA per SM wherever it was measured: 512 threads) */
             static lf_ring_device side_d[KL_MAX_DEVICES];
-            static int side_per_sm_d[KL_MAX_DEVICES], sms_d[KL_MAX_DEVICES];
+            static int sms_d[KL_MAX_DEVICES], side_per_sm_d[KL_MAX_DEVICES];
+            static size_t side_bytes_d[KL_MAX_DEVICES];
             KL_CHECK(lf_ring_setup(kl_side_kernel<TS, TT, LIN>, dev, &side_d[dev]));
-            if (!sms_d[dev]) {
+            if (!sms_d[dev]) KL_CHECK(cudaDeviceGetAttribute(&sms_d[dev], cudaDevAttrMultiProcessorCount, dev));
+            const size_t side_bytes = (size_t)side_stages * 32 * pl.slice_units;
+            /* The ring fits wherever the clusters' does (no more stages, less static shared
+             * memory), so this check is only a guard; the occupancy is taken at its real size. */
+            if ((int64_t)side_bytes <= side_d[dev].dyn_max && side_bytes != side_bytes_d[dev]) {
                 KL_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&side_per_sm_d[dev], kl_side_kernel<TS, TT, LIN>,
-                                                                       KL_RES_THREADS, 0));
-                KL_CHECK(cudaDeviceGetAttribute(&sms_d[dev], cudaDevAttrMultiProcessorCount, dev));
+                                                                       KL_RES_THREADS, side_bytes));
+                side_bytes_d[dev] = side_bytes;
             }
-            while (side_stages >= 2 && (int64_t)side_stages * 32 * pl.slice_units > side_d[dev].dyn_max) --side_stages;
-            const int64_t idle = ((int64_t)sms_d[dev] - ctas) * side_per_sm_d[dev];
-            reserve = KL_SIDE_RESERVE * nclusters * pl.cluster;
-            if (side_stages < 2) {
-                reserve = 0;
-            } else if (a->side_ctas > 0) {
-                side = a->side_ctas;
-                reserve = 0;
-            } else if (idle > 0 && ring_dyn_d[dev].peak_bw / LF_RING_CTA_BW > (double)ctas && p.n_rows - first > reserve + idle) {
-                side = idle;
+            if ((int64_t)side_bytes <= side_d[dev].dyn_max && side_per_sm_d[dev] > 0) {
+                const int64_t idle = ((int64_t)sms_d[dev] - ctas) * side_per_sm_d[dev];
+                if (a->side_ctas > 0) {
+                    side = a->side_ctas;
+                } else {
+                    reserve = KL_SIDE_RESERVE * nclusters * pl.cluster;
+                    if (idle > 0 && ring_dyn_d[dev].peak_bw / LF_RING_CTA_BW > (double)ctas && p.n_rows - first > reserve + idle)
+                        side = idle;
+                }
             }
         }
         /* Automatic: JSD on clusters of 16 without side CTAs takes fixed shares, 2-3 points of
@@ -1309,6 +1323,7 @@ static lf_status kl_launch_resident(kl_kparams p, const kl_args *a, bool forced,
             ctas = nclusters * pl.cluster;
         }
         p.ctas_all = side > 0 ? ctas + side : 0;
+        p.cluster_no_draw = side > 0 && a->side_take_rest; /* then the side CTAs take every row after the first stages' */
         if (plan) {
             plan->side_ctas = (int)side;
             plan->schedule = KL_SCHED_RESIDENT;
@@ -1389,6 +1404,7 @@ static lf_status kl_launch(const kl_args *a, cudaStream_t stream, cudaError_t *c
     if (a->stages != 0 && (a->stages < KL_RES_GROUPS + 1 || a->stages > KL_RES_MAX_STAGES)) return LF_ERR_ARG;
     if (a->static_rows < -1 || a->static_rows > 1) return LF_ERR_ARG;
     if (a->side_ctas < -1 || a->side_ctas > 4096) return LF_ERR_ARG;
+    if (a->side_take_rest < 0 || a->side_take_rest > 1) return LF_ERR_ARG;
     if (a->grad && a->grad_stride < a->vocab) return LF_ERR_SIZE;
     if (a->grad && a->n_rows > 0) {
         /* In place means the student's own rows; any other overlap with the student or the

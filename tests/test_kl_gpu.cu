@@ -115,6 +115,8 @@ struct Case {
     int expect_cluster = 0;  /* ... with clusters of this size */
     int expect_dynamic = -1; /* ... handing rows out dynamically (1) or not (0), where resident */
     int side_ctas = 0;       /* kl_args.side_ctas */
+    bool side_rest = false;  /* kl_args.side_take_rest: the side CTAs take every row after the rings' first
+                              * stages, whatever the order of the grids (under compute-sanitizer too) */
     bool expect_side_auto = false; /* full size, sm_90: side CTAs where kl_launch's rule wants them, checked
                                     * from the device's own figures (memory peak / LF_RING_CTA_BW > the
                                     * clusters' CTAs, SMs left idle) */
@@ -387,6 +389,7 @@ static void run_case(const Case &c)
     a.stages = c.stages;
     a.static_rows = c.static_rows;
     a.side_ctas = c.side_ctas;
+    a.side_take_rest = c.side_rest ? 1 : 0;
     kl_plan plan;
     memset(&plan, 0, sizeof plan);
     a.plan = &plan;
@@ -480,8 +483,18 @@ static void run_case(const Case &c)
     EXPECT(wh.rows_done == 0 && wh.row_next == 0 && wh.side_rows == 0, "workspace counters left at %llu, %llu, %u", wh.rows_done,
            wh.row_next, wh.side_rows);
     if (plan.side_ctas > 0) printf("     %d side CTAs took %u of %lld rows\n", plan.side_ctas, wh.side_rows_last, (long long)N);
-    if (c.side_ctas > 0 && plan.side_ctas > 0 && !g_small && N >= 1000 && plan.ctas < g_sms) /* as below */
+    if (c.side_ctas > 0 && plan.side_ctas > 0 && !c.side_rest && !g_small && N >= 1000 && plan.ctas < g_sms) /* as below */
         EXPECT(wh.side_rows_last > 0, "%d side CTAs took no row of %lld", plan.side_ctas, (long long)N);
+    if (c.side_rest && plan.side_ctas > 0) {
+        /* the clusters took their rings' first rows only, the side CTAs all the others (so
+         * kl_side_kernel ran, its ring included, whatever the order of the grids) */
+        const int64_t first = (int64_t)(plan.ctas / plan.cluster) * plan.stages;
+        const int64_t want = N > first ? N - first : 0;
+        EXPECT((int64_t)wh.side_rows_last == want, "side CTAs took %u rows, want all %lld after the clusters' first %lld",
+               wh.side_rows_last, (long long)want, (long long)first);
+        EXPECT(want > 0, "the side CTAs had no row to take (%lld rows, %lld in the rings' first stages)",
+               (long long)N, (long long)first);
+    }
 
     /* ---- counters and per-row outputs: every element written ---- */
     unsigned errs;
@@ -704,6 +717,7 @@ static void run_case(const Case &c)
             b = a;
             b.static_rows = -1;
             b.side_ctas = plan.side_ctas > 0 ? -1 : 8;
+            b.side_take_rest = 0;
             memset(&plan2, 0, sizeof plan2);
             b.plan = &plan2;
             const unsigned long long h3 = relaunch(b);
@@ -782,6 +796,9 @@ static void test_arguments(void)
     EXPECT(kl_launch(&b, 0, &ce) == LF_ERR_ARG, "side_ctas -2 accepted");
     b.side_ctas = 4097;
     EXPECT(kl_launch(&b, 0, &ce) == LF_ERR_ARG, "side_ctas 4097 accepted");
+    b.side_ctas = 0;
+    b.side_take_rest = 2;
+    EXPECT(kl_launch(&b, 0, &ce) == LF_ERR_ARG, "side_take_rest 2 accepted");
     b = a;
     b.s_dtype = b.t_dtype = LF_F32;
     b.schedule = KL_SCHED_RESIDENT;
@@ -1203,6 +1220,7 @@ int main(int argc, char **argv)
             s.N = g_small ? 300 : 1500;
             s.V = g_small ? 40000 : 100003;
             s.side_ctas = 5;
+            s.side_rest = true; /* the side CTAs take every row after the clusters' first */
             s.name = "side CTAs, forced, reverse KL, masks, bad labels, NaN rows, none";
             s.kind = LF_KL_REVERSE;
             s.labels = true;
@@ -1213,6 +1231,7 @@ int main(int argc, char **argv)
             s.dloss = true;
             run_case(s);
             s.name = "side CTAs, forced, TVD, weights, softcap, in place";
+            s.side_rest = false; /* both grids draw */
             s.kind = LF_KL_TVD;
             s.red = LF_REDUCE_MEAN;
             s.dloss = false;
@@ -1221,9 +1240,10 @@ int main(int argc, char **argv)
             s.grad = 2;
             run_case(s);
             /* clusters of 2: the plan (the side ring has 2 stages for a two-pass kind, the
-             * cluster's 3 for JSD) and the results; these plans fill every SM of an H100 or H200,
-             * so the side CTAs start as the clusters end and take no rows: the 2-stage ring is
-             * not exercised here. Forward only: no side CTAs, the clusters do every row */
+             * cluster's 3 for JSD) and the results. These plans fill every SM of an H100 or H200,
+             * so the side CTAs start as the clusters end: with side_take_rest they then take
+             * every row after the clusters' first (the 2-stage ring's only exercise). Forward
+             * only: no side CTAs, so side_take_rest is ignored and the clusters do every row */
             s = Case();
             s.schedule = KL_SCHED_RESIDENT;
             s.determinism = true;
@@ -1232,6 +1252,7 @@ int main(int argc, char **argv)
             s.max_cluster = 2;
             s.expect_cluster = g_small ? 0 : 2;
             s.side_ctas = 7;
+            s.side_rest = true;
             s.name = "side CTAs, forced, clusters of 2, forward KL, masks, stats";
             s.labels = true;
             s.ignore_frac = 0.3;
