@@ -10,7 +10,10 @@
  *                 read the logits once + write the gradient once = 4 B/elem (the issue's); the
  *                 kernel reads them twice (a sequence's coefficient needs every token of both
  *                 sequences of its pairs first), so 6 B/elem are moved: its ceiling is 2/3 of
- *                 copy bandwidth on that floor (printed as ceiling6=). extra_bytes: workspace.
+ *                 copy bandwidth on that floor (moved= gives the bytes moved). extra_bytes: workspace.
+ *                 impl=lossfuse_deferred: the same loss with the deferred scale (dpo_args.tok_scale:
+ *                 G_t = softmax - onehot written in the one read, s_t per token; the caller
+ *                 applies s_t), which moves the floor's 4 B/elem (moved=).
  *   mode=pref     S = 12480 items, P = 50000 pairs, 32 bins, Bradley-Terry with budget and
  *                 coverage penalties, forward + gradient; impl=lossfuse_fast (memset + two
  *                 kernels), lossfuse_fast_single (one cooperative launch), lossfuse_det;
@@ -92,10 +95,11 @@ static void bench_dpo(int64_t T, int64_t V, int nseq, int iters, void *flush, si
     __nv_bfloat16 *x, *x0;
     int64_t *yd;
     int32_t *cud, *pd;
-    float *refd, *loss, *seqlp, *pm;
+    float *refd, *loss, *seqlp, *pm, *scale;
     unsigned *err;
     void *ws;
-    const size_t bytes = (size_t)T * V * 2, wsb = dpo_workspace_bytes(T, nseq, nseq / 2);
+    const size_t bytes = (size_t)T * V * 2, wsb = dpo_workspace_bytes(T, nseq, nseq / 2, true); /* either mode's */
+    CK(cudaMalloc(&scale, 4 * T));
     CK(cudaMalloc(&x, bytes));
     CK(cudaMalloc(&x0, bytes));
     CK(cudaMalloc(&yd, 8 * T));
@@ -134,23 +138,28 @@ static void bench_dpo(int64_t T, int64_t V, int nseq, int iters, void *flush, si
     a.pair_metrics = pm;
     a.n_errors = err;
     a.workspace = ws;
-    a.workspace_bytes = wsb;
-    std::vector<float> t;
-    for (int it = 0; it < iters + 2; ++it) {
-        CK(cudaMemcpyAsync(x, x0, bytes, cudaMemcpyDeviceToDevice));
-        CK(cudaMemsetAsync(flush, it & 0xff, flush_bytes));
-        CK(cudaEventRecord(e0));
-        LAUNCH_OK(dpo_launch(&a, 0, &ce_));
-        CK(cudaEventRecord(e1));
-        const float ms = time_ms(e0, e1);
-        if (it >= 2) t.push_back(ms);
+    for (int deferred = 0; deferred < 2; ++deferred) {
+        a.tok_scale = deferred ? scale : NULL;
+        a.workspace_bytes = dpo_workspace_bytes(T, nseq, nseq / 2, deferred);
+        std::vector<float> t;
+        for (int it = 0; it < iters + 2; ++it) {
+            CK(cudaMemcpyAsync(x, x0, bytes, cudaMemcpyDeviceToDevice));
+            CK(cudaMemsetAsync(flush, it & 0xff, flush_bytes));
+            CK(cudaEventRecord(e0));
+            LAUNCH_OK(dpo_launch(&a, 0, &ce_));
+            CK(cudaEventRecord(e1));
+            const float ms = time_ms(e0, e1);
+            if (it >= 2) t.push_back(ms);
+        }
+        unsigned eh;
+        CK(cudaMemcpy(&eh, err, 4, cudaMemcpyDeviceToHost));
+        if (eh) fprintf(stderr, "bench_dpo: %u errors counted\n", eh);
+        printf("RESULT impl=lossfuse%s mode=dpo N=%lld V=%lld dtype=bf16 ms=%.4f bytes=%zu extra_bytes=%zu status=ok seqs=%d "
+               "moved=%zu\n",
+               deferred ? "_deferred" : "", (long long)T, (long long)V, median(t), 2 * bytes,
+               (size_t)a.workspace_bytes + (deferred ? 4 * (size_t)T : 0), nseq, (deferred ? 2 : 3) * bytes);
+        fflush(stdout);
     }
-    unsigned eh;
-    CK(cudaMemcpy(&eh, err, 4, cudaMemcpyDeviceToHost));
-    if (eh) fprintf(stderr, "bench_dpo: %u errors counted\n", eh);
-    printf("RESULT impl=lossfuse mode=dpo N=%lld V=%lld dtype=bf16 ms=%.4f bytes=%zu extra_bytes=%zu status=ok seqs=%d moved=%zu\n",
-           (long long)T, (long long)V, median(t), 2 * bytes, wsb, nseq, 3 * bytes);
-    fflush(stdout);
     CK(cudaFree(x));
     CK(cudaFree(x0));
     CK(cudaFree(yd));
@@ -162,6 +171,7 @@ static void bench_dpo(int64_t T, int64_t V, int nseq, int iters, void *flush, si
     CK(cudaFree(pm));
     CK(cudaFree(err));
     CK(cudaFree(ws));
+    CK(cudaFree(scale));
 }
 
 /* ------------------------------------------------------------------ pairwise -------------- */

@@ -1,9 +1,11 @@
-/* examples/dpo_packed.cu — the DPO family straight from packed logits, built only from
- * lossfuse's two headers: no [T, V] fp32 copy, no host split of the pack, no host sync.
+/* examples/dpo_packed.cu — the DPO family straight from packed logits, built from lossfuse's
+ * two headers (and, for the deferred scale below, examples/cross_entropy.cu's fused kernel):
+ * no [T, V] fp32 copy, no host split of the pack, no host sync.
  *
  * Build and run (from the repository root; meson does the same, see README.md):
  *     nvcc -O3 -std=c++17 -arch=sm_90 -I. examples/dpo_packed.cu -o dpo_packed
- *     ./dpo_packed [pairs=64] [V=32768] [sigmoid|hinge|ipo|simpo] [bf16|fp16|fp32]
+ *     ./dpo_packed [pairs=64] [V=32768] [sigmoid|hinge|ipo|simpo] [bf16|fp16|fp32] [deferred]
+ *   (deferred: the deferred-scale gradient, dpo_args.tok_scale, checked as s_t G_t)
  *
  * What it does (the loss of lossfuse.h section 9b, lf_ref_dpo_packed)
  *   Chosen and rejected responses packed in one logits buffer [T, V] by cu_seqlens; a pair
@@ -25,6 +27,18 @@
  *   7. token rows again: the gradient coef_k (onehot(y) - softmax(x_t)) written over the row
  *   Traffic: the logits are read twice and written once (the issue's "one extra read at
  *   most"); workspace 12 B per token plus 20 B per sequence and 12 B per pair.
+ *   Why twice: coef_k needs every token of both sequences of k's pairs, so no element of the
+ *   gradient can be written in the read that gives the statistics.
+ *
+ * The deferred scale (dpo_args.tok_scale): the gradient of the loss is s_t G_t with
+ *   G_t = softmax(x_t) - onehot(y_t) and s_t = -coef_k of t's sequence. G_t needs only the row,
+ *   so cross_entropy.cu's fused kernel writes it in the same read that gives the row's lse and
+ *   label log-probability (launch 2 becomes: labels into the workspace, then ce_launch with
+ *   reduction none), and launch 7 becomes a [T] vector of s_t: the logits are read once and
+ *   written once (4 B/elem in bf16, the issue's floor). The caller applies s_t where it is cheap:
+ *   with logits = H W^T (the LM head), dH = diag(s) (G W) and dW = G^T (diag(s) H), [T, d]
+ *   scalings instead of a [T, V] pass. Workspace: the default's plus 8 B per token (the labels)
+ *   and cross_entropy.cu's (672 B + 8 B per token).
  *
  * Bad input: a label outside [0, V) that is not ignore_index, a pair with a sequence outside
  *   [0, n_seqs) or chosen == rejected: one error each, that token / pair contributes nothing.
@@ -33,6 +47,10 @@
  * Sections: 1. API   2. kernels   3. launcher   4. main (make data, check, time)
  */
 #include "lossfuse_cuda.cuh"
+#ifndef CE_NO_MAIN
+#define CE_NO_MAIN
+#endif
+#include "examples/cross_entropy.cu" /* ce_launch: the deferred scale's one-read pass */
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,11 +77,16 @@ typedef struct dpo_args {
     const float *dloss;       /* device upstream gradient [1], or NULL (1) */
     void *grad;               /* NULL: forward only; == logits: in place */
     int64_t grad_stride;
+    float *tok_scale;         /* optional [T] (needs grad): the deferred scale. grad then receives
+                               * G_t = softmax(x_t) - onehot(y_t) (0 for unlabelled tokens) and
+                               * tok_scale[t] = s_t (0 for unlabelled tokens and for a bad cu_seqlens),
+                               * so that d loss / d x_t = s_t G_t; the logits are read once, not
+                               * twice (see the header) */
     float *loss;              /* [1] */
     float *seq_logps;         /* optional [n_seqs] */
     float *pair_metrics;      /* optional [n_pairs][4]: loss, chosen reward, rejected reward, accuracy */
     unsigned int *n_errors;   /* optional device counter */
-    void *workspace;          /* dpo_workspace_bytes(T, n_seqs, n_pairs); no zeroing needed */
+    void *workspace;          /* dpo_workspace_bytes(T, n_seqs, n_pairs, tok_scale != NULL); no zeroing needed */
     size_t workspace_bytes;
 } dpo_args;
 
@@ -83,10 +106,13 @@ typedef struct dpo_ws {
     float *pair_loss, *pair_dh, *pair_ok;    /* [P] */
     float *div;                              /* [1] */
     int *bad;                                /* [1] */
+    int64_t *tok_label;                      /* deferred scale: [T] labels for ce_launch */
+    void *ce_ws;                             /* deferred scale: cross_entropy.cu's workspace */
+    size_t ce_ws_bytes;
     size_t total;
 } dpo_ws;
 
-static dpo_ws dpo_ws_layout(void *base, int64_t T, int64_t nseq, int64_t P)
+static dpo_ws dpo_ws_layout(void *base, int64_t T, int64_t nseq, int64_t P, bool deferred = false)
 {
     dpo_ws w;
     char *p = (char *)base;
@@ -107,13 +133,22 @@ static dpo_ws dpo_ws_layout(void *base, int64_t T, int64_t nseq, int64_t P)
     w.pair_ok = take((size_t)P);
     w.div = take(1);
     w.bad = (int *)take(1);
+    w.tok_label = nullptr;
+    w.ce_ws = nullptr;
+    w.ce_ws_bytes = 0;
+    if (deferred) {
+        w.tok_label = (int64_t *)take(2 * (size_t)T);
+        w.ce_ws_bytes = ce_workspace_bytes(T);
+        w.ce_ws = take((w.ce_ws_bytes + 3) / 4);
+    }
     w.total = off;
     return w;
 }
 
-static size_t dpo_workspace_bytes(int64_t n_tokens, int64_t n_seqs, int64_t n_pairs)
+/* deferred: with dpo_args.tok_scale (more workspace: the labels and cross_entropy.cu's) */
+static size_t dpo_workspace_bytes(int64_t n_tokens, int64_t n_seqs, int64_t n_pairs, bool deferred = false)
 {
-    return dpo_ws_layout(nullptr, n_tokens, n_seqs, n_pairs).total;
+    return dpo_ws_layout(nullptr, n_tokens, n_seqs, n_pairs, deferred).total;
 }
 
 /* ============================================================================================
@@ -132,6 +167,7 @@ typedef struct dpo_kparams {
     lf_dpo_opts o;
     void *grad;
     int64_t grad_stride;
+    float *tok_scale;
     float *loss, *seq_logps, *pair_metrics;
     unsigned int *n_errors;
     dpo_ws ws;
@@ -236,6 +272,19 @@ __global__ void __launch_bounds__(DPO_THREADS) dpo_row_kernel(const dpo_kparams 
             k.ws.tok_valid[t] = 1.0f;
         }
         __syncthreads(); /* red is reused by the next row */
+    }
+}
+
+/* 2'. deferred scale, before ce_launch: every token's label (the input-ids shift done here) and
+ * whether it counts; with a bad cu_seqlens every token unlabelled (ce_launch then writes zero
+ * rows and counts nothing). Bad labels are passed on as they are: ce_launch counts them. */
+__global__ void dpo_prep_kernel(const dpo_kparams k)
+{
+    const bool bad = *k.ws.bad != 0;
+    for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < k.T; t += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t y = bad ? k.o.ignore_index : dpo_label(k, t);
+        k.ws.tok_label[t] = y;
+        k.ws.tok_valid[t] = y != k.o.ignore_index && y >= 0 && y < k.V ? 1.0f : 0.0f;
     }
 }
 
@@ -415,6 +464,17 @@ __global__ void __launch_bounds__(DPO_THREADS) dpo_grad_kernel(const dpo_kparams
     }
 }
 
+/* 7'. deferred scale: s_t = -c_k of t's sequence (G_t = -(onehot - softmax)); 0 unlabelled */
+__global__ void dpo_scale_kernel(const dpo_kparams k)
+{
+    const bool bad = *k.ws.bad != 0;
+    for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < k.T; t += (int64_t)gridDim.x * blockDim.x) {
+        float s = 0.0f;
+        if (!bad && k.ws.tok_valid[t] != 0.0f) s = -k.ws.seq_coef[lf_seq_find(k.cu, k.nseq, t)];
+        k.tok_scale[t] = s;
+    }
+}
+
 /* a bad cu_seqlens (flagged by dpo_check_kernel) as one error */
 __global__ void dpo_count_bad_kernel(const int *bad, unsigned int *n_errors)
 {
@@ -435,11 +495,37 @@ __global__ void dpo_count_bad_kernel(const int *bad, unsigned int *n_errors)
     } while (0)
 
 template <typename T>
-static lf_status dpo_launch_t(const dpo_kparams &k, int rows_grid, cudaStream_t stream, cudaError_t *cuda_err)
+static lf_status dpo_launch_t(const dpo_kparams &k, lf_dtype dtype, int rows_grid, cudaStream_t stream, cudaError_t *cuda_err)
 {
-    if (k.T > 0) {
+    const bool deferred = k.tok_scale != nullptr;
+    const unsigned tok_grid = (unsigned)((k.T + 255) / 256 < 4096 ? (k.T + 255) / 256 : 4096);
+    if (k.T > 0 && !deferred) {
         dpo_row_kernel<T><<<rows_grid, DPO_THREADS, 0, stream>>>(k);
         DPO_CHECK(cudaGetLastError());
+    }
+    if (k.T > 0 && deferred) { /* the labels, then one read of the logits: lse, log-probability, G_t */
+        dpo_prep_kernel<<<tok_grid, 256, 0, stream>>>(k);
+        DPO_CHECK(cudaGetLastError());
+        DPO_CHECK(cudaMemsetAsync(k.ws.ce_ws, 0, sizeof(ce_ws_header), stream)); /* its counters start at 0 */
+        ce_args c = ce_args_default();
+        c.logits = k.logits;
+        c.dtype = dtype;
+        c.n_rows = k.T;
+        c.vocab = k.V;
+        c.stride = k.stride;
+        c.labels = k.ws.tok_label;
+        c.labels_i64 = 1;
+        c.opts.ignore_index = k.o.ignore_index;
+        c.reduction = LF_REDUCE_NONE;
+        c.grad = k.grad;
+        c.grad_stride = k.grad_stride;
+        c.loss = k.ws.tok_lse; /* -log p(y), not used: the log-probability is taken directly */
+        c.logprob = k.ws.tok_lp;
+        c.n_errors = k.n_errors; /* bad labels */
+        c.workspace = k.ws.ce_ws;
+        c.workspace_bytes = k.ws.ce_ws_bytes;
+        const lf_status st = ce_launch(&c, stream, cuda_err);
+        if (st != LF_OK) return st;
     }
     if (k.nseq > 0) {
         dpo_seg_kernel<<<(unsigned)((k.nseq + 7) / 8 < 1024 ? (k.nseq + 7) / 8 : 1024), DPO_THREADS, 0, stream>>>(k);
@@ -459,8 +545,12 @@ static lf_status dpo_launch_t(const dpo_kparams &k, int rows_grid, cudaStream_t 
     }
     dpo_loss_kernel<<<1, 1024, 0, stream>>>(k);
     DPO_CHECK(cudaGetLastError());
-    if (k.grad && k.T > 0) {
+    if (k.grad && k.T > 0 && !deferred) {
         dpo_grad_kernel<T><<<rows_grid, DPO_THREADS, 0, stream>>>(k);
+        DPO_CHECK(cudaGetLastError());
+    }
+    if (k.T > 0 && deferred) {
+        dpo_scale_kernel<<<tok_grid, 256, 0, stream>>>(k);
         DPO_CHECK(cudaGetLastError());
     }
     return LF_OK;
@@ -487,7 +577,9 @@ static lf_status dpo_launch(const dpo_args *a, cudaStream_t stream, cudaError_t 
     if (!a->loss || !a->workspace || !a->cu_seqlens || (a->n_tokens > 0 && (!a->logits || !a->labels)) ||
         (a->n_pairs > 0 && !a->pairs))
         return LF_ERR_NULL;
-    if (a->workspace_bytes < dpo_workspace_bytes(a->n_tokens, a->n_seqs, a->n_pairs)) return LF_ERR_SIZE;
+    if (a->tok_scale && !a->grad) return LF_ERR_ARG; /* the deferred scale is a form of the gradient */
+    const bool deferred = a->tok_scale != nullptr;
+    if (a->workspace_bytes < dpo_workspace_bytes(a->n_tokens, a->n_seqs, a->n_pairs, deferred)) return LF_ERR_SIZE;
 
     dpo_kparams k;
     memset(&k, 0, sizeof k);
@@ -508,11 +600,12 @@ static lf_status dpo_launch(const dpo_args *a, cudaStream_t stream, cudaError_t 
     k.o = a->opts;
     k.grad = a->grad;
     k.grad_stride = a->grad_stride;
+    k.tok_scale = a->tok_scale;
     k.loss = a->loss;
     k.seq_logps = a->seq_logps;
     k.pair_metrics = a->pair_metrics;
     k.n_errors = a->n_errors;
-    k.ws = dpo_ws_layout(a->workspace, k.T, k.nseq, k.P);
+    k.ws = dpo_ws_layout(a->workspace, k.T, k.nseq, k.P, deferred);
 
     /* 1. cu_seqlens on the device: a bad one is counted once and stops everything after */
     DPO_CHECK(cudaMemsetAsync(k.ws.bad, 0, sizeof(int), stream));
@@ -524,9 +617,9 @@ static lf_status dpo_launch(const dpo_args *a, cudaStream_t stream, cudaError_t 
     const int rows_grid = (int)(k.T < (int64_t)sms * 8 ? (k.T > 0 ? k.T : 1) : (int64_t)sms * 8);
     lf_status r;
     switch (a->dtype) {
-    case LF_F32: r = dpo_launch_t<float>(k, rows_grid, stream, cuda_err); break;
-    case LF_BF16: r = dpo_launch_t<__nv_bfloat16>(k, rows_grid, stream, cuda_err); break;
-    default: r = dpo_launch_t<__half>(k, rows_grid, stream, cuda_err); break;
+    case LF_F32: r = dpo_launch_t<float>(k, a->dtype, rows_grid, stream, cuda_err); break;
+    case LF_BF16: r = dpo_launch_t<__nv_bfloat16>(k, a->dtype, rows_grid, stream, cuda_err); break;
+    default: r = dpo_launch_t<__half>(k, a->dtype, rows_grid, stream, cuda_err); break;
     }
     if (r != LF_OK) return r;
     if (a->n_errors) { /* the bad cu_seqlens as one error (a device-side add: no host sync) */
@@ -573,6 +666,7 @@ int main(int argc, char **argv)
     lf_dtype dt = LF_BF16;
     if (argc > 4) dt = !strcmp(argv[4], "fp32") ? LF_F32 : !strcmp(argv[4], "fp16") ? LF_F16 : LF_BF16;
     const int esz = lf_dtype_size(dt);
+    const bool deferred = argc > 5 && !strcmp(argv[5], "deferred");
 
     /* sequences 2p (chosen) and 2p+1 (rejected): a prompt of 8-40 tokens (no labels), a
      * response of 16-96 */
@@ -631,9 +725,10 @@ int main(int argc, char **argv)
     void *xd, *ws, *pristine;
     int64_t *yd;
     int32_t *cud, *pd;
-    float *refd, *loss, *seqd, *pmd;
+    float *refd, *loss, *seqd, *pmd, *scale = NULL;
     unsigned *err;
-    const size_t wsb = dpo_workspace_bytes(T, nseq, npairs);
+    const size_t wsb = dpo_workspace_bytes(T, nseq, npairs, deferred);
+    if (deferred) CHECK_CUDA(cudaMalloc(&scale, 4 * T));
     CHECK_CUDA(cudaMalloc(&xd, esz * nel));
     CHECK_CUDA(cudaMalloc(&pristine, esz * nel));
     CHECK_CUDA(cudaMalloc(&yd, 8 * T));
@@ -669,6 +764,7 @@ int main(int argc, char **argv)
     a.opts = o;
     a.grad = xd; /* in place */
     a.grad_stride = V;
+    a.tok_scale = scale; /* deferred: grad gets G_t, scale s_t; the gradient is s_t G_t */
     a.loss = loss;
     a.seq_logps = seqd;
     a.pair_metrics = pmd;
@@ -685,7 +781,10 @@ int main(int argc, char **argv)
     float lh;
     CHECK_CUDA(cudaMemcpy(&lh, loss, 4, cudaMemcpyDeviceToHost));
     void *gh = malloc(esz * nel);
+    float *sh = (float *)malloc(4 * T);
     CHECK_CUDA(cudaMemcpy(gh, xd, esz * nel, cudaMemcpyDeviceToHost));
+    for (int64_t t = 0; t < T; ++t) sh[t] = 1.0f;
+    if (deferred) CHECK_CUDA(cudaMemcpy(sh, scale, 4 * T, cudaMemcpyDeviceToHost));
     /* loss: fp32 per-token log-probabilities summed per sequence, float pair losses: 1e-4
      * relative. Gradient: the dtype's rounding of each entry plus 1e-5 of the row's largest. */
     const double unit = dt == LF_BF16 ? 0x1p-8 : dt == LF_F16 ? 0x1p-11 : 0x1p-17;
@@ -695,8 +794,9 @@ int main(int argc, char **argv)
         for (int64_t j = 0; j < V; ++j) rmax = fmax(rmax, fabs(rg[(size_t)t * V + j]));
         for (int64_t j = 0; j < V; ++j) {
             const size_t i = (size_t)t * V + j;
-            const double g = dt == LF_F32 ? ((float *)gh)[i]
-                                          : (dt == LF_BF16 ? lf_bf16_to_f32(((uint16_t *)gh)[i]) : lf_f16_to_f32(((uint16_t *)gh)[i]));
+            const double g = (double)sh[t] * (dt == LF_F32 ? ((float *)gh)[i]
+                                                           : (dt == LF_BF16 ? lf_bf16_to_f32(((uint16_t *)gh)[i])
+                                                                            : lf_f16_to_f32(((uint16_t *)gh)[i])));
             gerr = fmax(gerr, fabs(g - rg[i]) / (unit * fabs(rg[i]) + 1e-5 * rmax + 1e-30));
         }
     }
@@ -720,9 +820,11 @@ int main(int argc, char **argv)
     unsigned errs;
     CHECK_CUDA(cudaMemcpy(&errs, err, 4, cudaMemcpyDeviceToHost));
     printf("loss         : %.6f, reference %.6f: error %.3f of tolerance\n", lh, ref_loss, lerr);
-    printf("gradient     : max error %.3f of tolerance (in place over the logits)\n", gerr);
-    printf("time         : %.3f ms, %.1f GB/s (logits read twice, gradient written once = %d B/elem)\n", best,
-           3.0 * esz * nel / (best * 1e6), 3 * esz);
+    printf("gradient     : max error %.3f of tolerance (in place over the logits%s)\n", gerr,
+           deferred ? "; s_t G_t, the deferred scale" : "");
+    const int reads = deferred ? 1 : 2;
+    printf("time         : %.3f ms, %.1f GB/s (logits read %s, gradient written once = %d B/elem)\n", best,
+           (reads + 1.0) * esz * nel / (best * 1e6), deferred ? "once" : "twice", (reads + 1) * esz);
     printf("errors       : %u\n", errs);
     const int ok = rs == LF_OK && lerr <= 1.0 && gerr <= 1.0 && errs == 0;
     printf("%s\n", ok ? "OK" : "MISMATCH");

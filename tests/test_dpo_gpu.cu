@@ -14,6 +14,9 @@
  * rounding of it plus 2e-5 |c_k| (p_j + [j = y]) (c_k the reference's d loss / d logp_k), and
  * the device's c_k themselves within 2e-5 |c_k|: relative even where a sigmoid loss saturates
  * (c_k ~ e^-z), since both sides form sigma(-z) without the cancellation of sigma(z) - 1.
+ * The deferred scale (dpo_args.tok_scale): s_t G_t is held to the same tolerance (G_t's rounding
+ * is unit |p - onehot|, times |s_t| = |c_k|: unit |w|), s_t must be exactly -c_k (0 for
+ * unlabelled tokens), and an unlabelled token's G_t row exactly 0.
  */
 #define DPO_NO_MAIN
 #include "examples/dpo_packed.cu"
@@ -30,12 +33,14 @@ struct DCase {
     int grad = 1; /* 0 none, 1 buffer, 2 in place */
     int bad_pairs = 0, bad_labels = 0;
     bool bad_cu = false, determinism = false;
+    bool deferred = false; /* dpo_args.tok_scale: grad gets G_t = softmax - onehot, tok_scale s_t */
 };
 
 static void run_dcase(const DCase &c)
 {
     const char *kn[4] = {"sigmoid", "hinge", "ipo", "simpo"};
-    snprintf(g_case, sizeof g_case, "%s %s V=%lld %s", c.name, kn[c.kind], (long long)c.V, dt_name(c.dt));
+    snprintf(g_case, sizeof g_case, "%s%s %s V=%lld %s", c.deferred ? "deferred scale, " : "", c.name, kn[c.kind], (long long)c.V,
+             dt_name(c.dt));
     const int fails = g_fail;
     uint64_t rs = g_seed ^ mix64((uint64_t)c.V * 131u + (uint64_t)c.kind * 7u + (uint64_t)c.dt + (uint64_t)c.npairs * 1009u);
     const int64_t V = c.V, stride = V + c.pad, esz = lf_dtype_size(c.dt);
@@ -125,7 +130,7 @@ static void run_dcase(const DCase &c)
     }
     const std::vector<int64_t> &lab_dev = c.ids ? ids : lab;
     DevBuf yd(8 * T + 8), cud(4 * (nseq + 1)), pd(8 * P + 8), refd(4 * nseq), loss(4), seqd(4 * nseq), pmd(16 * P + 16), err(4),
-        divd(4), dld(4), ws(dpo_workspace_bytes(T, nseq, P));
+        divd(4), dld(4), ws(dpo_workspace_bytes(T, nseq, P, c.deferred)), scd(4 * T + 4);
     if (c.lab64) CK(cudaMemcpy(yd.p, lab_dev.data(), 8 * T, cudaMemcpyHostToDevice));
     else {
         std::vector<int32_t> y32(lab_dev.begin(), lab_dev.end());
@@ -141,6 +146,7 @@ static void run_dcase(const DCase &c)
     fill_poison(loss.p, 1, LF_F32);
     fill_poison(seqd.p, nseq, LF_F32);
     fill_poison(pmd.p, 4 * P, LF_F32);
+    fill_poison(scd.p, T, LF_F32);
     const int64_t gs = c.grad == 1 ? V + c.gpad : stride;
     DevBuf g(c.grad == 1 ? (size_t)T * gs * esz + 16 : 16);
     if (c.grad == 1) {
@@ -168,6 +174,7 @@ static void run_dcase(const DCase &c)
     a.dloss = c.dloss ? (const float *)dld.p : NULL;
     a.grad = c.grad == 0 ? NULL : c.grad == 1 ? g.p : x.p;
     a.grad_stride = gs;
+    a.tok_scale = c.deferred ? (float *)scd.p : NULL;
     a.loss = (float *)loss.p;
     a.seq_logps = (float *)seqd.p;
     a.pair_metrics = (float *)pmd.p;
@@ -223,7 +230,7 @@ static void run_dcase(const DCase &c)
         }
         /* white box: the per-sequence coefficients d loss / d logp_k against the reference's */
         std::vector<float> coefh(nseq > 0 ? nseq : 1);
-        const dpo_ws wsd = dpo_ws_layout(ws.p, T, nseq, P);
+        const dpo_ws wsd = dpo_ws_layout(ws.p, T, nseq, P, c.deferred);
         if (!c.bad_cu && nseq > 0) {
             CK(cudaMemcpy(coefh.data(), wsd.seq_coef, 4 * nseq, cudaMemcpyDeviceToHost));
             for (int64_t k = 0; k < nseq; ++k) {
@@ -232,6 +239,22 @@ static void run_dcase(const DCase &c)
                 EXPECT(close(coefh[k], ck, tol), "seq %lld coefficient %.9g want %.9g (tol %.3g)", (long long)k, coefh[k], ck, tol);
             }
         }
+        /* the deferred scale: s_t = -c_k exactly (the device's own c_k), 0 for unlabelled tokens
+         * and a bad cu_seqlens; an unlabelled token's G_t row all zeros */
+        std::vector<float> sch(T > 0 ? T : 1, 1.0f);
+        auto labelled = [&](int64_t t) { return !c.bad_cu && ref_lab_clean[t] >= 0 && ref_lab_clean[t] < V; };
+        if (c.deferred) {
+            CK(cudaMemcpy(sch.data(), scd.p, 4 * T, cudaMemcpyDeviceToHost));
+            int sbad = 0, zbad = 0;
+            for (int64_t t = 0; t < T; ++t) {
+                const float want_s = labelled(t) ? -coefh[lf_seq_find(cu.data(), nseq, t)] : 0.0f;
+                sbad += memcmp(&sch[t], &want_s, 4) != 0 && !(want_s == 0.0f && sch[t] == 0.0f);
+                if (!labelled(t))
+                    for (int64_t j = 0; j < V; ++j) zbad += elem_to_f32(gh.data() + (size_t)t * gs * esz, j, c.dt) != 0.0f;
+            }
+            EXPECT(sbad == 0, "%d tok_scale entries differ from -c_k (0 unlabelled)", sbad);
+            EXPECT(zbad == 0, "%d entries of unlabelled tokens' G rows not 0", zbad);
+        }
         int bad = 0;
         int64_t wt = -1, wj = -1;
         double wg = 0.0, ww = 0.0, wtol = 0.0;
@@ -239,12 +262,13 @@ static void run_dcase(const DCase &c)
             const int64_t k = lf_seq_find(cu.data(), nseq, t);
             const double ck = c.bad_cu ? 0.0 : seq[2 * nseq + k] * dl;
             for (int64_t j = 0; j < V; ++j) {
-                const double gj = elem_to_f32(gh.data() + (size_t)t * gs * esz, j, c.dt);
+                const double gj = (double)sch[t] * elem_to_f32(gh.data() + (size_t)t * gs * esz, j, c.dt); /* s_t G_t deferred */
                 const double w = c.bad_cu ? 0.0 : rg[(size_t)t * V + j] * dl;
                 const double pj = fabs(w) / (fabs(ck) + 1e-300);
                 const double ctol = c.bad_cu ? 0.0 : coef_extra[k]; /* the coefficient's, carried by every entry */
-                const double tol = unit * fabs(w) + (2e-5 * fabs(ck) + ctol) * (pj + (ref_lab_clean[t] == j ? 1.0 : 0.0)) +
-                                   (c.dt == LF_F16 ? 0x1p-25 : 0.0) + 1e-37;
+                /* fp16's subnormal spacing 2^-24 on the written value: on w itself, or on G_t (then times |s_t|) */
+                const double sub = c.dt == LF_F16 ? 0x1p-25 * (c.deferred ? fabs((double)sch[t]) : 1.0) : 0.0;
+                const double tol = unit * fabs(w) + (2e-5 * fabs(ck) + ctol) * (pj + (ref_lab_clean[t] == j ? 1.0 : 0.0)) + sub + 1e-37;
                 if (!close(gj, w, tol)) {
                     if (wt < 0) {
                         wt = t;
@@ -274,8 +298,54 @@ static void run_dcase(const DCase &c)
             CK(cudaMemcpy(&l2, loss.p, 4, cudaMemcpyDeviceToHost));
             EXPECT(memcmp(g2.data(), gh.data(), gh.size()) == 0, "gradient not bit-identical across runs");
             EXPECT(memcmp(&l2, &lh, 4) == 0, "loss not bit-identical across runs");
+            if (c.deferred) {
+                std::vector<float> s2(T > 0 ? T : 1);
+                CK(cudaMemcpy(s2.data(), scd.p, 4 * T, cudaMemcpyDeviceToHost));
+                EXPECT(memcmp(s2.data(), sch.data(), 4 * T) == 0, "tok_scale not bit-identical across runs");
+            }
         }
     }
+    printf("%-4s %s\n", g_fail == fails ? "ok" : "FAIL", g_case);
+}
+
+/* argument errors of the deferred scale: no gradient to scale; the default's workspace */
+static void dpo_arg_checks()
+{
+    snprintf(g_case, sizeof g_case, "argument checks (deferred scale)");
+    const int fails = g_fail;
+    const int64_t T = 6, V = 100, nseq = 2, P = 1;
+    const int32_t cu[3] = {0, 3, 6}, pairs[2] = {0, 1};
+    DevBuf x(2 * T * V), y(8 * T), cud(12), pd(8), loss(4), sc(4 * T), ws(dpo_workspace_bytes(T, nseq, P, true));
+    CK(cudaMemset(x.p, 0, x.bytes));
+    CK(cudaMemset(y.p, 0, y.bytes));
+    CK(cudaMemcpy(cud.p, cu, 12, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(pd.p, pairs, 8, cudaMemcpyHostToDevice));
+    dpo_args a = dpo_args_default();
+    a.logits = x.p;
+    a.n_tokens = T;
+    a.vocab = V;
+    a.stride = V;
+    a.labels = y.p;
+    a.labels_i64 = 1;
+    a.cu_seqlens = (const int32_t *)cud.p;
+    a.n_seqs = nseq;
+    a.pairs = (const int32_t *)pd.p;
+    a.n_pairs = P;
+    a.grad = x.p;
+    a.grad_stride = V;
+    a.tok_scale = (float *)sc.p;
+    a.loss = (float *)loss.p;
+    a.workspace = ws.p;
+    a.workspace_bytes = ws.bytes;
+    cudaError_t ce;
+    EXPECT(dpo_launch(&a, 0, &ce) == LF_OK, "deferred launch: %s", cudaGetErrorString(ce));
+    CK(cudaDeviceSynchronize());
+    dpo_args b = a;
+    b.grad = NULL;
+    EXPECT(dpo_launch(&b, 0, &ce) == LF_ERR_ARG, "tok_scale without grad accepted");
+    b = a;
+    b.workspace_bytes = dpo_workspace_bytes(T, nseq, P);
+    EXPECT(b.workspace_bytes < ws.bytes && dpo_launch(&b, 0, &ce) == LF_ERR_SIZE, "the default's workspace accepted for the deferred scale");
     printf("%-4s %s\n", g_fail == fails ? "ok" : "FAIL", g_case);
 }
 
@@ -314,7 +384,14 @@ int main(int argc, char **argv)
             c = b; c.name = "bad cu_seqlens"; c.bad_cu = true; run_dcase(c);
             c = b; c.name = "forward only"; c.grad = 0; run_dcase(c);
             c = b; c.name = "determinism"; c.determinism = true; c.npairs = 12; run_dcase(c);
+            /* the deferred scale (one read of the logits: cross_entropy.cu's fused kernel) */
+            c = b; c.deferred = true; c.name = "plain"; run_dcase(c);
+            c = b; c.deferred = true; c.name = "in place, strided +3, input ids, nll 0.5, no ref"; c.grad = 2; c.pad = 3; c.ids = true; c.lab64 = false; c.nll = 0.5f; c.use_ref = false; run_dcase(c);
+            c = b; c.deferred = true; c.name = "length-normalised, device divisor, dloss, bad labels and pairs"; c.norm = true; c.dev_div = true; c.dloss = true; c.bad_labels = 6; c.bad_pairs = 3; run_dcase(c);
+            c = b; c.deferred = true; c.name = "bad cu_seqlens"; c.bad_cu = true; run_dcase(c);
+            c = b; c.deferred = true; c.name = "determinism"; c.determinism = true; c.npairs = 12; run_dcase(c);
         }
+    dpo_arg_checks();
     printf("test_dpo_gpu: %d checks, %d failed\n", g_checks, g_fail);
     return g_fail ? 1 : 0;
 }
