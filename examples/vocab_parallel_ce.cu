@@ -50,15 +50,14 @@
  *   H200s: 0-5% faster than the two passes with the all-gather; the waits cost ~2% at lag 6, but
  *   two thirds of the gradient's re-read still come from DRAM (the chunks in flight outgrow what
  *   L2 keeps; bench/RESULTS.md has the numbers and the next step).
- *   KNOWN DEFECTS (found by review after the last GPU run; fixed on branch tp-lsa-fixes, not yet
- *   run on GPUs), so treat this schedule as experimental:
- *   - with chunk_rows = 0 the rows per chunk come from each rank's own shard width: when
- *     V % tp != 0 ranks can disagree, which hangs or mixes up shares. Pass chunk_rows.
- *   - a launch in which every row is ignored does not wait on the other ranks; with no host sync
- *     around it, a rank can run two launches ahead and overwrite shares a slower rank still
- *     reads. Synchronise the ranks around such launches.
- *   - tp_ce_nccl checks each rank's arguments just before launching it: a bad argument on a later
- *     rank leaves the earlier ranks' kernels waiting forever.
+ *   Experimental: three defects a review found (ranks picking different chunks when V % tp != 0
+ *   and chunk_rows = 0; a launch whose rows are all ignored, or an empty one, letting a rank run
+ *   two launches ahead; tp_ce_nccl launching some ranks before checking the others) are fixed
+ *   (tp_lsa_plan; the end-of-launch wait in tp_persist_kernel, no generation for an empty
+ *   launch; every rank planned first), but their cases have run on one GPU only (tp = 1 over
+ *   NCCL, 2026-11-26, H200), not yet on two. Still open: a failed registration group frees
+ *   windows that are still registered, and a rank that dies leaves the others' kernels
+ *   spinning (no abort path).
  *
  * Memory: tp_ce_workspace_bytes (12 B per row + 12 B per row and 32 KB slice) and the shares,
  *   tp_ce_shares_bytes = 12 tp N bytes; nothing of size [N, V]. Gathering the logits to run the
@@ -592,6 +591,12 @@ __global__ void __launch_bounds__(TP_THREADS) tp_persist_kernel(const tp_kparams
             tp_grad_cta<T, GRAD, FULL, SOFTCAP>(p, r0, rows, rows - 1 - u / ns, (int)(u % ns), tp_smem, coef_s, &L, kc);
         }
     }
+    /* The launch ends only once every rank has published its last chunk, whatever its rows
+     * (a launch whose rows are all ignored waits on nothing above): so no rank starts a second
+     * launch while another is still in this one, and the parity a rank writes two launches on
+     * is never one that another still reads. Every item has been handed out when block 0 gets
+     * here, and the ranks' statistics never wait: no deadlock. */
+    if (blockIdx.x == 0 && threadIdx.x < 32) tp_lsa_wait(L, L.K - 1, p.tp);
 }
 
 /* The batch loss: the per-row values summed in double in a fixed order (one CTA). */
@@ -900,25 +905,45 @@ static lf_status tp_persist_dispatch(const tp_run &r, const tp_lsa &L, int n, cu
     return r.softcap ? tp_persist_launch<T, true, false, true>(r, L, n, s, g, e) : tp_persist_launch<T, true, false, false>(r, L, n, s, g, e);
 }
 
-static lf_status tp_ce_launch_lsa(const tp_ce_args *a, tp_exchange *ex, cudaStream_t stream, cudaError_t *cuda_err)
+/* The read-once launch's plan and checks, with nothing launched (tp_ce_nccl checks every rank
+ * before it launches any: a rank that fails after others have launched would leave them
+ * waiting for its flags forever). Rows per chunk: a->chunk_rows, or an eighth of L2 over the
+ * WIDEST shard's row, so that every rank picks the same chunks when V % tp != 0. */
+static lf_status tp_lsa_plan(const tp_ce_args *a, const tp_exchange *ex, tp_run *r, int64_t *C_out, cudaError_t *cuda_err)
 {
-    tp_run r;
-    TP_TRY(tp_ce_plan(a, &r, cuda_err, false));
+    TP_TRY(tp_ce_plan(a, r, cuda_err, false));
     if (!ex->peers || !ex->win_buf) return LF_ERR_ARG;
     if (a->n_rows > ex->lsa_rows) return LF_ERR_SIZE;
     const int64_t N = a->n_rows;
-    if (2 * N * (int64_t)r.p.nsplit >= ((int64_t)1 << 32) - 1) return LF_ERR_SIZE; /* 32-bit work counter */
+    if (2 * N * (int64_t)r->p.nsplit >= ((int64_t)1 << 32) - 1) return LF_ERR_SIZE; /* 32-bit work counter */
     int dev = 0, l2 = 0;
     CE_CHECK(cudaGetDevice(&dev));
     CE_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
-    const int64_t row_bytes = (r.p.vs > 0 ? r.p.vs : 1) * (int64_t)lf_dtype_size(a->dtype);
-    int64_t C = a->chunk_rows > 0 ? a->chunk_rows : (int64_t)l2 / 8 / row_bytes;
+    int64_t widest = 1;
+    for (int q = 0; q < a->tp; ++q) {
+        int64_t v0, v1;
+        lf_tp_shard(a->vocab, a->tp, q, &v0, &v1);
+        if (v1 - v0 > widest) widest = v1 - v0;
+    }
+    int64_t C = a->chunk_rows > 0 ? a->chunk_rows : (int64_t)l2 / 8 / (widest * (int64_t)lf_dtype_size(a->dtype));
     if (C < 1) C = 1;
     if (C > N) C = N > 0 ? N : 1;
+    *C_out = C;
+    return LF_OK;
+}
+
+static lf_status tp_ce_launch_lsa(const tp_ce_args *a, tp_exchange *ex, cudaStream_t stream, cudaError_t *cuda_err)
+{
+    tp_run r;
+    int64_t C = 1;
+    TP_TRY(tp_lsa_plan(a, ex, &r, &C, cuda_err));
+    const int64_t N = a->n_rows;
     tp_lsa L;
     L.peers = ex->peers;
     L.local = ex->win_buf;
-    L.gen = ++ex->gen;
+    /* A launch without rows runs no kernel, so it takes no generation: the parities of the
+     * ranks' next launches stay in step with launches that synchronise them. */
+    L.gen = N > 0 ? ++ex->gen : ex->gen + 1;
     const int par = (int)(L.gen & 1u);
     L.shares_off = par * tp_lsa_shares_bytes(ex->lsa_rows, a->tp);
     L.flags_off = 2 * tp_lsa_shares_bytes(ex->lsa_rows, a->tp) + par * tp_lsa_flags_bytes(ex->lsa_rows, a->tp);
@@ -1008,7 +1033,15 @@ static lf_status tp_ce_nccl(const tp_ce_args *args, int tp, const int *devs, tp_
         if (args[r].tp != tp || args[r].rank != r || args[r].n_rows != args[0].n_rows || args[r].vocab != args[0].vocab ||
             args[r].chunk_rows != args[0].chunk_rows || ex[r].lsa != ex[0].lsa)
             return LF_ERR_ARG;
-    if (ex[0].lsa) { /* no collective to group: each rank's launches, one GPU after the other */
+    if (ex[0].lsa) { /* no collective to group: each rank's launches, one GPU after the other,
+                      * once every rank's arguments have passed (a rank that failed after the
+                      * others launched would leave them waiting for its flags) */
+        for (int r = 0; r < tp; ++r) {
+            CE_CHECK(cudaSetDevice(devs[r]));
+            tp_run run;
+            int64_t C = 1;
+            TP_TRY(tp_lsa_plan(&args[r], &ex[r], &run, &C, cuda_err));
+        }
         for (int r = 0; r < tp; ++r) {
             CE_CHECK(cudaSetDevice(devs[r]));
             TP_TRY(tp_ce_launch_lsa(&args[r], &ex[r], streams[r], cuda_err));

@@ -309,6 +309,21 @@ int main(int argc, char **argv)
                     d.seed += 100;
                     snprintf(name, sizeof name, "%s, 5-row chunks, lag 1, 1 CTA per SM, no L2 hints", nm);
                     run(name, d);
+                    /* automatic chunks with V % tp != 0: an eighth of L2 over a row of 16385 or
+                     * 16384 bf16 is 239 or 240 rows on an H200 (199 / 200 on an H100); every
+                     * rank must take the widest shard's (tp_lsa_plan), or at tp = 2 the ranks
+                     * would cut different chunks */
+                    d = b;
+                    d.tp = tp;
+                    d.use_nccl = 1;
+                    d.lsa = 1;
+                    d.seed = g_seed + 1500 + (uint64_t)(16 * tp);
+                    d.N = 600;
+                    d.V = 32769;
+                    d.chunk_rows = 0;
+                    d.repeat = 1;
+                    snprintf(name, sizeof name, "%s, V %% tp != 0, automatic chunks, repeat", nm);
+                    run(name, d);
                 }
                 d = b;
                 d.tp = tp;
@@ -353,9 +368,11 @@ int main(int argc, char **argv)
                 d.lsa = lsa;
                 d.seed = g_seed + 5000 + (uint64_t)(16 * tp + 2 * lsa);
                 d.all_ignored = 1;
-                snprintf(name, sizeof name, "%s, all ignored", nm);
+                d.repeat = 1; /* two launches that wait on no row's shares (read-once: the end-of-launch wait) */
+                snprintf(name, sizeof name, "%s, all ignored, repeat", nm);
                 run(name, d);
                 d.all_ignored = 0;
+                d.repeat = 0;
                 d.N = 1;
                 snprintf(name, sizeof name, "%s, one row", nm);
                 run(name, d);
