@@ -688,6 +688,14 @@ static __device__ __forceinline__ lf_row_span lf_row_span_make(const T *row, int
     return sp;
 }
 
+/* An online softmax's shift in log2 units from its maximum m so far (z units): 0 for an empty
+ * state (m = -inf), and held at -FLT_MAX or above. A state whose every entry so far is a 16-bit
+ * type's lowest finite value (masking with torch.finfo(bf16).min, or an fp32 -FLT_MAX) has
+ * m log2(e) = -inf, and fmaf(x, log2(e), -shift) would be -inf + inf = NaN; held, those entries
+ * add 2^-huge = 0, as a masked entry does, and their state weighs nothing once merged with any
+ * entry above -FLT_MAX / log2(e). */
+static __device__ __forceinline__ float lf_shift_l2e(float m) { return m == -LF_INF_F ? 0.0f : fmaxf(m * LF_LOG2E, -FLT_MAX); }
+
 /* 16-byte store of data nobody reads in this kernel (streaming, evict-first). */
 static __device__ __forceinline__ void lf_st16(uint4 *p, uint4 v) { __stcs(p, v); }
 
@@ -881,7 +889,7 @@ static __device__ __forceinline__ void lf_piece_stats(lf_row_stats &st, const ui
     lf_impl_lse_rescale(st.lse.m, m_new, &st.lse.s, &st.lse.u);
     st.lse.m = m_new;
     const float shift = (m_new == -LF_INF_F) ? 0.0f : m_new;
-    const float shift_l2e = shift * LF_LOG2E;
+    const float shift_l2e = lf_shift_l2e(m_new);
     float s0 = 0.0f, s1 = 0.0f; /* two chains halve the FADD dependency latency */
 #pragma unroll 4
     for (int v = vbeg + (int)threadIdx.x; v < vend; v += THREADS) {
@@ -1047,7 +1055,7 @@ static __device__ __forceinline__ void lf_piece_stats_fast(lf_row_stats &st, lf_
     const float m_new = fmaxf(st.lse.m, xm * t.scale);
     lf_impl_lse_rescale(st.lse.m, m_new, &st.lse.s, &st.lse.u);
     st.lse.m = m_new;
-    const float sh = (m_new == -LF_INF_F ? 0.0f : m_new) * LF_LOG2E;
+    const float sh = lf_shift_l2e(m_new);
     float s = 0.0f, u2 = 0.0f, sx = 0.0f;
     if (!FULL) lf_piece_sumexp<THREADS, T, false, false, NPOLY>(buf, vbeg, vend, t.scale_l2e, sh, &s, &u2, &sx);
     else if (sumx) lf_piece_sumexp<THREADS, T, true, true, NPOLY>(buf, vbeg, vend, t.scale_l2e, sh, &s, &u2, &sx);
@@ -1163,7 +1171,7 @@ static __device__ __forceinline__ void lf_impl_warp_batch(lf_row_stats &st, floa
         lf_impl_lse_rescale(st.lse.m, m_new, &st.lse.s, &st.lse.u);
         st.lse.m = m_new;
     }
-    const float sh = (st.lse.m == -LF_INF_F ? 0.0f : st.lse.m) * LF_LOG2E;
+    const float sh = lf_shift_l2e(st.lse.m);
     float s0 = 0.0f, s1 = 0.0f, u0 = 0.0f, u1 = 0.0f, a0 = 0.0f, a1 = 0.0f;
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -1934,7 +1942,12 @@ static __device__ __forceinline__ void lf_impl_acc_move(float *m, float *s, floa
     *m = m_new;
 }
 
-static __device__ __forceinline__ float lf_impl_acc_shift(float m, float cs) { return m == -LF_INF_F ? 0.0f : m * cs; }
+/* A state's shift in log2 units, held at -FLT_MAX or above: a state whose maximum so far is a
+ * 16-bit side's lowest finite value (a finfo.min mask) has m cs = -inf below tau ~1.44, and
+ * fmaf(w, cs, -shift) would be -inf + inf = NaN. Held, its entries' terms are 2^-huge = 0, as a
+ * masked entry's: their share of the row's mass is below 2^-126 whenever the row has an entry
+ * above -FLT_MAX / cs. */
+static __device__ __forceinline__ float lf_impl_acc_shift(float m, float cs) { return m == -LF_INF_F ? 0.0f : fmaxf(m * cs, -FLT_MAX); }
 
 /* Which pass-1 terms a loss needs (the fast sweep computes only those):
  *   LF_DUAL_RB    rb (forward KL; also JSD and TVD, whose pass 2 needs only the two lse)
@@ -2236,9 +2249,14 @@ static __device__ __forceinline__ lf_kl_coef lf_kl_coef_make(int kind, float bet
     c.kind = kind;
     c.beta = beta;
     c.cs = xf.cs;
-    c.ks = o.lse_a * LF_LOG2E;
-    c.kt = o.lse_b * LF_LOG2E;
-    c.c3 = kind == LF_KL_REVERSE ? o.kl_rev * LF_LOG2E : 0.0f;
+    /* rounded products (__fmul_rn): where the compiler sees them it may fuse one with a later
+     * subtraction (FMA contraction) in one kernel and not in another, and a row gets different
+     * bits in the cluster and side kernels. Seen once reverse KL's fast gradient used
+     * c.kt - c.ks - c.c3 (test_kl_gpu's side-CTA determinism checks failed until it was
+     * computed with __fsub_rn); rounding the products here covers every use. */
+    c.ks = __fmul_rn(o.lse_a, LF_LOG2E);
+    c.kt = __fmul_rn(o.lse_b, LF_LOG2E);
+    c.c3 = kind == LF_KL_REVERSE ? __fmul_rn(o.kl_rev, LF_LOG2E) : 0.0f;
     float k = kind == LF_KL_REVERSE ? LF_LN2 : kind == LF_KL_JSD ? (1.0f - beta) * LF_LN2 : kind == LF_KL_TVD ? 0.5f : 1.0f;
     c.a = g * k * (lin ? xf.inv_tau : 1.0f);
     const bool bad = !(fabsf(o.lse_a) < LF_INF_F) || !(fabsf(o.lse_b) < LF_INF_F) ||
@@ -2378,7 +2396,12 @@ static __device__ __forceinline__ float lf_impl_kl_grad(const lf_kl_coef &c, flo
 {
     float lp2, lq2, p, q;
     lf_impl_kl_pq(c, ws, wt, &lp2, &lq2, &p, &q);
-    if (KIND == LF_KL_REVERSE) return !EXACT ? p * (lp2 - lq2 - c.c3) : p > 0.0f ? p * (lp2 - lq2 - c.c3) : 0.0f;
+    /* the fast form takes log2 p - log2 q from ws - wt (two 16-bit values: exact unless far
+     * apart) and holds it at -FLT_MAX or above: an entry at a 16-bit side's lowest finite value
+     * (a finfo.min mask) has p = 0 and log2 p = -inf (w log2(e) / tau overflows), and p times
+     * -inf would be NaN */
+    if (KIND == LF_KL_REVERSE)
+        return !EXACT ? p * fmaxf(fmaf(ws - wt, c.cs, c.kt - c.ks - c.c3), -FLT_MAX) : p > 0.0f ? p * (lp2 - lq2 - c.c3) : 0.0f;
     if (KIND == LF_KL_JSD) {
         if (!EXACT) return p * (lp2 - lf_impl_kl_lm2_fast(c, p, q) - c.c3);
         const float lm2 = __log2f(fmaf(c.beta, q - p, p));

@@ -57,6 +57,10 @@
  *   - A label outside [0, V) that is not ignore_index adds 1 to *n_errors; that row, like an
  *     ignored row, has loss 0, zero gradient and weight 0. All rows ignored: loss 0, grad 0.
  *   - A NaN or +inf logit in a valid row makes that row's loss NaN and its gradient NaN.
+ *   - -inf entries (masked vocabulary) weigh nothing, and so do entries at the dtype's lowest
+ *     finite value (masking with torch.finfo(dtype).min: -3.39e38 in bf16, whose exp2 argument
+ *     overflows to -inf): their share of the mass is exactly the reference's 0. Only a row with
+ *     nothing else is different: no mass, as an all -inf row (NaN loss), not uniform.
  *   - The batch loss never depends on timing: per-row values in the workspace summed in a fixed
  *     order by the last CTA to finish, or in the row-resident schedule an exact, order-free sum
  *     (lossfuse.h lf_xsum: integer buckets, integer atomics) that is the same bits whichever CTA

@@ -218,7 +218,7 @@ static __device__ __forceinline__ void dpo_body_lse(const uint4 *body, int nvec,
         const float m_new = fmaxf(*m, xm);
         lf_impl_lse_rescale(*m, m_new, s, &u);
         *m = m_new;
-        const float sh = (m_new == -LF_INF_F ? 0.0f : m_new) * LF_LOG2E;
+        const float sh = lf_shift_l2e(m_new);
         float s0 = 0.0f, s1 = 0.0f;
 #pragma unroll
         for (int q = 0; q < DPO_UNROLL; ++q)

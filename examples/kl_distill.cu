@@ -59,6 +59,12 @@
  *   - NaN or +inf in a valid row (either side), or a side with no mass: NaN loss and an all-NaN
  *     gradient row. Reverse KL where the teacher has no mass but the student has: +inf loss,
  *     NaN gradient. Forward KL / soft CE where the student has none: +inf loss, finite gradient.
+ *   - An entry at a 16-bit side's lowest finite value (masking with torch.finfo(bf16).min) has
+ *     probability exactly 0, as in the double reference, even where w log2(e) / tau overflows
+ *     (tau below ~1.44): no NaN from it (tested: both sides at it, and for reverse KL, JSD and
+ *     TVD the student alone). Forward KL / soft CE with the student alone at it: the true loss
+ *     is ~1e38 q_j, which fp32 may round to +inf (not tested). A row with nothing else has no
+ *     mass (NaN), as an all -inf row.
  *   - Deterministic: fixed-order reductions within a row and over rows; no float atomics.
  *   - No host synchronisation; CUDA-graph capturable; N = 0 launches nothing.
  *

@@ -41,6 +41,7 @@ struct Case {
     int64_t ignore_index = -100; /* ce_args.ignore_index (the ignored rows' label) */
     bool plant_nonfinite = false; /* a NaN row and a +inf row */
     bool plant_masks = false;     /* rows with -inf entries, one with the label at -inf, one all -inf */
+    bool plant_fmin = false;      /* rows at the dtype's lowest finite value (finfo.min masking) */
     bool plant_ties = false;      /* rows whose maximum appears several times (argmax: the first) */
     float outlier = 40.0f;        /* 1e4: huge-value case */
     bool determinism = false;     /* run twice, compare bits */
@@ -142,6 +143,31 @@ static void run_case(const Case &c)
                 if (!mask) continue;
                 if (c.dt == LF_F32) ((float *)h.data())[j] = -INFINITY;
                 else ((uint16_t *)h.data())[j] = c.dt == LF_BF16 ? lf_f32_to_bf16(-INFINITY) : lf_f32_to_f16(-INFINITY);
+            }
+            CK(cudaMemcpy((char *)x.p + i * stride * esz, h.data(), V * esz, cudaMemcpyHostToDevice));
+        }
+    }
+    if (c.plant_fmin && N >= 3 && V >= 16) {
+        /* entries at the dtype's lowest finite value, as masking with torch.finfo(dtype).min
+         * leaves them (bf16 and fp32: x log2(e) overflows to -inf; fp16's -65504 does not):
+         * row 0 every 11th entry and the last 40% (whole slices and pieces of a thread all
+         * masked, the tail edges too); row 1 every entry but the label's (1) and V/2; row 2 the
+         * first 8 entries (the head edges) and V/2, its label at V/3. Reference: their terms are
+         * exp(-3.4e38 - m) = 0, exactly as the kernel's. */
+        const float fmin = c.dt == LF_F32 ? -3.402823466e38f : c.dt == LF_BF16 ? -3.3895314e38f : -65504.0f;
+        std::vector<char> h((size_t)V * esz);
+        for (int64_t i : {(int64_t)0, (int64_t)1, (int64_t)2}) {
+            if (y[i] < 0 || y[i] >= V) n_bad -= (y[i] != c.ignore_index);
+            y[i] = i == 2 ? V / 3 : 1;
+            planted.insert(i);
+            CK(cudaMemcpy(h.data(), (char *)x.p + i * stride * esz, V * esz, cudaMemcpyDeviceToHost));
+            for (int64_t j = 0; j < V; ++j) {
+                const bool m = i == 0 ? (j % 11 == 4 || j >= V - (4 * V) / 10) && j != 1
+                             : i == 1 ? j != 1 && j != V / 2
+                                      : j < 8 || j == V / 2;
+                if (!m) continue;
+                if (c.dt == LF_F32) ((float *)h.data())[j] = fmin;
+                else ((uint16_t *)h.data())[j] = c.dt == LF_BF16 ? lf_f32_to_bf16(fmin) : lf_f32_to_f16(fmin);
             }
             CK(cudaMemcpy((char *)x.p + i * stride * esz, h.data(), V * esz, cudaMemcpyHostToDevice));
         }
@@ -1064,6 +1090,9 @@ int main(int argc, char **argv)
             c = b; c.name = "ties, fused, entropy"; c.stats = true; c.plant_ties = true; run(c);
             c = b; c.name = "huge logits 1e4"; c.outlier = 1e4f; c.stats = true; run(c);
             c = b; c.name = "-inf masks"; c.plant_masks = true; c.stats = true; c.red = LF_REDUCE_NONE; run(c);
+            c = b; c.name = "finfo.min entries, stats"; c.plant_fmin = true; c.stats = true; c.red = LF_REDUCE_NONE; run(c);
+            c = b; c.name = "finfo.min entries, fast path, in place"; c.plant_fmin = true; c.grad = 2; run(c);
+            c = b; c.name = "finfo.min entries, forward only"; c.grad = 0; c.plant_fmin = true; c.stats = true; c.red = LF_REDUCE_NONE; run(c);
             c = b; c.name = "-inf masks + smoothing"; c.plant_masks = true; c.eps = 0.1f; run(c);
             c = b; c.name = "NaN and +inf rows"; c.plant_nonfinite = true; c.stats = true; c.red = LF_REDUCE_NONE; run(c);
             c = b; c.name = "NaN rows, mean"; c.plant_nonfinite = true; run(c);

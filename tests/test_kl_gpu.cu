@@ -100,6 +100,9 @@ struct Case {
     float noise = 1.5f;      /* teacher = student + noise (0: identical rows) */
     float outlier = 40.0f;
     bool plant_masks = false, plant_nonfinite = false;
+    bool plant_fmin = false;   /* rows 0-2: entries at bf16's lowest finite value, as masking with
+                                * torch.finfo(bf16).min leaves them: finite, but w log2(e) / tau
+                                * overflows to -inf (tau < 1.44) where the fast forms multiply by p = 0 */
     bool plant_spikes = false; /* every row: -100 with one entry in ~300 at -12.3125 (spike - floor
                                 * = 126.5 in exp2 units at tau 1: a shift at the floor would hold
                                 * a spike's term at 2^126.5, and moving it onto the spike flushes) */
@@ -208,6 +211,24 @@ static void run_case(const Case &c)
         write_row(2);
         planted.insert(1);
         planted.insert(2);
+    }
+    if (c.plant_fmin && N >= 3) {
+        /* row 0: both sides on every 11th entry and the last 3; row 1: both sides on one entry
+         * (one thread's share of the row goes the long way, the others not); row 2 (not forward
+         * KL / soft CE, whose loss there is ~1e38 and fp32's answer +inf): the student alone on
+         * every 13th entry, where p = 0 and the reference's terms are exactly 0 */
+        const float fm = host_round(-3.3895314e38f, c.sdt), fmt = host_round(-3.3895314e38f, c.tdt);
+        const bool row2 = c.kind != LF_KL_FORWARD && c.kind != LF_KL_SOFT_CE;
+        for (int64_t j = 0; j < V; ++j) {
+            if (j % 11 == 4 || j >= V - 3) hs[0][j] = fm, ht[0][j] = fmt;
+            if (row2 && j % 13 == 6) hs[2][j] = fm;
+        }
+        hs[1][V / 2] = fm;
+        ht[1][V / 2] = fmt;
+        for (int64_t i = 0; i < 3; ++i) {
+            write_row(i);
+            planted.insert(i);
+        }
     }
     if (c.plant_spikes) {
         uint64_t h = rs;
@@ -1004,6 +1025,8 @@ int main(int argc, char **argv)
             c = b; c.name = "NaN and +inf rows"; c.plant_nonfinite = true; c.stats = true; c.red = LF_REDUCE_NONE; run_case(c);
             c = b; c.name = "NaN rows, mean"; c.plant_nonfinite = true; run_case(c);
             c = b; c.name = "huge logits 1e4"; c.outlier = 1e4f; c.stats = true; run_case(c);
+            c = b; c.name = "bf16 finfo.min entries, no stats"; c.plant_fmin = true; c.red = LF_REDUCE_NONE; run_case(c); /* the fast forms */
+            c = b; c.name = "-inf masks, no stats"; c.plant_masks = true; c.red = LF_REDUCE_NONE; run_case(c);
             c = b; c.name = "spikes 87.7 nats over the floor"; c.plant_spikes = true; c.red = LF_REDUCE_NONE; run_case(c); /* no stats: the lazy shifts */
             c = b; c.name = "all masked"; c.labels = true; c.ignore_frac = 1.0; c.stats = true; run_case(c);
             c = b; c.name = "forward only, stats"; c.grad = 0; c.stats = true; c.red = LF_REDUCE_NONE; run_case(c);
@@ -1118,6 +1141,7 @@ int main(int argc, char **argv)
             Case c;
             c = b; c.name = "streamed forced, masks + weights, in place"; c.schedule = KL_SCHED_STREAM; c.labels = true; c.bad_frac = 0.1; c.weights = true; c.grad = 2; run_case(c);
             c = b; c.name = "resident clusters of 3, stats, NaN rows"; c.schedule = KL_SCHED_RESIDENT; c.max_cluster = 3; c.expect_cluster = g_small ? 0 : 3; c.stats = true; c.plant_nonfinite = true; c.red = LF_REDUCE_NONE; run_case(c);
+            c = b; c.name = "resident clusters of 3, bf16 finfo.min entries, in place"; c.schedule = KL_SCHED_RESIDENT; c.max_cluster = 3; c.expect_cluster = g_small ? 0 : 3; c.plant_fmin = true; c.grad = 2; c.red = LF_REDUCE_NONE; run_case(c);
             c = b; c.name = "resident clusters of 3, -inf masks, fp16 pair"; c.schedule = KL_SCHED_RESIDENT; c.max_cluster = 3; c.sdt = c.tdt = LF_F16; c.plant_masks = true; c.stats = true; run_case(c);
             c = b; c.name = "resident clusters of at most 5, 3 stages, strides +5 / +3"; c.schedule = KL_SCHED_RESIDENT; c.max_cluster = 5; c.stages = 3; c.spad = 5; c.tpad = 3; c.grad = 2; run_case(c);
             c = b; c.name = "resident 8 stages, tau 0.05, labels"; c.schedule = KL_SCHED_RESIDENT; c.V = 3001; c.stages = 8; c.tau = 0.05f; c.labels = true; c.bad_frac = 0.2; c.stats = true; run_case(c);
