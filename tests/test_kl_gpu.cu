@@ -215,8 +215,8 @@ static void run_case(const Case &c)
     if (c.plant_fmin && N >= 3) {
         /* row 0: both sides on every 11th entry and the last 3; row 1: both sides on one entry
          * (one thread's share of the row goes the long way, the others not); row 2 (not forward
-         * KL / soft CE, whose loss there is ~1e38 and fp32's answer +inf): the student alone on
-         * every 13th entry, where p = 0 and the reference's terms are exactly 0 */
+         * KL / soft CE, whose true loss there is ~1e38, past what fp32 sums reliably): the student
+         * alone on every 13th entry, where p = 0 and the reference's terms are exactly 0 */
         const float fm = host_round(-3.3895314e38f, c.sdt), fmt = host_round(-3.3895314e38f, c.tdt);
         const bool row2 = c.kind != LF_KL_FORWARD && c.kind != LF_KL_SOFT_CE;
         for (int64_t j = 0; j < V; ++j) {
