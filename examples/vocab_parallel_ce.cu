@@ -55,9 +55,13 @@
  *   two launches ahead; tp_ce_nccl launching some ranks before checking the others) are fixed
  *   (tp_lsa_plan; the end-of-launch wait in tp_persist_kernel, no generation for an empty
  *   launch; every rank planned first), but their cases have run on one GPU only (tp = 1 over
- *   NCCL, 2026-11-26, H200), not yet on two. Still open: a failed registration group frees
- *   windows that are still registered, and a rank that dies leaves the others' kernels
- *   spinning (no abort path).
+ *   NCCL, 2026-11-26, H200), not yet on two.
+ *   Failures: a launch waiting for a rank that died, or never launched, gives up on the host's
+ *   request (tp_lsa_abort, e.g. from a watchdog thread) or after tp_ce_args.lsa_timeout_ms, with
+ *   NaN loss, lse and gradient rows, and tells every rank through the windows (they give up
+ *   too); tp_lsa_failure says why. tp_nccl_ranks aborts its communicators (ncclCommAbort) after a
+ *   failed registration group or a failed step, so nothing frees a window NCCL still holds and
+ *   no stream is left waiting on a collective that a peer never enqueued.
  *
  * Memory: tp_ce_workspace_bytes (12 B per row + 12 B per row and 32 KB slice) and the shares,
  *   tp_ce_shares_bytes = 12 tp N bytes; nothing of size [N, V]. Gathering the logits to run the
@@ -140,6 +144,10 @@ typedef struct tp_ce_args {
                            * k is handed out after the statistics of chunk k + lsa_lag; 0: 6 */
     int lsa_ctas_per_sm;  /* its CTAs per multiprocessor (0: as many as fit) */
     int lsa_hints;        /* its L2 policy: 0 default, 1 evict_last / evict_first, -1 none */
+    int lsa_timeout_ms;   /* its longest wait for another rank's shares: 0 none (wait, as NCCL's
+                           * collectives do); past it the launch gives up: NaN outputs, the
+                           * reason in tp_lsa_failure (a rank that died costs its peers this
+                           * long, not a hang; tp_lsa_abort ends a launch from the host) */
     tp_plan *plan;        /* optional host out */
 } tp_ce_args;
 
@@ -279,7 +287,20 @@ typedef struct tp_lsa {
     int hints;           /* 1: the statistics read with L2 evict_last, the gradient's re-read with
                           * evict_first (the chunk should stay in L2 between the two, and go after) */
     unsigned long long *prof; /* optional [2]: += nanoseconds warp 0s spent waiting, waits */
+    /* Giving up (tp_lsa_wait): this launch's failure word in every window (a rank that gives up
+     * stores its generation there in every window, its own included, so that no rank waits on
+     * it any longer); the host's abort request (mapped host memory, or NULL: launches with a
+     * generation <= its value give up); the host's failure record ([2]: generation, reason;
+     * or NULL); the longest a wait may last in nanoseconds (0: no limit). */
+    size_t fail_off;
+    const volatile unsigned *abort_req;
+    volatile unsigned *report;
+    unsigned long long timeout_ns;
 } tp_lsa;
+
+/* Why a read-once launch gave up (tp_lsa_failure): the host asked (tp_lsa_abort), a wait
+ * outlasted tp_ce_args.lsa_timeout_ms, or another rank gave up first. */
+enum { TP_LSA_OK = 0, TP_LSA_ABORTED = 1, TP_LSA_TIMED_OUT = 2, TP_LSA_PEER_FAILED = 3 };
 
 /* A slice into shared memory like lf_piece_load, with an L2 eviction policy on every copy. */
 static __device__ __forceinline__ uint64_t tp_policy(bool keep)
@@ -311,27 +332,72 @@ static __device__ __forceinline__ void tp_st_release_sys(unsigned *a, unsigned v
     asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(a), "r"(v) : "memory");
 }
 
+/* Whether this launch must give up, checked every 64 spins of a wait (reading mapped host
+ * memory costs a bus round trip): the host's abort request, or a wait that began at t_start
+ * (set here on the first call) and outlasted the timeout. */
+static __device__ __forceinline__ unsigned tp_lsa_check(const tp_lsa &L, unsigned long long &t_start)
+{
+    if (L.abort_req) {
+        const unsigned a = *L.abort_req;
+        if (a != 0u && (int)(a - L.gen) >= 0) return TP_LSA_ABORTED;
+    }
+    if (L.timeout_ns) {
+        unsigned long long now;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+        if (t_start == 0ull) t_start = now;
+        else if (now - t_start > L.timeout_ns) return TP_LSA_TIMED_OUT;
+    }
+    return TP_LSA_OK;
+}
+
 /* By the 32 lanes of warp 0, before the row's shares are merged: lane q waits until the flags of
  * chunk k of ranks q, q + 32, ... (the ranks whose shares it then loads, lf_tp_merge_warp)
- * reach this launch's generation; the acquire orders its share loads after them. */
-static __device__ __forceinline__ void tp_lsa_wait(const tp_lsa &L, int64_t k, int P)
+ * reach this launch's generation; the acquire orders its share loads after them. Returns false
+ * where the launch gives up instead (the host's abort request, the timeout, or another rank's
+ * failure word): then the caller makes the row's outputs NaN, and the first lane to give up has
+ * stored the generation into every rank's failure word, so that every later wait of every rank
+ * gives up at once, and the reason into the host's record. A rank that dies, or never launches,
+ * thus costs its peers one timeout (or one abort request), not a hang. */
+static __device__ __forceinline__ bool tp_lsa_wait(const tp_lsa &L, int64_t k, int P)
 {
     const unsigned *f = reinterpret_cast<const unsigned *>(L.local + L.flags_off) + k * P;
-    unsigned long long t0 = 0;
+    const unsigned *fw = reinterpret_cast<const unsigned *>(L.local + L.fail_off);
+    unsigned long long t0 = 0, t_start = 0;
     bool waited = false;
+    unsigned why = TP_LSA_OK;
     if (L.prof) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    for (int q = (int)(threadIdx.x & 31); q < P; q += 32)
+    for (int q = (int)(threadIdx.x & 31); q < P && why == TP_LSA_OK; q += 32) {
+        unsigned spins = 0;
         while ((int)(tp_ld_acquire_sys(f + q) - L.gen) < 0) {
             waited = true;
+            if (tp_ld_acquire_sys(fw) == L.gen) {
+                why = TP_LSA_PEER_FAILED;
+                break;
+            }
+            if ((++spins & 63u) == 0u && (why = tp_lsa_check(L, t_start)) != TP_LSA_OK) break;
             __nanosleep(32);
         }
-    __syncwarp();
+    }
+    const unsigned gave_up = __ballot_sync(0xffffffffu, why != TP_LSA_OK);
+    if (gave_up && (int)(threadIdx.x & 31) == __ffs(gave_up) - 1) {
+        /* The word after the failure word (this window only) says the cause was this rank's:
+         * set before the failure word is passed on (the release orders it), so that this rank's
+         * other waits, which then give up on the failure word, leave the record to the cause. */
+        volatile unsigned *mine = reinterpret_cast<volatile unsigned *>(L.local + L.fail_off) + 1;
+        if (why != TP_LSA_PEER_FAILED) *mine = L.gen;
+        for (int q = 0; q < P; ++q) tp_st_release_sys(reinterpret_cast<unsigned *>(L.peers[q] + L.fail_off), L.gen);
+        if (L.report && (why != TP_LSA_PEER_FAILED || *mine != L.gen)) {
+            L.report[1] = why;
+            L.report[0] = L.gen;
+        }
+    }
     if (L.prof && __any_sync(0xffffffffu, waited) && (threadIdx.x & 31) == 0) {
         unsigned long long t1;
         asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
         atomicAdd(L.prof, t1 - t0);
         atomicAdd(L.prof + 1, 1ull);
     }
+    return gave_up == 0u;
 }
 
 /* Statistics: this CTA takes slice `split` of row r0 + i of a chunk of C rows, staged in shared
@@ -407,14 +473,18 @@ static __device__ __forceinline__ bool tp_stats_cta(const tp_kparams &p, int64_t
  * warp (lf_tp_merge_warp: the P share loads in parallel); lane 0 writes the outputs (write)
  * and, with coef, the coefficients to *coef. */
 static __device__ void tp_row_finish(const tp_kparams &p, int64_t row, int64_t y, int64_t r0, int64_t C, bool write,
-                                     lf_grad_coef *coef)
+                                     lf_grad_coef *coef, bool gave_up = false)
 {
     const float wy = p.class_w ? __ldg(p.class_w + y) : 1.0f;
     const lf_tp_merged mg =
         lf_tp_merge_warp(p.shares + r0 * p.tp, C, p.tp, row - r0, y, wy, p.class_w ? p.ws->Wr : nullptr, p.V, p.eps);
     if ((threadIdx.x & 31) != 0) return;
     float lse;
-    const float loss = lf_tp_loss(mg, p.lam, &lse);
+    float loss = lf_tp_loss(mg, p.lam, &lse);
+    if (gave_up) { /* the read-once launch gave up waiting for the shares (tp_lsa_wait): NaN */
+        lse = NAN;
+        loss = NAN;
+    }
     const float zterm = p.lam * lse * lse;
     if (write) {
         if (p.lse) p.lse[row] = lse;
@@ -469,8 +539,8 @@ static __device__ __forceinline__ void tp_grad_cta(const tp_kparams &p, int64_t 
     if (!GRAD) {
         lf_pdl_wait();
         if (threadIdx.x < 32) {
-            if (L) tp_lsa_wait(*L, k, p.tp);
-            tp_row_finish(p, row, y, r0, C, true, nullptr);
+            const bool ok = L ? tp_lsa_wait(*L, k, p.tp) : true;
+            tp_row_finish(p, row, y, r0, C, true, nullptr, !ok);
         }
         return;
     }
@@ -485,8 +555,8 @@ static __device__ __forceinline__ void tp_grad_cta(const tp_kparams &p, int64_t 
     const lf_edge edge = split == 0 ? lf_row_edge_load<T>(x, sp) : lf_edge{0.0f, -1};
     lf_pdl_wait(); /* the shares (statistics two steps ago, then the exchange) */
     if (threadIdx.x < 32) {
-        if (L) tp_lsa_wait(*L, k, p.tp); /* the shares of chunk k from every rank */
-        tp_row_finish(p, row, y, r0, C, split == 0, &coef_s); /* lane 0 sets coef_s */
+        const bool ok = L ? tp_lsa_wait(*L, k, p.tp) : true; /* the shares of chunk k from every rank */
+        tp_row_finish(p, row, y, r0, C, split == 0, &coef_s, !ok); /* lane 0 sets coef_s */
     }
     __syncthreads();
     const lf_grad_coef coef = coef_s;
@@ -644,16 +714,59 @@ typedef struct tp_exchange {
     unsigned gen;              /* launches so far */
     unsigned long long *prof;  /* optional device [2]: waits of the read-once kernel (tp_lsa) */
     int grid;                  /* CTAs of the last read-once launch */
+    unsigned *ctl, *ctl_dev;   /* tp_lsa_ctl_create: mapped host words, [0] the abort request,
+                                * [1] [2] the last failure's generation and reason; the device's
+                                * address of them */
 #ifdef TP_HAVE_LSA
     ncclWindow_t win;
 #endif
 } tp_exchange;
 
 /* The window's layout for lsa_rows rows and tp ranks: per parity, the shares [N tp], then per
- * parity the flags [K <= N][tp]. */
+ * parity the flags [K <= N][tp], then per parity the failure word and the word saying the
+ * failure was this rank's own (128 bytes apart). */
 static size_t tp_lsa_shares_bytes(int64_t rows, int tp) { return ((size_t)rows * tp * sizeof(lf_tp_share) + 255) & ~(size_t)255; }
 static size_t tp_lsa_flags_bytes(int64_t rows, int tp) { return ((size_t)rows * tp * 4 + 255) & ~(size_t)255; }
-static size_t tp_lsa_window_bytes(int64_t rows, int tp) { return 2 * tp_lsa_shares_bytes(rows, tp) + 2 * tp_lsa_flags_bytes(rows, tp); }
+static size_t tp_lsa_fail_offset(int64_t rows, int tp, int par)
+{
+    return 2 * tp_lsa_shares_bytes(rows, tp) + 2 * tp_lsa_flags_bytes(rows, tp) + 128 * (size_t)par;
+}
+static size_t tp_lsa_window_bytes(int64_t rows, int tp) { return tp_lsa_fail_offset(rows, tp, 0) + 256; }
+
+/* The read-once launches' host words (mapped, pinned: the kernel reads the abort request and
+ * writes its failure record while it runs), zeroed. tp_lsa_alloc makes them; an exchange whose
+ * window was made another way may too (or run without: no abort request, no record). */
+static lf_status tp_lsa_ctl_create(tp_exchange *ex, cudaError_t *cuda_err)
+{
+    CE_CHECK(cudaHostAlloc((void **)&ex->ctl, 4 * sizeof(unsigned), cudaHostAllocMapped | cudaHostAllocPortable));
+    memset(ex->ctl, 0, 4 * sizeof(unsigned));
+    CE_CHECK(cudaHostGetDevicePointer((void **)&ex->ctl_dev, ex->ctl, 0));
+    return LF_OK;
+}
+
+/* Ends this rank's read-once launches so far (any thread, any time, no CUDA call): a launch
+ * still waiting for another rank's shares gives up within ~64 of its spins, with NaN outputs,
+ * and stores its generation into every rank's failure word, so the other ranks' launches of the
+ * same generation give up too. For a watchdog: a rank that died or hangs elsewhere. Launches
+ * made after the call are not affected. */
+static void tp_lsa_abort(tp_exchange *ex)
+{
+    if (ex->ctl) *(volatile unsigned *)&ex->ctl[0] = ex->gen;
+}
+
+/* The last read-once launch of this rank that gave up: returns its reason (TP_LSA_ABORTED,
+ * _TIMED_OUT, _PEER_FAILED; TP_LSA_OK if none ever did) and *gen its generation (ex->gen is that
+ * of the latest launch). Read after the launch's stream is synchronised. */
+static unsigned tp_lsa_failure(const tp_exchange *ex, unsigned *gen)
+{
+    if (!ex->ctl) {
+        if (gen) *gen = 0;
+        return TP_LSA_OK;
+    }
+    const volatile unsigned *c = ex->ctl;
+    if (gen) *gen = c[1];
+    return c[2];
+}
 
 typedef struct tp_run {
     tp_kparams p;
@@ -912,7 +1025,7 @@ static lf_status tp_persist_dispatch(const tp_run &r, const tp_lsa &L, int n, cu
 static lf_status tp_lsa_plan(const tp_ce_args *a, const tp_exchange *ex, tp_run *r, int64_t *C_out, cudaError_t *cuda_err)
 {
     TP_TRY(tp_ce_plan(a, r, cuda_err, false));
-    if (!ex->peers || !ex->win_buf) return LF_ERR_ARG;
+    if (!ex->peers || !ex->win_buf || a->lsa_timeout_ms < 0) return LF_ERR_ARG;
     if (a->n_rows > ex->lsa_rows) return LF_ERR_SIZE;
     const int64_t N = a->n_rows;
     if (2 * N * (int64_t)r->p.nsplit >= ((int64_t)1 << 32) - 1) return LF_ERR_SIZE; /* 32-bit work counter */
@@ -954,6 +1067,10 @@ static lf_status tp_ce_launch_lsa(const tp_ce_args *a, tp_exchange *ex, cudaStre
     L.done = L.ticket + 1;
     L.hints = a->lsa_hints > 0 ? 1 : a->lsa_hints < 0 ? 0 : TP_LSA_HINTS;
     L.prof = ex->prof;
+    L.fail_off = tp_lsa_fail_offset(ex->lsa_rows, a->tp, par);
+    L.abort_req = ex->ctl_dev;
+    L.report = ex->ctl_dev ? ex->ctl_dev + 1 : nullptr;
+    L.timeout_ns = (unsigned long long)a->lsa_timeout_ms * 1000000ull;
     r.p.shares = reinterpret_cast<lf_tp_share *>(ex->win_buf + L.shares_off); /* the gradient reads them here */
     if (a->plan) {
         a->plan->chunk_rows = C;
@@ -1043,8 +1160,13 @@ static lf_status tp_ce_nccl(const tp_ce_args *args, int tp, const int *devs, tp_
             TP_TRY(tp_lsa_plan(&args[r], &ex[r], &run, &C, cuda_err));
         }
         for (int r = 0; r < tp; ++r) {
-            CE_CHECK(cudaSetDevice(devs[r]));
-            TP_TRY(tp_ce_launch_lsa(&args[r], &ex[r], streams[r], cuda_err));
+            const cudaError_t e = cudaSetDevice(devs[r]);
+            if (e != cudaSuccess && cuda_err) *cuda_err = e;
+            const lf_status st = e == cudaSuccess ? tp_ce_launch_lsa(&args[r], &ex[r], streams[r], cuda_err) : LF_ERR_DEVICE;
+            if (st != LF_OK) { /* the ranks launched before wait for this one's flags: end them */
+                for (int q = 0; q < r; ++q) tp_lsa_abort(&ex[q]);
+                return st;
+            }
         }
         return LF_OK;
     }
@@ -1095,6 +1217,7 @@ static lf_status tp_exchange_create(tp_exchange *ex, cudaError_t *cuda_err)
     ex->gen = 0;
     ex->prof = nullptr;
     ex->grid = 0;
+    ex->ctl = ex->ctl_dev = nullptr;
 #ifdef TP_HAVE_LSA
     ex->win = nullptr;
 #endif
@@ -1107,6 +1230,8 @@ static lf_status tp_exchange_create(tp_exchange *ex, cudaError_t *cuda_err)
 
 static void tp_exchange_destroy(tp_exchange *ex)
 {
+    if (ex->ctl) cudaFreeHost(ex->ctl);
+    ex->ctl = ex->ctl_dev = nullptr;
     cudaEventDestroy(ex->ev_stats);
     cudaEventDestroy(ex->ev_ag[0]);
     cudaEventDestroy(ex->ev_ag[1]);
@@ -1131,6 +1256,7 @@ static lf_status tp_lsa_alloc(tp_exchange *ex, int tp, int64_t rows, cudaError_t
     const size_t bytes = tp_lsa_window_bytes(ex->lsa_rows, tp);
     if (ncclMemAlloc((void **)&ex->win_buf, bytes) != ncclSuccess) return LF_ERR_DEVICE;
     CE_CHECK(cudaMemset(ex->win_buf, 0, bytes));
+    if (!ex->ctl) TP_TRY(tp_lsa_ctl_create(ex, cuda_err));
     CE_CHECK(cudaDeviceSynchronize());
     return LF_OK;
 }
@@ -1200,6 +1326,29 @@ struct tp_nccl_ranks {
     int made = 0; /* ranks whose stream and exchange exist */
 
     bool windows = false; /* every rank's tp_lsa window registered */
+    bool aborted = false; /* abort(): the communicators are gone */
+
+    /* After a failure that may leave NCCL mid-way (a registration group that failed, windows
+     * half registered; a step whose collectives some ranks enqueued and others did not), the
+     * streams could wait forever and a collective teardown with them: ncclCommAbort needs no
+     * peer. Also ends the read-once launches (tp_lsa_abort). The windows go with their
+     * communicators (only the buffers are left to free); run() then refuses. */
+    void abort()
+    {
+        for (int r = 0; r < made; ++r) tp_lsa_abort(&ex[r]);
+        for (int r = 0; r < (int)comms.size(); ++r) {
+            if (comms[r]) ncclCommAbort(comms[r]);
+            comms[r] = nullptr;
+            if (r < (int)ex.size()) {
+                ex[r].comm = nullptr;
+#ifdef TP_HAVE_LSA
+                ex[r].win = nullptr;
+#endif
+            }
+        }
+        windows = false;
+        aborted = true;
+    }
 
     /* lsa_rows > 0: also the read-once schedule's windows for up to lsa_rows rows (then
      * ex[r].lsa = 1); LF_ERR_ARG from tp_lsa_finish (GPUs not in one NVLink domain) leaves the
@@ -1241,7 +1390,10 @@ struct tp_nccl_ranks {
             else st = tp_lsa_register(&ex[r], tp);
         }
         if (ncclGroupEnd() != ncclSuccess && st == LF_OK) st = LF_ERR_DEVICE;
-        TP_TRY(st);
+        if (st != LF_OK) { /* some windows may be registered: their buffers must outlive them */
+            abort();
+            return st;
+        }
         windows = true;
         for (int r = 0; r < tp; ++r) {
             CE_CHECK(cudaSetDevice(r));
@@ -1252,9 +1404,14 @@ struct tp_nccl_ranks {
         return LF_ERR_ARG; /* this NCCL has no symmetric windows (2.28 or later needed) */
 #endif
     }
+    /* A failure other than a refused argument (LF_ERR_ARG, LF_ERR_SIZE: nothing was enqueued)
+     * aborts the communicators: make a new tp_nccl_ranks to go on. */
     lf_status run(const tp_ce_args *args, cudaError_t *cuda_err)
     {
-        return tp_ce_nccl(args, (int)devs.size(), devs.data(), ex.data(), streams.data(), cuda_err);
+        if (aborted) return LF_ERR_DEVICE;
+        const lf_status st = tp_ce_nccl(args, (int)devs.size(), devs.data(), ex.data(), streams.data(), cuda_err);
+        if (st != LF_OK && st != LF_ERR_ARG && st != LF_ERR_SIZE) abort();
+        return st;
     }
     lf_status sync(cudaError_t *cuda_err)
     {
@@ -1273,12 +1430,13 @@ struct tp_nccl_ranks {
         }
 #ifdef TP_HAVE_LSA
         if (windows) {
-            ncclGroupStart();
+            bool ok = ncclGroupStart() == ncclSuccess;
             for (int r = 0; r < made; ++r) {
                 cudaSetDevice(devs[r]);
-                if (ex[r].win) ncclCommWindowDeregister(comms[r], ex[r].win);
+                if (ex[r].win && ncclCommWindowDeregister(comms[r], ex[r].win) != ncclSuccess) ok = false;
             }
-            ncclGroupEnd();
+            if (ncclGroupEnd() != ncclSuccess) ok = false;
+            if (!ok) abort(); /* then no collective teardown below */
         }
         for (int r = 0; r < (int)ex.size(); ++r) {
             cudaSetDevice(devs[r]);

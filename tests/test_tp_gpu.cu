@@ -24,6 +24,11 @@
 
 #include "tests/gpu_test.cuh"
 
+#include <chrono>
+#include <cmath>
+#include <functional>
+#include <thread>
+
 static void run(const char *name, const tp_demo &d)
 {
     snprintf(g_case, sizeof g_case, "%s tp=%d N=%lld V=%lld %s%s", name, d.tp, (long long)d.N, (long long)d.V, dt_name(d.dt),
@@ -95,6 +100,161 @@ static void test_args(void)
     printf("%-4s %s\n", g_fail == fails ? "ok" : "FAIL", g_case);
 }
 
+/* The read-once schedule giving up (no NCCL needed: the windows are plain device buffers, so
+ * rank 1 of tp = 2 is a rank that never launches). Rank 0 alone, in place, its gradient waiting
+ * for rank 1's shares: (1) lsa_timeout_ms = 100 ends it; (2) without a timeout, tp_lsa_abort from
+ * the host; (3) rank 1's failure word set in rank 0's window while it waits (a peer that gave
+ * up), and rank 0 passes the word on to rank 1's window. Each time: the launch ends (else the
+ * test exits after 20 s: a hang), tp_lsa_failure gives the reason and the launch's generation,
+ * the loss and every valid row's lse and gradient are NaN, ignored rows 0. (4) tp = 1 on a window
+ * made the same way, with an abort request standing for earlier launches only: the launch
+ * completes, finite, no failure recorded. */
+static void test_lsa_give_up(void)
+{
+    snprintf(g_case, sizeof g_case, "read-once launches give up: timeout, abort, a peer's failure");
+    const int fails = g_fail;
+    const int64_t N = g_small ? 64 : 300, V = 20000;
+    int64_t v0, v1;
+    lf_tp_shard(V, 2, 0, &v0, &v1);
+    const int64_t vs = v1 - v0;
+    std::vector<int64_t> y(N);
+    for (int64_t i = 0; i < N; ++i) y[i] = i % 7 == 3 ? -100 : (int64_t)(mix64(g_seed + 77 * (uint64_t)i) % (uint64_t)V);
+    DevBuf x((size_t)N * V * 2), lab(8 * N), loss(4), lse(4 * N), ws(tp_ce_workspace_bytes(N, V, LF_BF16));
+    CK(cudaMemcpy(lab.p, y.data(), 8 * N, cudaMemcpyHostToDevice));
+    cudaStream_t st, side;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    CK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+    cudaError_t e = cudaSuccess;
+    /* windows of `tp` ranks on this GPU, ex the exchange of rank 0 */
+    auto make = [&](tp_exchange *ex, int tp, char **win, char ***peers) {
+        memset(ex, 0, sizeof *ex);
+        const size_t wb = tp_lsa_window_bytes(N, tp);
+        for (int q = 0; q < tp; ++q) {
+            CK(cudaMalloc(&win[q], wb));
+            CK(cudaMemset(win[q], 0, wb));
+        }
+        CK(cudaMalloc(peers, sizeof(char *) * tp));
+        CK(cudaMemcpy(*peers, win, sizeof(char *) * tp, cudaMemcpyHostToDevice));
+        ex->lsa = 1;
+        ex->lsa_rows = N;
+        ex->win_buf = win[0];
+        ex->peers = *peers;
+        EXPECT(tp_lsa_ctl_create(ex, &e) == LF_OK, "tp_lsa_ctl_create: %s", cudaGetErrorString(e));
+    };
+    auto args = [&](int tp, int timeout_ms) {
+        tp_ce_args a = tp_ce_args_default();
+        a.logits = x.p;
+        a.dtype = LF_BF16;
+        a.n_rows = N;
+        a.vocab = V;
+        a.tp = tp;
+        a.rank = 0;
+        a.stride = tp == 1 ? V : vs;
+        a.labels = lab.p;
+        a.labels_i64 = 1;
+        a.grad = x.p;
+        a.grad_stride = a.stride;
+        a.loss = (float *)loss.p;
+        a.lse = (float *)lse.p;
+        a.workspace = ws.p;
+        a.workspace_bytes = ws.bytes;
+        a.lsa_timeout_ms = timeout_ms;
+        return a;
+    };
+    /* the launch on `st`; `during` runs once it has been seen still running after 30 ms */
+    auto launch = [&](const tp_ce_args &a, tp_exchange *ex, int expect_running, const std::function<void()> &during) {
+        gen_logits<__nv_bfloat16><<<512, 256, 0, st>>>((__nv_bfloat16 *)x.p, N, a.stride, a.stride, g_seed + 5, 30.0f);
+        CK(cudaGetLastError());
+        CK(cudaStreamSynchronize(st));
+        const auto t0 = std::chrono::steady_clock::now();
+        EXPECT(tp_ce_launch(&a, ex, st, &e) == LF_OK, "tp_ce_launch: %s", cudaGetErrorString(e));
+        CK(cudaGetLastError());
+        if (expect_running) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(30));
+            EXPECT(cudaStreamQuery(st) == cudaErrorNotReady, "the launch was not waiting after 30 ms");
+            during();
+        }
+        cudaError_t q;
+        while ((q = cudaStreamQuery(st)) == cudaErrorNotReady) {
+            if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(20)) {
+                printf("FAIL %s: the launch still runs after 20 s (a hang); exiting\n", g_case);
+                fflush(stdout);
+                exit(1);
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        CK(q);
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    };
+    /* the outputs of a launch that gave up: loss NaN, valid rows' lse and gradient NaN, ignored 0 */
+    auto check_nan = [&](const char *what) {
+        float lh;
+        std::vector<float> lseh(N);
+        std::vector<uint16_t> g((size_t)N * vs);
+        CK(cudaMemcpy(&lh, loss.p, 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(lseh.data(), lse.p, 4 * N, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(g.data(), x.p, 2 * g.size(), cudaMemcpyDeviceToHost));
+        int64_t bad_lse = 0, bad_g = 0;
+        for (int64_t i = 0; i < N; ++i) {
+            const bool valid = y[i] != -100;
+            bad_lse += valid ? !std::isnan(lseh[i]) : lseh[i] != 0.0f;
+            for (int64_t j = 0; j < vs; ++j) {
+                const float v = lf_bf16_to_f32(g[(size_t)i * vs + j]);
+                bad_g += valid ? !std::isnan(v) : v != 0.0f;
+            }
+        }
+        EXPECT(std::isnan(lh), "%s: loss %.9g, not NaN", what, lh);
+        EXPECT(bad_lse == 0, "%s: %lld rows' lse not NaN (valid) / 0 (ignored)", what, (long long)bad_lse);
+        EXPECT(bad_g == 0, "%s: %lld gradient elements not NaN (valid rows) / 0 (ignored)", what, (long long)bad_g);
+    };
+    tp_exchange ex;
+    char *win[2], **peers;
+    make(&ex, 2, win, &peers);
+    unsigned gen = 0;
+    /* (1) the timeout */
+    const double t1 = launch(args(2, 100), &ex, 0, [] {});
+    EXPECT(tp_lsa_failure(&ex, &gen) == TP_LSA_TIMED_OUT && gen == 1, "timeout: reason %u generation %u", tp_lsa_failure(&ex, nullptr), gen);
+    EXPECT(t1 >= 0.1, "timeout: ended after %.3f s, before the 100 ms", t1);
+    check_nan("timeout");
+    /* (2) the host's abort request */
+    launch(args(2, 0), &ex, 1, [&] { tp_lsa_abort(&ex); });
+    EXPECT(tp_lsa_failure(&ex, &gen) == TP_LSA_ABORTED && gen == 2, "abort: reason %u generation %u", tp_lsa_failure(&ex, nullptr), gen);
+    check_nan("abort");
+    /* (3) rank 1 gave up: its generation in rank 0's failure word of parity 1 (generation 3) */
+    unsigned *word;
+    CK(cudaHostAlloc((void **)&word, 4, cudaHostAllocDefault));
+    *word = 3;
+    launch(args(2, 0), &ex, 1, [&] {
+        CK(cudaMemcpyAsync(win[0] + tp_lsa_fail_offset(N, 2, 1), word, 4, cudaMemcpyHostToDevice, side));
+        CK(cudaStreamSynchronize(side));
+    });
+    EXPECT(tp_lsa_failure(&ex, &gen) == TP_LSA_PEER_FAILED && gen == 3, "peer: reason %u generation %u", tp_lsa_failure(&ex, nullptr), gen);
+    unsigned w1 = 0;
+    CK(cudaMemcpy(&w1, win[1] + tp_lsa_fail_offset(N, 2, 1), 4, cudaMemcpyDeviceToHost));
+    EXPECT(w1 == 3, "peer: rank 1's failure word %u, not passed on (3)", w1);
+    check_nan("a peer's failure");
+    CK(cudaFreeHost(word));
+    /* (4) tp = 1, an abort request for generations <= 4 standing, this launch generation 6 */
+    tp_exchange ex1;
+    char *win1[1], **peers1;
+    make(&ex1, 1, win1, &peers1);
+    ex1.gen = 5;
+    ex1.ctl[0] = 4;
+    launch(args(1, 10000), &ex1, 0, [] {}); /* a timeout that only a hang reaches (compute-sanitizer too) */
+    float lh;
+    CK(cudaMemcpy(&lh, loss.p, 4, cudaMemcpyDeviceToHost));
+    EXPECT(std::isfinite(lh) && lh > 0.0f, "tp = 1 after an earlier abort request: loss %.9g", lh);
+    EXPECT(tp_lsa_failure(&ex1, &gen) == TP_LSA_OK, "tp = 1: a failure recorded (%u, generation %u)", tp_lsa_failure(&ex1, nullptr), gen);
+    for (tp_exchange *p : {&ex, &ex1})
+        if (p->ctl) CK(cudaFreeHost(p->ctl));
+    for (char *w : {win[0], win[1], win1[0]}) CK(cudaFree(w));
+    CK(cudaFree(peers));
+    CK(cudaFree(peers1));
+    CK(cudaStreamDestroy(st));
+    CK(cudaStreamDestroy(side));
+    printf("%-4s %s (timeout after %.3f s)\n", g_fail == fails ? "ok" : "FAIL", g_case, t1);
+}
+
 int main(int argc, char **argv)
 {
     bool with_nccl = false;
@@ -115,6 +275,7 @@ int main(int argc, char **argv)
            (unsigned long long)g_seed, g_small ? ", small sizes" : "");
 
     test_args();
+    test_lsa_give_up();
 
     tp_demo b;
     memset(&b, 0, sizeof b);
