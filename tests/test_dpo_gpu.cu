@@ -34,7 +34,43 @@ struct DCase {
     int bad_pairs = 0, bad_labels = 0;
     bool bad_cu = false, determinism = false;
     bool deferred = false; /* dpo_args.tok_scale: grad gets G_t = softmax - onehot, tok_scale s_t */
+    bool plant_fmin = false; /* entries at the dtype's lowest finite value (finfo.min masking) */
 };
+
+/* The fields every launch sets (the rest stay dpo_args_default's). */
+static dpo_args dpo_args_fill(void *x, lf_dtype dt, int64_t T, int64_t V, int64_t stride, const void *labels, bool lab64,
+                              const void *cu, int64_t nseq, const void *pairs, int64_t P, float *loss, const DevBuf &ws)
+{
+    dpo_args a = dpo_args_default();
+    a.logits = x;
+    a.dtype = dt;
+    a.n_tokens = T;
+    a.vocab = V;
+    a.stride = stride;
+    a.labels = labels;
+    a.labels_i64 = lab64;
+    a.cu_seqlens = (const int32_t *)cu;
+    a.n_seqs = nseq;
+    a.pairs = (const int32_t *)pairs;
+    a.n_pairs = P;
+    a.loss = loss;
+    a.workspace = ws.p;
+    a.workspace_bytes = ws.bytes;
+    return a;
+}
+
+/* The per-sequence and per-pair outputs and the error counter set, one launch, checked and
+ * waited for. */
+static void dpo_launch_sync(dpo_args &a, const DevBuf &seq, const DevBuf &pm, const DevBuf &err)
+{
+    a.seq_logps = (float *)seq.p;
+    a.pair_metrics = (float *)pm.p;
+    a.n_errors = (unsigned *)err.p;
+    cudaError_t ce;
+    EXPECT(dpo_launch(&a, 0, &ce) == LF_OK, "dpo_launch: %s", cudaGetErrorString(ce));
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+}
 
 static void run_dcase(const DCase &c)
 {
@@ -98,6 +134,37 @@ static void run_dcase(const DCase &c)
     else if (c.dt == LF_BF16) gen_logits<__nv_bfloat16><<<512, 256>>>((__nv_bfloat16 *)x.p, T, V, stride, mix64(rs), 30.0f);
     else gen_logits<__half><<<512, 256>>>((__half *)x.p, T, V, stride, mix64(rs), 30.0f);
     CK(cudaGetLastError());
+    if (c.plant_fmin) {
+        /* entries at the dtype's lowest finite value, as masking with torch.finfo(dtype).min
+         * leaves them (bf16 and fp32: x log2(e) overflows to -inf; fp16's -65504 does not), never
+         * on a token's label: labelled tokens, by t % 4, every entry but the label's and V/2
+         * (1), every 11th and the last 40% (2: whole pieces and a thread's share, the tail), the
+         * first 8 and V/2 (3: the head); unlabelled tokens with t % 4 == 0 all of them. The
+         * reference's terms exp(-3.4e38 - m) are 0, as the kernels' must be. */
+        const float fmin = c.dt == LF_F32 ? -3.402823466e38f : c.dt == LF_BF16 ? -3.3895314e38f : -65504.0f;
+        std::vector<char> h((size_t)V * esz);
+        for (int64_t t = 0; t < T; ++t) {
+            const int64_t y = ref_lab_clean[t];
+            const bool lab = y >= 0 && y < V;
+            const int pat = (int)(t % 4);
+            if (lab ? pat == 0 : pat != 0) continue;
+            CK(cudaMemcpy(h.data(), (char *)x.p + (size_t)t * stride * esz, (size_t)V * esz, cudaMemcpyDeviceToHost));
+            for (int64_t j = 0; j < V; ++j) {
+                const bool m = !lab ? true
+                             : j == y ? false
+                             : pat == 1 ? j != V / 2
+                             : pat == 2 ? (j % 11 == 4 || j >= V - (4 * V) / 10)
+                                        : (j < 8 || j == V / 2);
+                if (!m) continue;
+                if (c.dt == LF_F32) memcpy(h.data() + 4 * j, &fmin, 4);
+                else {
+                    const uint16_t b = c.dt == LF_BF16 ? lf_f32_to_bf16(fmin) : lf_f32_to_f16(fmin);
+                    memcpy(h.data() + 2 * j, &b, 2);
+                }
+            }
+            CK(cudaMemcpy((char *)x.p + (size_t)t * stride * esz, h.data(), (size_t)V * esz, cudaMemcpyHostToDevice));
+        }
+    }
     std::vector<float> xf((size_t)T * V);
     {
         std::vector<char> h((size_t)T * stride * esz);
@@ -155,19 +222,8 @@ static void run_dcase(const DCase &c)
         CK(cudaGetLastError());
         for (int64_t t = 0; t < T; ++t) fill_poison((char *)g.p + (size_t)t * gs * esz, V, c.dt);
     }
-    dpo_args a = dpo_args_default();
-    a.logits = x.p;
-    a.dtype = c.dt;
-    a.n_tokens = T;
-    a.vocab = V;
-    a.stride = stride;
-    a.labels = yd.p;
-    a.labels_i64 = c.lab64;
+    dpo_args a = dpo_args_fill(x.p, c.dt, T, V, stride, yd.p, c.lab64, cud.p, nseq, pd.p, P, (float *)loss.p, ws);
     a.ids_shift = c.ids;
-    a.cu_seqlens = (const int32_t *)cud.p;
-    a.n_seqs = nseq;
-    a.pairs = (const int32_t *)pd.p;
-    a.n_pairs = P;
     a.ref_logps = c.use_ref ? (const float *)refd.p : NULL;
     a.opts = o;
     a.divisor = c.dev_div ? (const float *)divd.p : NULL;
@@ -175,16 +231,8 @@ static void run_dcase(const DCase &c)
     a.grad = c.grad == 0 ? NULL : c.grad == 1 ? g.p : x.p;
     a.grad_stride = gs;
     a.tok_scale = c.deferred ? (float *)scd.p : NULL;
-    a.loss = (float *)loss.p;
-    a.seq_logps = (float *)seqd.p;
-    a.pair_metrics = (float *)pmd.p;
-    a.n_errors = (unsigned *)err.p;
-    a.workspace = ws.p;
-    a.workspace_bytes = ws.bytes;
+    dpo_launch_sync(a, seqd, pmd, err);
     cudaError_t ce;
-    EXPECT(dpo_launch(&a, 0, &ce) == LF_OK, "dpo_launch: %s", cudaGetErrorString(ce));
-    CK(cudaGetLastError());
-    CK(cudaDeviceSynchronize());
     float lh;
     unsigned eh;
     std::vector<float> sh(nseq), ph(4 * P);
@@ -320,23 +368,10 @@ static void dpo_arg_checks()
     CK(cudaMemset(y.p, 0, y.bytes));
     CK(cudaMemcpy(cud.p, cu, 12, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(pd.p, pairs, 8, cudaMemcpyHostToDevice));
-    dpo_args a = dpo_args_default();
-    a.logits = x.p;
-    a.n_tokens = T;
-    a.vocab = V;
-    a.stride = V;
-    a.labels = y.p;
-    a.labels_i64 = 1;
-    a.cu_seqlens = (const int32_t *)cud.p;
-    a.n_seqs = nseq;
-    a.pairs = (const int32_t *)pd.p;
-    a.n_pairs = P;
+    dpo_args a = dpo_args_fill(x.p, LF_BF16, T, V, V, y.p, true, cud.p, nseq, pd.p, P, (float *)loss.p, ws);
     a.grad = x.p;
     a.grad_stride = V;
     a.tok_scale = (float *)sc.p;
-    a.loss = (float *)loss.p;
-    a.workspace = ws.p;
-    a.workspace_bytes = ws.bytes;
     cudaError_t ce;
     EXPECT(dpo_launch(&a, 0, &ce) == LF_OK, "deferred launch: %s", cudaGetErrorString(ce));
     CK(cudaDeviceSynchronize());
@@ -347,6 +382,59 @@ static void dpo_arg_checks()
     b.workspace_bytes = dpo_workspace_bytes(T, nseq, P);
     EXPECT(b.workspace_bytes < ws.bytes && dpo_launch(&b, 0, &ce) == LF_ERR_SIZE, "the default's workspace accepted for the deferred scale");
     printf("%-4s %s\n", g_fail == fails ? "ok" : "FAIL", g_case);
+}
+
+/* No tokens (T = 0): two empty sequences in one pair, with reference log-probabilities, in place
+ * and deferred. Every sequence log-probability is 0, so the loss is the reference's (-log
+ * sigmoid(-beta (ref_c - ref_r)) for sigmoid), the pair's metrics its rewards; nothing is read
+ * or written per token, and no error is counted. */
+static void dpo_empty_checks()
+{
+    const char *kn[4] = {"sigmoid", "hinge", "ipo", "simpo"};
+    const int32_t cu[3] = {0, 0, 0}, pairs[2] = {0, 1};
+    const float refl[2] = {-3.25f, -1.5f};
+    for (int kind = 0; kind < 4; ++kind)
+        for (int deferred = 0; deferred <= 1; ++deferred) {
+            snprintf(g_case, sizeof g_case, "%sno tokens %s", deferred ? "deferred scale, " : "", kn[kind]);
+            const int fails = g_fail;
+            const int64_t V = 1000, nseq = 2, P = 1;
+            lf_dpo_opts o = lf_dpo_opts_default();
+            o.kind = (lf_dpo_kind)kind;
+            if (kind == LF_DPO_SIMPO) o.beta = 2.0f;
+            double want = 0.0, seq[6], pm[4];
+            int64_t nb = 0;
+            EXPECT(lf_ref_dpo_packed(0, V, NULL, V, NULL, cu, nseq, pairs, P, refl, &o, -1.0, &want, seq, pm, NULL, &nb) == LF_OK,
+                   "reference failed");
+            DevBuf x(16), y(16), cud(12), pd(8), refd(8), loss(4), seqd(8), pmd(16), err(4), sc(16),
+                ws(dpo_workspace_bytes(0, nseq, P, deferred));
+            CK(cudaMemcpy(cud.p, cu, 12, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(pd.p, pairs, 8, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(refd.p, refl, 8, cudaMemcpyHostToDevice));
+            CK(cudaMemset(err.p, 0, 4));
+            CK(cudaMemset(ws.p, 0x5a, ws.bytes));
+            fill_poison(loss.p, 1, LF_F32);
+            fill_poison(seqd.p, nseq, LF_F32);
+            fill_poison(pmd.p, 4 * P, LF_F32);
+            dpo_args a = dpo_args_fill(x.p, LF_BF16, 0, V, V, y.p, true, cud.p, nseq, pd.p, P, (float *)loss.p, ws);
+            a.opts = o;
+            a.ref_logps = (const float *)refd.p;
+            a.grad = x.p;
+            a.grad_stride = V;
+            a.tok_scale = deferred ? (float *)sc.p : NULL;
+            dpo_launch_sync(a, seqd, pmd, err);
+            float lh, sh[2], ph[4];
+            unsigned eh;
+            CK(cudaMemcpy(&lh, loss.p, 4, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(sh, seqd.p, 8, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(ph, pmd.p, 16, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(&eh, err.p, 4, cudaMemcpyDeviceToHost));
+            EXPECT(eh == 0, "n_errors %u", eh);
+            EXPECT(close(lh, want, 1e-5 * (1.0 + fabs(want))), "loss %.9g want %.9g", lh, want);
+            EXPECT(sh[0] == 0.0f && sh[1] == 0.0f, "sequence log-probabilities %.9g %.9g, not 0", sh[0], sh[1]);
+            for (int q = 0; q < 3; ++q) EXPECT(close(ph[q], pm[q], 1e-5 * (1.0 + fabs(pm[q]))), "pair metric %d %.9g want %.9g", q, ph[q], pm[q]);
+            EXPECT(ph[3] == (float)pm[3], "pair accuracy %.9g want %.9g", ph[3], pm[3]);
+            printf("%-4s %s\n", g_fail == fails ? "ok" : "FAIL", g_case);
+        }
 }
 
 int main(int argc, char **argv)
@@ -390,8 +478,13 @@ int main(int argc, char **argv)
             c = b; c.deferred = true; c.name = "length-normalised, device divisor, dloss, bad labels and pairs"; c.norm = true; c.dev_div = true; c.dloss = true; c.bad_labels = 6; c.bad_pairs = 3; run_dcase(c);
             c = b; c.deferred = true; c.name = "bad cu_seqlens"; c.bad_cu = true; run_dcase(c);
             c = b; c.deferred = true; c.name = "determinism"; c.determinism = true; c.npairs = 12; run_dcase(c);
+            /* masks at finfo.min: the in-place path's own online softmax and the deferred one's
+             * (cross_entropy.cu's fused kernel) */
+            c = b; c.name = "finfo.min entries, in place"; c.plant_fmin = true; c.grad = 2; run_dcase(c);
+            c = b; c.deferred = true; c.name = "finfo.min entries, input ids"; c.plant_fmin = true; c.ids = true; run_dcase(c);
         }
     dpo_arg_checks();
+    dpo_empty_checks();
     printf("test_dpo_gpu: %d checks, %d failed\n", g_checks, g_fail);
     return g_fail ? 1 : 0;
 }
