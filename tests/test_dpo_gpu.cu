@@ -7,7 +7,8 @@
  * sequence and sequences reused by several pairs; every kind and option; bf16 / fp16 / fp32;
  * int32 / int64 labels and the input-ids mode; gradient in place or to a padded buffer
  * (poisoned: every element written, padding untouched); bad labels, bad pairs and a bad
- * cu_seqlens counted (never an out-of-bounds access); bit-identical reruns.
+ * cu_seqlens counted (never an out-of-bounds access); bit-identical reruns; logits masked with
+ * the dtype's lowest finite value (torch.finfo(dtype).min); a launch with no tokens.
  * Tolerances: per-token log-probabilities carry ~2^-22 (|x| + |lse|) each in fp32, sums of a
  * few hundred and float pair losses: the loss within 1e-4 (1 + |loss|), per-sequence log-
  * probabilities within 1e-5 (1 + |logp|) + 2^-20 n; each gradient entry within the dtype's
