@@ -402,7 +402,7 @@ static void dpo_empty_checks()
             lf_dpo_opts o = lf_dpo_opts_default();
             o.kind = (lf_dpo_kind)kind;
             if (kind == LF_DPO_SIMPO) o.beta = 2.0f;
-            double want = 0.0, seq[6], pm[4];
+            double want = 0.0, seq[6] = {0.0}, pm[4] = {0.0};
             int64_t nb = 0;
             EXPECT(lf_ref_dpo_packed(0, V, NULL, V, NULL, cu, nseq, pairs, P, refl, &o, -1.0, &want, seq, pm, NULL, &nb) == LF_OK,
                    "reference failed");
