@@ -736,7 +736,7 @@ static size_t tp_lsa_window_bytes(int64_t rows, int tp) { return tp_lsa_fail_off
 /* The read-once launches' host words (mapped, pinned: the kernel reads the abort request and
  * writes its failure record while it runs), zeroed. tp_lsa_alloc makes them; an exchange whose
  * window was made another way may too (or run without: no abort request, no record). */
-static lf_status tp_lsa_ctl_create(tp_exchange *ex, cudaError_t *cuda_err)
+static inline lf_status tp_lsa_ctl_create(tp_exchange *ex, cudaError_t *cuda_err)
 {
     CE_CHECK(cudaHostAlloc((void **)&ex->ctl, 4 * sizeof(unsigned), cudaHostAllocMapped | cudaHostAllocPortable));
     memset(ex->ctl, 0, 4 * sizeof(unsigned));
@@ -749,7 +749,7 @@ static lf_status tp_lsa_ctl_create(tp_exchange *ex, cudaError_t *cuda_err)
  * and stores its generation into every rank's failure word, so the other ranks' launches of the
  * same generation give up too. For a watchdog: a rank that died or hangs elsewhere. Launches
  * made after the call are not affected. */
-static void tp_lsa_abort(tp_exchange *ex)
+static inline void tp_lsa_abort(tp_exchange *ex)
 {
     if (ex->ctl) *(volatile unsigned *)&ex->ctl[0] = ex->gen;
 }
@@ -757,7 +757,7 @@ static void tp_lsa_abort(tp_exchange *ex)
 /* The last read-once launch of this rank that gave up: returns its reason (TP_LSA_ABORTED,
  * _TIMED_OUT, _PEER_FAILED; TP_LSA_OK if none ever did) and *gen its generation (ex->gen is that
  * of the latest launch). Read after the launch's stream is synchronised. */
-static unsigned tp_lsa_failure(const tp_exchange *ex, unsigned *gen)
+static inline unsigned tp_lsa_failure(const tp_exchange *ex, unsigned *gen)
 {
     if (!ex->ctl) {
         if (gen) *gen = 0;
@@ -1413,14 +1413,19 @@ struct tp_nccl_ranks {
         if (st != LF_OK && st != LF_ERR_ARG && st != LF_ERR_SIZE) abort();
         return st;
     }
+    /* Waits for every rank's stream; LF_ERR_DEVICE also where a read-once launch of the last
+     * generation gave up (tp_lsa_failure: its outputs are NaN). */
     lf_status sync(cudaError_t *cuda_err)
     {
+        lf_status st = LF_OK;
         for (int r = 0; r < made; ++r) {
             CE_CHECK(cudaSetDevice(devs[r]));
             CE_CHECK(cudaStreamSynchronize(streams[r]));
             CE_CHECK(cudaGetLastError());
+            unsigned g = 0;
+            if (ex[r].lsa && tp_lsa_failure(&ex[r], &g) != TP_LSA_OK && g == ex[r].gen) st = LF_ERR_DEVICE;
         }
-        return LF_OK;
+        return st;
     }
     ~tp_nccl_ranks()
     {
