@@ -731,12 +731,12 @@ static size_t tp_lsa_fail_offset(int64_t rows, int tp, int par)
 {
     return 2 * tp_lsa_shares_bytes(rows, tp) + 2 * tp_lsa_flags_bytes(rows, tp) + 128 * (size_t)par;
 }
-static size_t tp_lsa_window_bytes(int64_t rows, int tp) { return tp_lsa_fail_offset(rows, tp, 0) + 256; }
+[[maybe_unused]] static size_t tp_lsa_window_bytes(int64_t rows, int tp) { return tp_lsa_fail_offset(rows, tp, 0) + 256; }
 
 /* The read-once launches' host words (mapped, pinned: the kernel reads the abort request and
  * writes its failure record while it runs), zeroed. tp_lsa_alloc makes them; an exchange whose
  * window was made another way may too (or run without: no abort request, no record). */
-static inline lf_status tp_lsa_ctl_create(tp_exchange *ex, cudaError_t *cuda_err)
+[[maybe_unused]] static lf_status tp_lsa_ctl_create(tp_exchange *ex, cudaError_t *cuda_err)
 {
     CE_CHECK(cudaHostAlloc((void **)&ex->ctl, 4 * sizeof(unsigned), cudaHostAllocMapped | cudaHostAllocPortable));
     memset(ex->ctl, 0, 4 * sizeof(unsigned));
@@ -749,7 +749,7 @@ static inline lf_status tp_lsa_ctl_create(tp_exchange *ex, cudaError_t *cuda_err
  * and stores its generation into every rank's failure word, so the other ranks' launches of the
  * same generation give up too. For a watchdog: a rank that died or hangs elsewhere. Launches
  * made after the call are not affected. */
-static inline void tp_lsa_abort(tp_exchange *ex)
+[[maybe_unused]] static void tp_lsa_abort(tp_exchange *ex)
 {
     if (ex->ctl) *(volatile unsigned *)&ex->ctl[0] = ex->gen;
 }
@@ -757,7 +757,7 @@ static inline void tp_lsa_abort(tp_exchange *ex)
 /* The last read-once launch of this rank that gave up: returns its reason (TP_LSA_ABORTED,
  * _TIMED_OUT, _PEER_FAILED; TP_LSA_OK if none ever did) and *gen its generation (ex->gen is that
  * of the latest launch). Read after the launch's stream is synchronised. */
-static inline unsigned tp_lsa_failure(const tp_exchange *ex, unsigned *gen)
+[[maybe_unused]] static unsigned tp_lsa_failure(const tp_exchange *ex, unsigned *gen)
 {
     if (!ex->ctl) {
         if (gen) *gen = 0;
@@ -1208,7 +1208,7 @@ static lf_status tp_ce_nccl(const tp_ce_args *args, int tp, const int *devs, tp_
 
 /* Streams and events of an exchange (comm set by the caller); the all-gather exchange until
  * tp_lsa_create gives it a window. */
-static lf_status tp_exchange_create(tp_exchange *ex, cudaError_t *cuda_err)
+[[maybe_unused]] static lf_status tp_exchange_create(tp_exchange *ex, cudaError_t *cuda_err)
 {
     ex->lsa = 0;
     ex->win_buf = nullptr;
@@ -1228,7 +1228,7 @@ static lf_status tp_exchange_create(tp_exchange *ex, cudaError_t *cuda_err)
     return LF_OK;
 }
 
-static void tp_exchange_destroy(tp_exchange *ex)
+[[maybe_unused]] static void tp_exchange_destroy(tp_exchange *ex)
 {
     if (ex->ctl) cudaFreeHost(ex->ctl);
     ex->ctl = ex->ctl_dev = nullptr;
@@ -1524,6 +1524,9 @@ typedef struct tp_demo {
     double ignore_frac, bad_frac;
     int edge_labels;      /* labels on the shard boundaries */
     int neg_inf, nan_rows, all_ignored;
+    int fmin_rows;        /* masks at the dtype's lowest finite value (torch.finfo(dtype).min): in
+                           * every 13th row from row 3, alternately a whole shard of some rank or
+                           * every 11th entry, the label's entry kept */
     int repeat;           /* run twice: bit-identical loss and gradient */
     int launch_single;    /* tp = 1 only: run tp_ce_launch (the pipelined schedule) instead of
                            * the simulation driver */
@@ -1668,6 +1671,26 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
             const uint32_t nanv = d->dt == LF_F32 ? 0x7fc00000u : 0x7fc0u;
             TPD_TRY(cudaMemcpy((char *)xg + ((size_t)i * V + j) * esz, &nanv, esz, cudaMemcpyHostToDevice));
         }
+    if (d->fmin_rows && N > 3) {
+        /* bf16 and fp32's lowest values overflow x log2(e) to -inf (fp16's -65504 does not); a
+         * whole shard so masked makes that rank's share m = finfo.min, which the merge must move
+         * to the global max without NaN (its terms are exactly 0 there, as in the reference) */
+        const float fm = d->dt == LF_F32 ? -FLT_MAX : d->dt == LF_BF16 ? -3.3895314e38f : -65504.0f;
+        const uint16_t fm16 = d->dt == LF_BF16 ? lf_f32_to_bf16(fm) : lf_f32_to_f16(fm);
+        std::vector<char> h((size_t)V * esz);
+        for (int64_t i = 3; i < N; i += 13) {
+            const int64_t k = (i - 3) / 13;
+            int64_t a = 0, e = V;
+            if (k % 2 == 0) lf_tp_shard(V, P, (int)((k / 2) % P), &a, &e);
+            TPD_TRY(cudaMemcpy(h.data(), (char *)xg + (size_t)i * V * esz, V * esz, cudaMemcpyDeviceToHost));
+            for (int64_t j = a; j < e; ++j) {
+                if (j == lab[i] || (k % 2 == 1 && j % 11 != 4)) continue;
+                if (d->dt == LF_F32) ((float *)h.data())[j] = fm;
+                else ((uint16_t *)h.data())[j] = fm16;
+            }
+            TPD_TRY(cudaMemcpy((char *)xg + (size_t)i * V * esz, h.data(), V * esz, cudaMemcpyHostToDevice));
+        }
+    }
     TPD_TRY(cudaMemcpy(labd, d->labels_i64 ? (const void *)lab.data() : (const void *)lab32.data(), (d->labels_i64 ? 8 : 4) * N,
                        cudaMemcpyHostToDevice));
     TPD_TRY(cudaMemcpy(cwd0, cw.data(), 4 * V, cudaMemcpyHostToDevice));

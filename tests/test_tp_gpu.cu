@@ -9,15 +9,15 @@
  *                          GPU per rank, for every tp <= the GPUs seen, over a matrix of options
  * Exit: 0 all passed, 1 a check failed, 77 no CUDA device (meson counts it as skipped).
  *
- * Each case (tp_demo_run) draws logits with outliers (and optionally -inf entries, NaN rows),
- * labels with ignored and bad ones and labels on the shard boundaries, runs the single-GPU
- * kernel on the full rows and the tp shards (each its own buffer, optionally with a padded row
- * stride), and checks: the loss (per row for reduction none, else reduced) and every row's lse
- * within the fp32 order-of-summation bound derived in tp_demo_run, every gradient element of
- * every shard against the full row's (two roundings to the dtype plus the lse difference on
- * the p_j term), that every rank holds the same bits of loss / z / lse, the bad-label count,
- * that every output was written (all poisoned with NaN first), and with `repeat` that a second
- * run is bit-identical.
+ * Each case (tp_demo_run) draws logits with outliers (and optionally -inf entries, NaN rows,
+ * finfo.min masks over whole shards), labels with ignored and bad ones and labels on the shard
+ * boundaries, runs the single-GPU kernel on the full rows and the tp shards (each its own buffer,
+ * optionally with a padded row stride), and checks: the loss (per row for reduction none, else
+ * reduced) and every row's lse within the fp32 order-of-summation bound derived in tp_demo_run,
+ * every gradient element of every shard against the full row's (two roundings to the dtype plus the
+ * lse difference on the p_j term), that every rank holds the same bits of loss / z / lse, the
+ * bad-label count, that every output was written (all poisoned with NaN first), and with `repeat`
+ * that a second run is bit-identical.
  */
 #define TP_NO_MAIN
 #include "examples/vocab_parallel_ce.cu"
@@ -335,6 +335,19 @@ int main(int argc, char **argv)
 
         d = b;
         d.tp = tp;
+        d.seed = g_seed * 37 + (uint64_t)tp;
+        d.dt = dts[tp % 3];
+        d.fmin_rows = 1;
+        d.opts.z_loss = 1e-4f;
+        d.repeat = 1;
+        run("finfo.min entries (whole shards, every 11th), z-loss, repeat", d);
+        d.reduction = LF_REDUCE_NONE;
+        d.in_place = 0;
+        d.dt = LF_BF16;
+        run("finfo.min entries, reduction none, bf16, separate gradient", d);
+
+        d = b;
+        d.tp = tp;
         d.seed = g_seed * 7 + (uint64_t)tp;
         d.use_divisor = 1;
         d.divisor_value = 0.0f;
@@ -447,11 +460,15 @@ int main(int argc, char **argv)
 #endif
                 const char *nm = lsa ? "NCCL read-once" : "NCCL all-gather";
                 char name[96];
-                tp_demo d = b;
-                d.tp = tp;
-                d.use_nccl = 1;
-                d.lsa = lsa;
-                d.seed = g_seed + 1000 + (uint64_t)(16 * tp + 2 * lsa);
+                auto nccl_case = [&](uint64_t seed_off) { /* b over NCCL with this exchange */
+                    tp_demo c = b;
+                    c.tp = tp;
+                    c.use_nccl = 1;
+                    c.lsa = lsa;
+                    c.seed = g_seed + seed_off + (uint64_t)(16 * tp + 2 * lsa);
+                    return c;
+                };
+                tp_demo d = nccl_case(1000);
                 d.opts.label_smoothing = 0.1f;
                 d.opts.z_loss = 1e-4f;
                 d.repeat = 1; /* two launches: both parities of the window */
@@ -486,11 +503,7 @@ int main(int argc, char **argv)
                     snprintf(name, sizeof name, "%s, V %% tp != 0, automatic chunks, repeat", nm);
                     run(name, d);
                 }
-                d = b;
-                d.tp = tp;
-                d.use_nccl = 1;
-                d.lsa = lsa;
-                d.seed = g_seed + 2000 + (uint64_t)(16 * tp + 2 * lsa);
+                d = nccl_case(2000);
                 d.dt = LF_F32;
                 d.reduction = LF_REDUCE_NONE;
                 d.use_dloss = 1;
@@ -500,11 +513,7 @@ int main(int argc, char **argv)
                 d.labels_i64 = 0;
                 snprintf(name, sizeof name, "%s, fp32, none, upstream, padded, 1-row chunks", nm);
                 run(name, d);
-                d = b;
-                d.tp = tp;
-                d.use_nccl = 1;
-                d.lsa = lsa;
-                d.seed = g_seed + 3000 + (uint64_t)(16 * tp + 2 * lsa);
+                d = nccl_case(3000);
                 d.dt = LF_F16;
                 d.opts.softcap = 30.0f;
                 d.opts.logit_scale = 0.5f;
@@ -513,21 +522,17 @@ int main(int argc, char **argv)
                 d.nan_rows = 1;
                 snprintf(name, sizeof name, "%s, fp16, softcap, scale, weights, -inf, NaN", nm);
                 run(name, d);
-                d = b;
-                d.tp = tp;
-                d.use_nccl = 1;
-                d.lsa = lsa;
-                d.seed = g_seed + 4000 + (uint64_t)(16 * tp + 2 * lsa);
+                d = nccl_case(3500);
+                d.fmin_rows = 1;
+                snprintf(name, sizeof name, "%s, finfo.min entries (whole shards)", nm);
+                run(name, d);
+                d = nccl_case(4000);
                 d.forward_only = 1;
                 d.use_divisor = 1;
                 d.divisor_value = 123.0f;
                 snprintf(name, sizeof name, "%s, forward only, device divisor", nm);
                 run(name, d);
-                d = b;
-                d.tp = tp;
-                d.use_nccl = 1;
-                d.lsa = lsa;
-                d.seed = g_seed + 5000 + (uint64_t)(16 * tp + 2 * lsa);
+                d = nccl_case(5000);
                 d.all_ignored = 1;
                 d.repeat = 1; /* two launches that wait on no row's shares (read-once: the end-of-launch wait) */
                 snprintf(name, sizeof name, "%s, all ignored, repeat", nm);
@@ -541,11 +546,7 @@ int main(int argc, char **argv)
                 snprintf(name, sizeof name, "%s, no rows", nm);
                 run(name, d);
                 if (!g_small) {
-                    d = b;
-                    d.tp = tp;
-                    d.use_nccl = 1;
-                    d.lsa = lsa;
-                    d.seed = g_seed + 6000 + (uint64_t)(16 * tp + 2 * lsa);
+                    d = nccl_case(6000);
                     d.N = 4096;
                     d.V = 151936;
                     d.check_rows = 64;
