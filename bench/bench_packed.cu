@@ -98,7 +98,7 @@ static void bench_dpo(int64_t T, int64_t V, int nseq, int iters, void *flush, si
     float *refd, *loss, *seqlp, *pm, *scale;
     unsigned *err;
     void *ws;
-    const size_t bytes = (size_t)T * V * 2, wsb = dpo_workspace_bytes(T, nseq, nseq / 2, true); /* either mode's */
+    const size_t bytes = (size_t)T * V * 2, wsb = dpo_workspace_bytes(T, nseq, nseq / 2);
     CK(cudaMalloc(&scale, 4 * T));
     CK(cudaMalloc(&x, bytes));
     CK(cudaMalloc(&x0, bytes));
@@ -140,7 +140,7 @@ static void bench_dpo(int64_t T, int64_t V, int nseq, int iters, void *flush, si
     a.workspace = ws;
     for (int deferred = 0; deferred < 2; ++deferred) {
         a.tok_scale = deferred ? scale : NULL;
-        a.workspace_bytes = dpo_workspace_bytes(T, nseq, nseq / 2, deferred);
+        a.workspace_bytes = dpo_workspace_bytes(T, nseq, nseq / 2);
         std::vector<float> t;
         for (int it = 0; it < iters + 2; ++it) {
             CK(cudaMemcpyAsync(x, x0, bytes, cudaMemcpyDeviceToDevice));

@@ -1,5 +1,5 @@
 /* examples/dpo_packed.cu — the DPO family straight from packed logits, built from lossfuse's
- * two headers (and, for the deferred scale below, examples/cross_entropy.cu's fused kernel):
+ * two headers and examples/cross_entropy.cu's fused kernel (which writes the gradient):
  * no [T, V] fp32 copy, no host split of the pack, no host sync.
  *
  * Build and run (from the repository root; meson does the same, see README.md):
@@ -24,9 +24,16 @@
  *      deterministic, one warp per sequence)
  *   4. pairs: loss, metrics, d loss / d h; 5. sequences: d loss / d logp_k, summed over the
  *      pairs in pair order (deterministic); 6. the loss, summed in a fixed order (one CTA)
- *   7. token rows again: the gradient coef_k (onehot(y) - softmax(x_t)) written over the row
+ *   7. per token s_t = -coef_k of its sequence (0 unlabelled), and the label again (ignored
+ *      where s_t = 0: that row's gradient is 0, written without a read)
+ *   8. token rows again: cross_entropy.cu's fused kernel with reduction none and s_t as each
+ *      row's upstream gradient, so it writes s_t (softmax(x_t) - onehot(y)) = coef_k
+ *      (onehot(y) - softmax(x_t)), the DPO gradient, over the row in the read that gives its
+ *      lse (the lse of launch 2 is not kept: recomputing it costs nothing in that read). A DPO
+ *      gradient IS a cross-entropy gradient with a per-token upstream weight.
  *   Traffic: the logits are read twice and written once (the issue's "one extra read at
- *   most"); workspace 12 B per token plus 20 B per sequence and 12 B per pair.
+ *   most"); workspace 20 B per token, cross_entropy.cu's (672 B + 8 B per token), 20 B per
+ *   sequence and 12 B per pair.
  *   Why twice: coef_k needs every token of both sequences of k's pairs, so no element of the
  *   gradient can be written in the read that gives the statistics.
  *
@@ -34,11 +41,10 @@
  *   G_t = softmax(x_t) - onehot(y_t) and s_t = -coef_k of t's sequence. G_t needs only the row,
  *   so cross_entropy.cu's fused kernel writes it in the same read that gives the row's lse and
  *   label log-probability (launch 2 becomes: labels into the workspace, then ce_launch with
- *   reduction none), and launch 7 becomes a [T] vector of s_t: the logits are read once and
- *   written once (4 B/elem in bf16, the issue's floor). The caller applies s_t where it is cheap:
- *   with logits = H W^T (the LM head), dH = diag(s) (G W) and dW = G^T (diag(s) H), [T, d]
- *   scalings instead of a [T, V] pass. Workspace: the default's plus 8 B per token (the labels)
- *   and cross_entropy.cu's (672 B + 8 B per token).
+ *   reduction none), launch 7 writes s_t to the caller's [T] vector, and launch 8 is not made:
+ *   the logits are read once and written once (4 B/elem in bf16, the issue's floor). The caller
+ *   applies s_t where it is cheap: with logits = H W^T (the LM head), dH = diag(s) (G W) and
+ *   dW = G^T (diag(s) H), [T, d] scalings instead of a [T, V] pass. The same workspace.
  *
  * Bad input: a label outside [0, V) that is not ignore_index, a pair with a sequence outside
  *   [0, n_seqs) or chosen == rejected: one error each, that token / pair contributes nothing.
@@ -50,7 +56,7 @@
 #ifndef CE_NO_MAIN
 #define CE_NO_MAIN
 #endif
-#include "examples/cross_entropy.cu" /* ce_launch: the deferred scale's one-read pass */
+#include "examples/cross_entropy.cu" /* ce_launch: the gradient pass (and the deferred scale's one read) */
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -86,7 +92,7 @@ typedef struct dpo_args {
     float *seq_logps;         /* optional [n_seqs] */
     float *pair_metrics;      /* optional [n_pairs][4]: loss, chosen reward, rejected reward, accuracy */
     unsigned int *n_errors;   /* optional device counter */
-    void *workspace;          /* dpo_workspace_bytes(T, n_seqs, n_pairs, tok_scale != NULL); no zeroing needed */
+    void *workspace;          /* dpo_workspace_bytes(T, n_seqs, n_pairs); no zeroing needed */
     size_t workspace_bytes;
 } dpo_args;
 
@@ -100,19 +106,20 @@ static dpo_args dpo_args_default(void)
 }
 
 typedef struct dpo_ws {
-    float *tok_lse, *tok_lp, *tok_valid;     /* [T] */
+    float *tok_aux, *tok_lp, *tok_valid;     /* [T]; aux: s_t in place (launch 8's upstream
+                                              * gradient), the deferred pass's unused losses */
     double *seq_lp, *seq_n;                  /* [nseq]: double, since a margin is a difference of two long sums */
     float *seq_coef;                         /* [nseq] */
     float *pair_loss, *pair_dh, *pair_ok;    /* [P] */
     float *div;                              /* [1] */
     int *bad;                                /* [1] */
-    int64_t *tok_label;                      /* deferred scale: [T] labels for ce_launch */
-    void *ce_ws;                             /* deferred scale: cross_entropy.cu's workspace */
+    int64_t *tok_label;                      /* [T] labels for ce_launch */
+    void *ce_ws;                             /* cross_entropy.cu's workspace */
     size_t ce_ws_bytes;
     size_t total;
 } dpo_ws;
 
-static dpo_ws dpo_ws_layout(void *base, int64_t T, int64_t nseq, int64_t P, bool deferred = false)
+static dpo_ws dpo_ws_layout(void *base, int64_t T, int64_t nseq, int64_t P)
 {
     dpo_ws w;
     char *p = (char *)base;
@@ -122,7 +129,7 @@ static dpo_ws dpo_ws_layout(void *base, int64_t T, int64_t nseq, int64_t P, bool
         off += ((4 * (n > 0 ? n : 1)) + 255) & ~(size_t)255;
         return r;
     };
-    w.tok_lse = take((size_t)T);
+    w.tok_aux = take((size_t)T);
     w.tok_lp = take((size_t)T);
     w.tok_valid = take((size_t)T);
     w.seq_lp = (double *)take(2 * (size_t)nseq);
@@ -133,22 +140,17 @@ static dpo_ws dpo_ws_layout(void *base, int64_t T, int64_t nseq, int64_t P, bool
     w.pair_ok = take((size_t)P);
     w.div = take(1);
     w.bad = (int *)take(1);
-    w.tok_label = nullptr;
-    w.ce_ws = nullptr;
-    w.ce_ws_bytes = 0;
-    if (deferred) {
-        w.tok_label = (int64_t *)take(2 * (size_t)T);
-        w.ce_ws_bytes = ce_workspace_bytes(T);
-        w.ce_ws = take((w.ce_ws_bytes + 3) / 4);
-    }
+    w.tok_label = (int64_t *)take(2 * (size_t)T);
+    w.ce_ws_bytes = ce_workspace_bytes(T);
+    w.ce_ws = take((w.ce_ws_bytes + 3) / 4);
     w.total = off;
     return w;
 }
 
-/* deferred: with dpo_args.tok_scale (more workspace: the labels and cross_entropy.cu's) */
-static size_t dpo_workspace_bytes(int64_t n_tokens, int64_t n_seqs, int64_t n_pairs, bool deferred = false)
+/* The workspace of a launch, forward only or either gradient form (the header's sizes). */
+static size_t dpo_workspace_bytes(int64_t n_tokens, int64_t n_seqs, int64_t n_pairs)
 {
-    return dpo_ws_layout(nullptr, n_tokens, n_seqs, n_pairs, deferred).total;
+    return dpo_ws_layout(nullptr, n_tokens, n_seqs, n_pairs).total;
 }
 
 /* ============================================================================================
@@ -167,7 +169,8 @@ typedef struct dpo_kparams {
     lf_dpo_opts o;
     void *grad;
     int64_t grad_stride;
-    float *tok_scale;
+    float *tok_scale;  /* the caller's s_t (the deferred scale) or NULL */
+    float *tok_s;      /* where launch 7 writes s_t: tok_scale, or in place the workspace's */
     float *loss, *seq_logps, *pair_metrics;
     unsigned int *n_errors;
     dpo_ws ws;
@@ -245,7 +248,6 @@ __global__ void __launch_bounds__(DPO_THREADS) dpo_row_kernel(const dpo_kparams 
         if (!valid) {
             if (threadIdx.x == 0) {
                 if (y != k.o.ignore_index && k.n_errors) atomicAdd(k.n_errors, 1u);
-                k.ws.tok_lse[t] = 0.0f;
                 k.ws.tok_lp[t] = 0.0f;
                 k.ws.tok_valid[t] = 0.0f;
             }
@@ -267,7 +269,6 @@ __global__ void __launch_bounds__(DPO_THREADS) dpo_row_kernel(const dpo_kparams 
             /* x_y - lse as (x_y - m) - log(s): exact when the label is the maximum */
             float lp = (xy - st.m) - logf(st.s);
             if (!(fabsf(lse) < LF_INF_F)) lp = NAN;
-            k.ws.tok_lse[t] = lse;
             k.ws.tok_lp[t] = lp;
             k.ws.tok_valid[t] = 1.0f;
         }
@@ -413,65 +414,17 @@ __global__ void __launch_bounds__(1024) dpo_loss_kernel(const dpo_kparams k)
     }
 }
 
-/* 7. the gradient of every token row: c_k (onehot(y) - softmax(x_t)); 0 without a label.
- * Rows in reverse order: the last rows the row pass read are still in L2. Off the label,
- * -c_k p_j = -sgn(c_k) exp2(x_j log2e - (lse log2e - log2|c_k|)) (lf_piece_grad_fast: one FFMA
- * and one EX2 per element); the label element is written last by thread 0, as c_k (1 - p_y)
- * from x_y read before the row is overwritten (in place). */
-template <typename T>
-__global__ void __launch_bounds__(DPO_THREADS) dpo_grad_kernel(const dpo_kparams k)
-{
-    const bool bad = *k.ws.bad != 0;
-    for (int64_t i = blockIdx.x; i < k.T; i += gridDim.x) {
-        const int64_t t = k.T - 1 - i;
-        const T *x = (const T *)k.logits + t * k.stride;
-        T *g = (T *)k.grad + t * k.grad_stride;
-        float coef = 0.0f, lse = 0.0f;
-        int64_t y = -1;
-        if (!bad && k.ws.tok_valid[t] != 0.0f) {
-            const int64_t s = lf_seq_find(k.cu, k.nseq, t);
-            coef = k.ws.seq_coef[s];
-            lse = k.ws.tok_lse[t];
-            y = dpo_label(k, t);
-        }
-        if (coef == 0.0f || y < 0) {
-            for (int64_t j = threadIdx.x; j < k.V; j += DPO_THREADS) g[j] = lf_elem<T>::from_f32(0.0f);
-            continue;
-        }
-        const float xy = threadIdx.x == 0 ? lf_elem<T>::to_f32(x[y]) : 0.0f;
-        __syncthreads(); /* x_y read before any thread overwrites it (in place) */
-        const lf_row_span sp = lf_row_span_make(x, k.V);
-        const bool vec_ok = ((uintptr_t)g & 15u) == (uintptr_t)sp.phase;
-        const float sh = lse * LF_LOG2E, kk = sh - log2f(fabsf(coef));
-        if (vec_ok) {
-            const uint4 *body = reinterpret_cast<const uint4 *>(x + sp.head);
-            if (coef > 0.0f) lf_piece_grad_fast<DPO_THREADS, T, true>(g, body, sp, 0, sp.nvec, LF_LOG2E, kk);
-            else lf_piece_grad_fast<DPO_THREADS, T, false>(g, body, sp, 0, sp.nvec, LF_LOG2E, kk);
-            const int nedge = sp.head + sp.tail;
-            for (int e = threadIdx.x; e < nedge; e += DPO_THREADS) {
-                const int64_t j = e < sp.head ? e : sp.head + (int64_t)sp.nvec * lf_elem<T>::per_vec + (e - sp.head);
-                const float xj = lf_elem<T>::to_f32(x[j]);
-                g[j] = lf_elem<T>::from_f32(-coef * exp2f(fmaf(xj, LF_LOG2E, -sh)));
-            }
-        } else {
-            for (int64_t j = threadIdx.x; j < k.V; j += DPO_THREADS) {
-                const float xj = lf_elem<T>::to_f32(x[j]);
-                g[j] = lf_elem<T>::from_f32(-coef * exp2f(fmaf(xj, LF_LOG2E, -sh)));
-            }
-        }
-        __syncthreads(); /* every element written; now the label's */
-        if (threadIdx.x == 0) g[y] = lf_elem<T>::from_f32(coef * (1.0f - exp2f(fmaf(xy, LF_LOG2E, -sh))));
-    }
-}
-
-/* 7'. deferred scale: s_t = -c_k of t's sequence (G_t = -(onehot - softmax)); 0 unlabelled */
+/* 7. s_t = -c_k of t's sequence (0 unlabelled): the deferred scale, or in place launch 8's
+ * upstream gradient, with the label it takes (ignore_index where s_t = 0: a zero row, not read;
+ * a NaN s_t keeps the label, so a NaN coefficient still gives a NaN gradient) */
 __global__ void dpo_scale_kernel(const dpo_kparams k)
 {
-    const bool bad = *k.ws.bad != 0;
+    const bool bad = *k.ws.bad != 0, in_place = k.tok_scale == nullptr;
     for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < k.T; t += (int64_t)gridDim.x * blockDim.x) {
         float s = 0.0f;
         if (!bad && k.ws.tok_valid[t] != 0.0f) s = -k.ws.seq_coef[lf_seq_find(k.cu, k.nseq, t)];
-        k.tok_scale[t] = s;
+        k.tok_s[t] = s;
+        if (in_place) k.ws.tok_label[t] = s != 0.0f ? dpo_label(k, t) : k.o.ignore_index;
     }
 }
 
@@ -494,6 +447,34 @@ __global__ void dpo_count_bad_kernel(const int *bad, unsigned int *n_errors)
         }                                                                                           \
     } while (0)
 
+/* cross_entropy.cu's fused kernel over the token rows, reduction none, on the workspace's labels
+ * (launch 2 of the deferred scale: G_t and the log-probabilities; launch 8 in place: the
+ * gradient, each row's upstream gradient s_t) */
+static lf_status dpo_ce_pass(const dpo_kparams &k, lf_dtype dtype, const float *dloss, float *loss, float *logprob,
+                             unsigned int *n_errors, cudaStream_t stream, cudaError_t *cuda_err)
+{
+    DPO_CHECK(cudaMemsetAsync(k.ws.ce_ws, 0, sizeof(ce_ws_header), stream)); /* its counters start at 0 */
+    ce_args c = ce_args_default();
+    c.logits = k.logits;
+    c.dtype = dtype;
+    c.n_rows = k.T;
+    c.vocab = k.V;
+    c.stride = k.stride;
+    c.labels = k.ws.tok_label;
+    c.labels_i64 = 1;
+    c.opts.ignore_index = k.o.ignore_index;
+    c.reduction = LF_REDUCE_NONE;
+    c.dloss = dloss;
+    c.grad = k.grad;
+    c.grad_stride = k.grad_stride;
+    c.loss = loss;
+    c.logprob = logprob;
+    c.n_errors = n_errors;
+    c.workspace = k.ws.ce_ws;
+    c.workspace_bytes = k.ws.ce_ws_bytes;
+    return ce_launch(&c, stream, cuda_err);
+}
+
 template <typename T>
 static lf_status dpo_launch_t(const dpo_kparams &k, lf_dtype dtype, int rows_grid, cudaStream_t stream, cudaError_t *cuda_err)
 {
@@ -506,25 +487,9 @@ static lf_status dpo_launch_t(const dpo_kparams &k, lf_dtype dtype, int rows_gri
     if (k.T > 0 && deferred) { /* the labels, then one read of the logits: lse, log-probability, G_t */
         dpo_prep_kernel<<<tok_grid, 256, 0, stream>>>(k);
         DPO_CHECK(cudaGetLastError());
-        DPO_CHECK(cudaMemsetAsync(k.ws.ce_ws, 0, sizeof(ce_ws_header), stream)); /* its counters start at 0 */
-        ce_args c = ce_args_default();
-        c.logits = k.logits;
-        c.dtype = dtype;
-        c.n_rows = k.T;
-        c.vocab = k.V;
-        c.stride = k.stride;
-        c.labels = k.ws.tok_label;
-        c.labels_i64 = 1;
-        c.opts.ignore_index = k.o.ignore_index;
-        c.reduction = LF_REDUCE_NONE;
-        c.grad = k.grad;
-        c.grad_stride = k.grad_stride;
-        c.loss = k.ws.tok_lse; /* -log p(y), not used: the log-probability is taken directly */
-        c.logprob = k.ws.tok_lp;
-        c.n_errors = k.n_errors; /* bad labels */
-        c.workspace = k.ws.ce_ws;
-        c.workspace_bytes = k.ws.ce_ws_bytes;
-        const lf_status st = ce_launch(&c, stream, cuda_err);
+        /* its losses -log p(y) are not used: the log-probability is taken directly; it counts
+         * the bad labels */
+        const lf_status st = dpo_ce_pass(k, dtype, nullptr, k.ws.tok_aux, k.ws.tok_lp, k.n_errors, stream, cuda_err);
         if (st != LF_OK) return st;
     }
     if (k.nseq > 0) {
@@ -545,13 +510,15 @@ static lf_status dpo_launch_t(const dpo_kparams &k, lf_dtype dtype, int rows_gri
     }
     dpo_loss_kernel<<<1, 1024, 0, stream>>>(k);
     DPO_CHECK(cudaGetLastError());
-    if (k.grad && k.T > 0 && !deferred) {
-        dpo_grad_kernel<T><<<rows_grid, DPO_THREADS, 0, stream>>>(k);
-        DPO_CHECK(cudaGetLastError());
-    }
-    if (k.T > 0 && deferred) {
+    if (k.grad && k.T > 0) {
         dpo_scale_kernel<<<tok_grid, 256, 0, stream>>>(k);
         DPO_CHECK(cudaGetLastError());
+    }
+    if (k.grad && k.T > 0 && !deferred) {
+        /* launch 8: the gradient; its losses go over the log-probabilities, summed already, and
+         * the bad labels were counted by launch 2 */
+        const lf_status st = dpo_ce_pass(k, dtype, k.tok_s, k.ws.tok_lp, nullptr, nullptr, stream, cuda_err);
+        if (st != LF_OK) return st;
     }
     return LF_OK;
 }
@@ -578,8 +545,7 @@ static lf_status dpo_launch(const dpo_args *a, cudaStream_t stream, cudaError_t 
         (a->n_pairs > 0 && !a->pairs))
         return LF_ERR_NULL;
     if (a->tok_scale && !a->grad) return LF_ERR_ARG; /* the deferred scale is a form of the gradient */
-    const bool deferred = a->tok_scale != nullptr;
-    if (a->workspace_bytes < dpo_workspace_bytes(a->n_tokens, a->n_seqs, a->n_pairs, deferred)) return LF_ERR_SIZE;
+    if (a->workspace_bytes < dpo_workspace_bytes(a->n_tokens, a->n_seqs, a->n_pairs)) return LF_ERR_SIZE;
 
     dpo_kparams k;
     memset(&k, 0, sizeof k);
@@ -605,7 +571,8 @@ static lf_status dpo_launch(const dpo_args *a, cudaStream_t stream, cudaError_t 
     k.seq_logps = a->seq_logps;
     k.pair_metrics = a->pair_metrics;
     k.n_errors = a->n_errors;
-    k.ws = dpo_ws_layout(a->workspace, k.T, k.nseq, k.P, deferred);
+    k.ws = dpo_ws_layout(a->workspace, k.T, k.nseq, k.P);
+    k.tok_s = a->tok_scale ? a->tok_scale : k.ws.tok_aux;
 
     /* 1. cu_seqlens on the device: a bad one is counted once and stops everything after */
     DPO_CHECK(cudaMemsetAsync(k.ws.bad, 0, sizeof(int), stream));
@@ -727,7 +694,7 @@ int main(int argc, char **argv)
     int32_t *cud, *pd;
     float *refd, *loss, *seqd, *pmd, *scale = NULL;
     unsigned *err;
-    const size_t wsb = dpo_workspace_bytes(T, nseq, npairs, deferred);
+    const size_t wsb = dpo_workspace_bytes(T, nseq, npairs);
     if (deferred) CHECK_CUDA(cudaMalloc(&scale, 4 * T));
     CHECK_CUDA(cudaMalloc(&xd, esz * nel));
     CHECK_CUDA(cudaMalloc(&pristine, esz * nel));

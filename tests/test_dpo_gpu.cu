@@ -198,7 +198,7 @@ static void run_dcase(const DCase &c)
     }
     const std::vector<int64_t> &lab_dev = c.ids ? ids : lab;
     DevBuf yd(8 * T + 8), cud(4 * (nseq + 1)), pd(8 * P + 8), refd(4 * nseq), loss(4), seqd(4 * nseq), pmd(16 * P + 16), err(4),
-        divd(4), dld(4), ws(dpo_workspace_bytes(T, nseq, P, c.deferred)), scd(4 * T + 4);
+        divd(4), dld(4), ws(dpo_workspace_bytes(T, nseq, P)), scd(4 * T + 4);
     if (c.lab64) CK(cudaMemcpy(yd.p, lab_dev.data(), 8 * T, cudaMemcpyHostToDevice));
     else {
         std::vector<int32_t> y32(lab_dev.begin(), lab_dev.end());
@@ -279,7 +279,7 @@ static void run_dcase(const DCase &c)
         }
         /* white box: the per-sequence coefficients d loss / d logp_k against the reference's */
         std::vector<float> coefh(nseq > 0 ? nseq : 1);
-        const dpo_ws wsd = dpo_ws_layout(ws.p, T, nseq, P, c.deferred);
+        const dpo_ws wsd = dpo_ws_layout(ws.p, T, nseq, P);
         if (!c.bad_cu && nseq > 0) {
             CK(cudaMemcpy(coefh.data(), wsd.seq_coef, 4 * nseq, cudaMemcpyDeviceToHost));
             for (int64_t k = 0; k < nseq; ++k) {
@@ -357,14 +357,15 @@ static void run_dcase(const DCase &c)
     printf("%-4s %s\n", g_fail == fails ? "ok" : "FAIL", g_case);
 }
 
-/* argument errors of the deferred scale: no gradient to scale; the default's workspace */
+/* argument errors: the deferred scale without a gradient to scale; a workspace one byte short,
+ * for either gradient form */
 static void dpo_arg_checks()
 {
-    snprintf(g_case, sizeof g_case, "argument checks (deferred scale)");
+    snprintf(g_case, sizeof g_case, "argument checks");
     const int fails = g_fail;
     const int64_t T = 6, V = 100, nseq = 2, P = 1;
     const int32_t cu[3] = {0, 3, 6}, pairs[2] = {0, 1};
-    DevBuf x(2 * T * V), y(8 * T), cud(12), pd(8), loss(4), sc(4 * T), ws(dpo_workspace_bytes(T, nseq, P, true));
+    DevBuf x(2 * T * V), y(8 * T), cud(12), pd(8), loss(4), sc(4 * T), ws(dpo_workspace_bytes(T, nseq, P));
     CK(cudaMemset(x.p, 0, x.bytes));
     CK(cudaMemset(y.p, 0, y.bytes));
     CK(cudaMemcpy(cud.p, cu, 12, cudaMemcpyHostToDevice));
@@ -380,8 +381,13 @@ static void dpo_arg_checks()
     b.grad = NULL;
     EXPECT(dpo_launch(&b, 0, &ce) == LF_ERR_ARG, "tok_scale without grad accepted");
     b = a;
-    b.workspace_bytes = dpo_workspace_bytes(T, nseq, P);
-    EXPECT(b.workspace_bytes < ws.bytes && dpo_launch(&b, 0, &ce) == LF_ERR_SIZE, "the default's workspace accepted for the deferred scale");
+    b.workspace_bytes = ws.bytes - 1;
+    EXPECT(dpo_launch(&b, 0, &ce) == LF_ERR_SIZE, "a short workspace accepted for the deferred scale");
+    b.tok_scale = NULL; /* in place */
+    EXPECT(dpo_launch(&b, 0, &ce) == LF_ERR_SIZE, "a short workspace accepted in place");
+    b.workspace_bytes = ws.bytes;
+    EXPECT(dpo_launch(&b, 0, &ce) == LF_OK, "in-place launch: %s", cudaGetErrorString(ce));
+    CK(cudaDeviceSynchronize());
     printf("%-4s %s\n", g_fail == fails ? "ok" : "FAIL", g_case);
 }
 
@@ -407,7 +413,7 @@ static void dpo_empty_checks()
             EXPECT(lf_ref_dpo_packed(0, V, NULL, V, NULL, cu, nseq, pairs, P, refl, &o, -1.0, &want, seq, pm, NULL, &nb) == LF_OK,
                    "reference failed");
             DevBuf x(16), y(16), cud(12), pd(8), refd(8), loss(4), seqd(8), pmd(16), err(4), sc(16),
-                ws(dpo_workspace_bytes(0, nseq, P, deferred));
+                ws(dpo_workspace_bytes(0, nseq, P));
             CK(cudaMemcpy(cud.p, cu, 12, cudaMemcpyHostToDevice));
             CK(cudaMemcpy(pd.p, pairs, 8, cudaMemcpyHostToDevice));
             CK(cudaMemcpy(refd.p, refl, 8, cudaMemcpyHostToDevice));
@@ -479,8 +485,8 @@ int main(int argc, char **argv)
             c = b; c.deferred = true; c.name = "length-normalised, device divisor, dloss, bad labels and pairs"; c.norm = true; c.dev_div = true; c.dloss = true; c.bad_labels = 6; c.bad_pairs = 3; run_dcase(c);
             c = b; c.deferred = true; c.name = "bad cu_seqlens"; c.bad_cu = true; run_dcase(c);
             c = b; c.deferred = true; c.name = "determinism"; c.determinism = true; c.npairs = 12; run_dcase(c);
-            /* masks at finfo.min: the in-place path's own online softmax and the deferred one's
-             * (cross_entropy.cu's fused kernel) */
+            /* masks at finfo.min: the in-place path's own online softmax (its row pass) and
+             * cross_entropy.cu's fused kernel (the deferred pass; the in-place gradient pass) */
             c = b; c.name = "finfo.min entries, in place"; c.plant_fmin = true; c.grad = 2; run_dcase(c);
             c = b; c.deferred = true; c.name = "finfo.min entries, input ids"; c.plant_fmin = true; c.ids = true; run_dcase(c);
         }
