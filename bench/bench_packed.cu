@@ -14,6 +14,8 @@
  *                 impl=lossfuse_deferred: the same loss with the deferred scale (dpo_args.tok_scale:
  *                 G_t = softmax - onehot written in the one read, s_t per token; the caller
  *                 applies s_t), which moves the floor's 4 B/elem (moved=).
+ *                 _separate: the same with dpo_args.separate_launches (the small launches 3-7
+ *                 as six kernels instead of one cooperative launch).
  *   mode=pref     S = 12480 items, P = 50000 pairs, 32 bins, Bradley-Terry with budget and
  *                 coverage penalties, forward + gradient; impl=lossfuse_fast (memset + two
  *                 kernels), lossfuse_fast_single (one cooperative launch), lossfuse_det;
@@ -138,8 +140,10 @@ static void bench_dpo(int64_t T, int64_t V, int nseq, int iters, void *flush, si
     a.pair_metrics = pm;
     a.n_errors = err;
     a.workspace = ws;
-    for (int deferred = 0; deferred < 2; ++deferred) {
+    for (int variant = 0; variant < 4; ++variant) {
+        const int deferred = variant & 1;
         a.tok_scale = deferred ? scale : NULL;
+        a.separate_launches = variant >> 1;
         a.workspace_bytes = dpo_workspace_bytes(T, nseq, nseq / 2);
         std::vector<float> t;
         for (int it = 0; it < iters + 2; ++it) {
@@ -156,7 +160,8 @@ static void bench_dpo(int64_t T, int64_t V, int nseq, int iters, void *flush, si
         if (eh) fprintf(stderr, "bench_dpo: %u errors counted\n", eh);
         printf("RESULT impl=lossfuse%s mode=dpo N=%lld V=%lld dtype=bf16 ms=%.4f bytes=%zu extra_bytes=%zu status=ok seqs=%d "
                "moved=%zu\n",
-               deferred ? "_deferred" : "", (long long)T, (long long)V, median(t), 2 * bytes,
+               deferred ? (a.separate_launches ? "_deferred_separate" : "_deferred") : a.separate_launches ? "_separate" : "",
+               (long long)T, (long long)V, median(t), 2 * bytes,
                (size_t)a.workspace_bytes + (deferred ? 4 * (size_t)T : 0), nseq, (deferred ? 2 : 3) * bytes);
         fflush(stdout);
     }

@@ -19,13 +19,20 @@
  *
  * Launches (all on the caller's stream; CUDA-graph capturable):
  *   1. cu_seqlens checked on the device (lf_seq_bad): a bad one is one error, loss 0, grad 0
- *   2. token rows: lse and the label's log-probability (one read of the logits)
+ *   2. token rows: lse and the label's log-probability (one read of the logits; its own
+ *      kernel: cross_entropy.cu's forward-only kernel there, the labels put in the workspace
+ *      first, made the whole loss 1.5-2.5% slower on an H100 even with the one-launch tail
+ *      below: bench/RESULTS.md, session 28)
  *   3. per-sequence sums of log-probabilities and of labelled tokens (lf_seg_sum_grid:
  *      deterministic, one warp per sequence)
  *   4. pairs: loss, metrics, d loss / d h; 5. sequences: d loss / d logp_k, summed over the
  *      pairs in pair order (deterministic); 6. the loss, summed in a fixed order (one CTA)
  *   7. per token s_t = -coef_k of its sequence (0 unlabelled), and the label again (ignored
  *      where s_t = 0: that row's gradient is 0, written without a read)
+ *   3-7 are ONE cooperative launch (grid barriers between them) where the device allows it:
+ *      they are a few microseconds of work each, and as six kernels they took 7-11 us more at
+ *      T = 8192 on an H100 (bench/RESULTS.md, session 28); dpo_args.separate_launches makes
+ *      them six kernels, with the same bits
  *   8. token rows again: cross_entropy.cu's fused kernel with reduction none and s_t as each
  *      row's upstream gradient, so it writes s_t (softmax(x_t) - onehot(y)) = coef_k
  *      (onehot(y) - softmax(x_t)), the DPO gradient, over the row in the read that gives its
@@ -53,6 +60,8 @@
  * Sections: 1. API   2. kernels   3. launcher   4. main (make data, check, time)
  */
 #include "lossfuse_cuda.cuh"
+
+#include <cooperative_groups.h>
 #ifndef CE_NO_MAIN
 #define CE_NO_MAIN
 #endif
@@ -94,6 +103,10 @@ typedef struct dpo_args {
     unsigned int *n_errors;   /* optional device counter */
     void *workspace;          /* dpo_workspace_bytes(T, n_seqs, n_pairs); no zeroing needed */
     size_t workspace_bytes;
+    int separate_launches;    /* 0 (default): launches 3-7 as ONE cooperative launch where the
+                               * device allows it (else as below); 1: one kernel each. The same
+                               * bits either way; 1 is for comparison, or where cooperative
+                               * launches are unwelcome (bench/RESULTS.md has the two times) */
 } dpo_args;
 
 static dpo_args dpo_args_default(void)
@@ -236,7 +249,10 @@ static __device__ __forceinline__ void dpo_body_lse(const uint4 *body, int nvec,
 }
 
 /* 2. one CTA per token row (grid-stride): the row's lse (16-byte loads, several in flight per
- * thread, an online lse per thread, a block merge) and the label's log-probability */
+ * thread, an online lse per thread, a block merge) and the label's log-probability. (Taking the
+ * rows from the last to the first, so that the rows read last would still be in L2 when launch 8
+ * starts from the first, was slower on an H100: 0-0.5% at V = 32768 and 3% at 151936 for the
+ * whole loss, even with the one-launch tail; session 28.) */
 template <typename T>
 __global__ void __launch_bounds__(DPO_THREADS) dpo_row_kernel(const dpo_kparams k)
 {
@@ -289,8 +305,16 @@ __global__ void dpo_prep_kernel(const dpo_kparams k)
     }
 }
 
+/* 3-7, the tail: small work over sequences, pairs and tokens between the row pass and the
+ * gradient pass. Each phase is a device function over the whole grid (grid-stride loops: the
+ * bits of every result do not depend on the grid) or over one CTA of DPO_TAIL_THREADS (the
+ * fixed-order sums), run either by ONE cooperative launch (dpo_tail_kernel, grid barriers
+ * between the phases: one node instead of six) or, with dpo_args.separate_launches or where the
+ * device cannot co-schedule the grid, by one kernel per phase. The two give the same bits. */
+#define DPO_TAIL_THREADS 1024
+
 /* 3. per-sequence sums (deterministic) */
-__global__ void dpo_seg_kernel(const dpo_kparams k)
+static __device__ __forceinline__ void dpo_tail_sums(const dpo_kparams &k)
 {
     if (*k.ws.bad) return;
     lf_seg_sum_grid(k.cu, k.nseq, k.ws.tok_lp, k.ws.seq_lp);
@@ -304,16 +328,15 @@ static __device__ __forceinline__ bool dpo_pair_ok(const dpo_kparams &k, int64_t
     return *c >= 0 && *c < k.nseq && *r >= 0 && *r < k.nseq && *c != *r;
 }
 
-/* the default divisor: the number of valid pairs (one CTA, fixed order) */
-__global__ void __launch_bounds__(1024) dpo_divisor_kernel(const dpo_kparams k)
+/* the default divisor: the number of valid pairs (one CTA, fixed order; every thread calls) */
+static __device__ __forceinline__ void dpo_tail_divisor(const dpo_kparams &k, double *scratch)
 {
-    __shared__ double scratch[32];
     double a = 0.0;
-    for (int64_t p = threadIdx.x; p < k.P; p += 1024) {
+    for (int64_t p = threadIdx.x; p < k.P; p += DPO_TAIL_THREADS) {
         int32_t c, r;
         a += dpo_pair_ok(k, p, &c, &r) ? 1.0 : 0.0;
     }
-    a = lf_block_sum_f64<1024>(a, scratch);
+    a = lf_block_sum_f64<DPO_TAIL_THREADS>(a, scratch);
     if (threadIdx.x == 0) *k.ws.div = (float)a;
 }
 
@@ -325,51 +348,51 @@ static __device__ __forceinline__ double dpo_score(const dpo_kparams &k, int32_t
 
 /* 4. pairs: loss, metrics, d loss / d h. The margin h is formed in double from the double
  * sums (two sums of hundreds of log-probabilities differ by little), then the float loss. */
-__global__ void dpo_pair_kernel(const dpo_kparams k)
+static __device__ __forceinline__ void dpo_tail_pairs(const dpo_kparams &k)
 {
-    const int64_t p = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (p >= k.P) return;
     const bool bad = *k.ws.bad != 0;
-    int32_t c, r;
-    const bool ok = !bad && dpo_pair_ok(k, p, &c, &r);
-    if (!ok && !bad && k.n_errors) atomicAdd(k.n_errors, 1u);
-    float l = 0.0f, dh = 0.0f, rwc = 0.0f, rwr = 0.0f;
-    if (ok) {
-        const bool norm = k.o.length_normalize || k.o.kind == LF_DPO_SIMPO;
-        const double sc = dpo_score(k, c, norm, k.ws.seq_lp[c]), sr = dpo_score(k, r, norm, k.ws.seq_lp[r]);
-        double rc = 0.0, rr = 0.0;
-        if (k.ref && k.o.kind != LF_DPO_SIMPO) {
-            rc = dpo_score(k, c, norm, (double)k.ref[c]);
-            rr = dpo_score(k, r, norm, (double)k.ref[r]);
+    for (int64_t p = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; p < k.P; p += (int64_t)gridDim.x * blockDim.x) {
+        int32_t c, r;
+        const bool ok = !bad && dpo_pair_ok(k, p, &c, &r);
+        if (!ok && !bad && k.n_errors) atomicAdd(k.n_errors, 1u);
+        float l = 0.0f, dh = 0.0f, rwc = 0.0f, rwr = 0.0f;
+        if (ok) {
+            const bool norm = k.o.length_normalize || k.o.kind == LF_DPO_SIMPO;
+            const double sc = dpo_score(k, c, norm, k.ws.seq_lp[c]), sr = dpo_score(k, r, norm, k.ws.seq_lp[r]);
+            double rc = 0.0, rr = 0.0;
+            if (k.ref && k.o.kind != LF_DPO_SIMPO) {
+                rc = dpo_score(k, c, norm, (double)k.ref[c]);
+                rr = dpo_score(k, r, norm, (double)k.ref[r]);
+            }
+            const double hd = (sc - rc) - (sr - rr);
+            const float h = (float)hd;
+            switch (k.o.kind) {
+            case LF_DPO_HINGE: l = lf_dpo_hinge(h, k.o.beta, &dh); break;
+            case LF_DPO_IPO: { /* h - 1 / (2 beta) in double: near the target margin it cancels, and in float
+                                * the roundings of h and of 1 / (2 beta) would be all of its derivative */
+                const double rd = hd - 0.5 / (double)k.o.beta;
+                l = (float)(rd * rd);
+                dh = (float)(2.0 * rd);
+                break;
+            }
+            case LF_DPO_SIMPO: l = lf_simpo(h, k.o.beta, k.o.gamma, &dh); break;
+            default: l = lf_dpo_sigmoid(h, k.o.beta, k.o.label_smoothing, &dh); break;
+            }
+            const double nc = k.ws.seq_n[c];
+            if (k.o.nll_weight > 0.0f && nc > 0.0) l += (float)((double)k.o.nll_weight * (-k.ws.seq_lp[c] / nc));
+            rwc = (float)((double)k.o.beta * (sc - rc));
+            rwr = (float)((double)k.o.beta * (sr - rr));
         }
-        const double hd = (sc - rc) - (sr - rr);
-        const float h = (float)hd;
-        switch (k.o.kind) {
-        case LF_DPO_HINGE: l = lf_dpo_hinge(h, k.o.beta, &dh); break;
-        case LF_DPO_IPO: { /* h - 1 / (2 beta) in double: near the target margin it cancels, and in float
-                            * the roundings of h and of 1 / (2 beta) would be all of its derivative */
-            const double rd = hd - 0.5 / (double)k.o.beta;
-            l = (float)(rd * rd);
-            dh = (float)(2.0 * rd);
-            break;
+        k.ws.pair_loss[p] = l;
+        k.ws.pair_dh[p] = dh;
+        k.ws.pair_ok[p] = ok ? 1.0f : 0.0f;
+        if (k.pair_metrics) {
+            float *m = k.pair_metrics + 4 * p;
+            m[0] = l;
+            m[1] = rwc;
+            m[2] = rwr;
+            m[3] = ok && rwc > rwr ? 1.0f : 0.0f;
         }
-        case LF_DPO_SIMPO: l = lf_simpo(h, k.o.beta, k.o.gamma, &dh); break;
-        default: l = lf_dpo_sigmoid(h, k.o.beta, k.o.label_smoothing, &dh); break;
-        }
-        const double nc = k.ws.seq_n[c];
-        if (k.o.nll_weight > 0.0f && nc > 0.0) l += (float)((double)k.o.nll_weight * (-k.ws.seq_lp[c] / nc));
-        rwc = (float)((double)k.o.beta * (sc - rc));
-        rwr = (float)((double)k.o.beta * (sr - rr));
-    }
-    k.ws.pair_loss[p] = l;
-    k.ws.pair_dh[p] = dh;
-    k.ws.pair_ok[p] = ok ? 1.0f : 0.0f;
-    if (k.pair_metrics) {
-        float *m = k.pair_metrics + 4 * p;
-        m[0] = l;
-        m[1] = rwc;
-        m[2] = rwr;
-        m[3] = ok && rwc > rwr ? 1.0f : 0.0f;
     }
 }
 
@@ -380,44 +403,46 @@ static __device__ __forceinline__ float dpo_scale(const dpo_kparams &k)
 }
 
 /* 5. sequences: c_k = d loss / d logp_k, over all pairs in pair order (no atomics) */
-__global__ void dpo_coef_kernel(const dpo_kparams k)
+static __device__ __forceinline__ void dpo_tail_coef(const dpo_kparams &k)
 {
-    const int64_t s = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (s >= k.nseq || *k.ws.bad) return;
+    if (*k.ws.bad) return;
     const bool norm = k.o.length_normalize || k.o.kind == LF_DPO_SIMPO;
-    const float n = (float)k.ws.seq_n[s], dn = norm ? (n > 0.0f ? 1.0f / n : 0.0f) : 1.0f;
-    float a = 0.0f;
-    for (int64_t p = 0; p < k.P; ++p) {
-        if (k.ws.pair_ok[p] == 0.0f) continue;
-        const int32_t c = k.pairs[2 * p], r = k.pairs[2 * p + 1];
-        if (c == s) {
-            a += k.ws.pair_dh[p] * dn;
-            if (k.o.nll_weight > 0.0f && n > 0.0f) a -= k.o.nll_weight / n;
+    for (int64_t s = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; s < k.nseq; s += (int64_t)gridDim.x * blockDim.x) {
+        const float n = (float)k.ws.seq_n[s], dn = norm ? (n > 0.0f ? 1.0f / n : 0.0f) : 1.0f;
+        float a = 0.0f;
+        for (int64_t p = 0; p < k.P; ++p) {
+            if (k.ws.pair_ok[p] == 0.0f) continue;
+            const int32_t c = k.pairs[2 * p], r = k.pairs[2 * p + 1];
+            if (c == s) {
+                a += k.ws.pair_dh[p] * dn;
+                if (k.o.nll_weight > 0.0f && n > 0.0f) a -= k.o.nll_weight / n;
+            }
+            if (r == s) a -= k.ws.pair_dh[p] * dn;
         }
-        if (r == s) a -= k.ws.pair_dh[p] * dn;
+        k.ws.seq_coef[s] = a * dpo_scale(k);
+        if (k.seq_logps) k.seq_logps[s] = (float)k.ws.seq_lp[s];
     }
-    k.ws.seq_coef[s] = a * dpo_scale(k);
-    if (k.seq_logps) k.seq_logps[s] = (float)k.ws.seq_lp[s];
 }
 
-/* 6. the loss, summed in a fixed order (one CTA) */
-__global__ void __launch_bounds__(1024) dpo_loss_kernel(const dpo_kparams k)
+/* 6. the loss, summed in a fixed order (one CTA; every thread calls), and a bad cu_seqlens
+ * (flagged by dpo_check_kernel) counted as one error */
+static __device__ __forceinline__ void dpo_tail_loss(const dpo_kparams &k, double *scratch)
 {
-    __shared__ double scratch[32];
     double a = 0.0;
     if (!*k.ws.bad)
-        for (int64_t p = threadIdx.x; p < k.P; p += 1024) a += (double)k.ws.pair_loss[p];
-    a = lf_block_sum_f64<1024>(a, scratch);
+        for (int64_t p = threadIdx.x; p < k.P; p += DPO_TAIL_THREADS) a += (double)k.ws.pair_loss[p];
+    a = lf_block_sum_f64<DPO_TAIL_THREADS>(a, scratch);
     if (threadIdx.x == 0) {
         const double d = (double)(k.divisor ? *k.divisor : *k.ws.div);
         k.loss[0] = *k.ws.bad ? 0.0f : (float)(d == 0.0 ? a * 0.0 : a / d);
+        if (*k.ws.bad && k.n_errors) atomicAdd(k.n_errors, 1u);
     }
 }
 
 /* 7. s_t = -c_k of t's sequence (0 unlabelled): the deferred scale, or in place launch 8's
  * upstream gradient, with the label it takes (ignore_index where s_t = 0: a zero row, not read;
  * a NaN s_t keeps the label, so a NaN coefficient still gives a NaN gradient) */
-__global__ void dpo_scale_kernel(const dpo_kparams k)
+static __device__ __forceinline__ void dpo_tail_scale(const dpo_kparams &k)
 {
     const bool bad = *k.ws.bad != 0, in_place = k.tok_scale == nullptr;
     for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < k.T; t += (int64_t)gridDim.x * blockDim.x) {
@@ -428,11 +453,40 @@ __global__ void dpo_scale_kernel(const dpo_kparams k)
     }
 }
 
-/* a bad cu_seqlens (flagged by dpo_check_kernel) as one error */
-__global__ void dpo_count_bad_kernel(const int *bad, unsigned int *n_errors)
+/* the tail in one cooperative launch: sums (and the divisor) | pairs | coefficients and the
+ * loss | the scale, each | a grid barrier */
+__global__ void __launch_bounds__(DPO_TAIL_THREADS) dpo_tail_kernel(const dpo_kparams k)
 {
-    if (*bad) atomicAdd(n_errors, 1u);
+    __shared__ double scratch[DPO_TAIL_THREADS / 32];
+    cooperative_groups::grid_group grid = cooperative_groups::this_grid();
+    dpo_tail_sums(k);
+    if (!k.divisor && blockIdx.x == gridDim.x - 1) dpo_tail_divisor(k, scratch);
+    grid.sync();
+    dpo_tail_pairs(k);
+    grid.sync();
+    dpo_tail_coef(k);
+    if (blockIdx.x == 0) dpo_tail_loss(k, scratch); /* scratch: a barrier (the grid's) since the divisor */
+    if (k.grad && k.T > 0) {
+        grid.sync();
+        dpo_tail_scale(k);
+    }
 }
+
+/* the same phases one kernel each (dpo_args.separate_launches, or no cooperative launch) */
+__global__ void __launch_bounds__(DPO_TAIL_THREADS) dpo_sums_kernel(const dpo_kparams k) { dpo_tail_sums(k); }
+__global__ void __launch_bounds__(DPO_TAIL_THREADS) dpo_divisor_kernel(const dpo_kparams k)
+{
+    __shared__ double scratch[DPO_TAIL_THREADS / 32];
+    dpo_tail_divisor(k, scratch);
+}
+__global__ void __launch_bounds__(DPO_TAIL_THREADS) dpo_pairs_kernel(const dpo_kparams k) { dpo_tail_pairs(k); }
+__global__ void __launch_bounds__(DPO_TAIL_THREADS) dpo_coef_kernel(const dpo_kparams k) { dpo_tail_coef(k); }
+__global__ void __launch_bounds__(DPO_TAIL_THREADS) dpo_loss_kernel(const dpo_kparams k)
+{
+    __shared__ double scratch[DPO_TAIL_THREADS / 32];
+    dpo_tail_loss(k, scratch);
+}
+__global__ void __launch_bounds__(DPO_TAIL_THREADS) dpo_scale_kernel(const dpo_kparams k) { dpo_tail_scale(k); }
 
 /* ============================================================================================
  * 3. Launcher
@@ -475,16 +529,74 @@ static lf_status dpo_ce_pass(const dpo_kparams &k, lf_dtype dtype, const float *
     return ce_launch(&c, stream, cuda_err);
 }
 
+/* launches 3-7, the tail: one cooperative launch where the device co-schedules its grid,
+ * else (or with separate) one kernel per phase */
+static lf_status dpo_tail_launch(const dpo_kparams &k, bool separate, cudaStream_t stream, cudaError_t *cuda_err)
+{
+    const int64_t NT = DPO_TAIL_THREADS, tok = k.grad ? k.T : 0;
+    auto blocks = [&](int64_t threads, int64_t cap) { /* at least one CTA */
+        const int64_t b = (threads + NT - 1) / NT;
+        return (unsigned)(b < 1 ? 1 : b < cap ? b : cap);
+    };
+    int64_t work = 32 * k.nseq; /* a warp per sequence for the sums */
+    if (k.P > work) work = k.P;
+    if (tok > work) work = tok;
+    if (!separate) {
+        int dev = 0, sms = 0, coop = 0, per_sm = 0;
+        DPO_CHECK(cudaGetDevice(&dev));
+        DPO_CHECK(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev));
+        DPO_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+        if (coop) DPO_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, dpo_tail_kernel, DPO_TAIL_THREADS, 0));
+        if (coop && per_sm > 0) {
+            cudaLaunchConfig_t cfg = {};
+            cudaLaunchAttribute at[1] = {};
+            at[0].id = cudaLaunchAttributeCooperative;
+            at[0].val.cooperative = 1;
+            cfg.gridDim = dim3(blocks(work, (int64_t)per_sm * sms));
+            cfg.blockDim = dim3(DPO_TAIL_THREADS);
+            cfg.stream = stream;
+            cfg.attrs = at;
+            cfg.numAttrs = 1;
+            DPO_CHECK(cudaLaunchKernelEx(&cfg, dpo_tail_kernel, k));
+            return LF_OK;
+        }
+    }
+    if (k.nseq > 0) {
+        dpo_sums_kernel<<<blocks(32 * k.nseq, 1024), DPO_TAIL_THREADS, 0, stream>>>(k);
+        DPO_CHECK(cudaGetLastError());
+    }
+    if (!k.divisor) {
+        dpo_divisor_kernel<<<1, DPO_TAIL_THREADS, 0, stream>>>(k);
+        DPO_CHECK(cudaGetLastError());
+    }
+    if (k.P > 0) {
+        dpo_pairs_kernel<<<blocks(k.P, 4096), DPO_TAIL_THREADS, 0, stream>>>(k);
+        DPO_CHECK(cudaGetLastError());
+    }
+    if (k.nseq > 0) {
+        dpo_coef_kernel<<<blocks(k.nseq, 4096), DPO_TAIL_THREADS, 0, stream>>>(k);
+        DPO_CHECK(cudaGetLastError());
+    }
+    dpo_loss_kernel<<<1, DPO_TAIL_THREADS, 0, stream>>>(k);
+    DPO_CHECK(cudaGetLastError());
+    if (tok > 0) {
+        dpo_scale_kernel<<<blocks(tok, 4096), DPO_TAIL_THREADS, 0, stream>>>(k);
+        DPO_CHECK(cudaGetLastError());
+    }
+    return LF_OK;
+}
+
 template <typename T>
-static lf_status dpo_launch_t(const dpo_kparams &k, lf_dtype dtype, int rows_grid, cudaStream_t stream, cudaError_t *cuda_err)
+static lf_status dpo_launch_t(const dpo_kparams &k, lf_dtype dtype, int rows_grid, bool separate, cudaStream_t stream,
+                              cudaError_t *cuda_err)
 {
     const bool deferred = k.tok_scale != nullptr;
-    const unsigned tok_grid = (unsigned)((k.T + 255) / 256 < 4096 ? (k.T + 255) / 256 : 4096);
     if (k.T > 0 && !deferred) {
         dpo_row_kernel<T><<<rows_grid, DPO_THREADS, 0, stream>>>(k);
         DPO_CHECK(cudaGetLastError());
     }
     if (k.T > 0 && deferred) { /* the labels, then one read of the logits: lse, log-probability, G_t */
+        const unsigned tok_grid = (unsigned)((k.T + 255) / 256 < 4096 ? (k.T + 255) / 256 : 4096);
         dpo_prep_kernel<<<tok_grid, 256, 0, stream>>>(k);
         DPO_CHECK(cudaGetLastError());
         /* its losses -log p(y) are not used: the log-probability is taken directly; it counts
@@ -492,35 +604,11 @@ static lf_status dpo_launch_t(const dpo_kparams &k, lf_dtype dtype, int rows_gri
         const lf_status st = dpo_ce_pass(k, dtype, nullptr, k.ws.tok_aux, k.ws.tok_lp, k.n_errors, stream, cuda_err);
         if (st != LF_OK) return st;
     }
-    if (k.nseq > 0) {
-        dpo_seg_kernel<<<(unsigned)((k.nseq + 7) / 8 < 1024 ? (k.nseq + 7) / 8 : 1024), DPO_THREADS, 0, stream>>>(k);
-        DPO_CHECK(cudaGetLastError());
-    }
-    if (!k.divisor) {
-        dpo_divisor_kernel<<<1, 1024, 0, stream>>>(k);
-        DPO_CHECK(cudaGetLastError());
-    }
-    if (k.P > 0) {
-        dpo_pair_kernel<<<(unsigned)((k.P + 255) / 256), 256, 0, stream>>>(k);
-        DPO_CHECK(cudaGetLastError());
-    }
-    if (k.nseq > 0) {
-        dpo_coef_kernel<<<(unsigned)((k.nseq + 255) / 256), 256, 0, stream>>>(k);
-        DPO_CHECK(cudaGetLastError());
-    }
-    dpo_loss_kernel<<<1, 1024, 0, stream>>>(k);
-    DPO_CHECK(cudaGetLastError());
-    if (k.grad && k.T > 0) {
-        dpo_scale_kernel<<<tok_grid, 256, 0, stream>>>(k);
-        DPO_CHECK(cudaGetLastError());
-    }
-    if (k.grad && k.T > 0 && !deferred) {
-        /* launch 8: the gradient; its losses go over the log-probabilities, summed already, and
-         * the bad labels were counted by launch 2 */
-        const lf_status st = dpo_ce_pass(k, dtype, k.tok_s, k.ws.tok_lp, nullptr, nullptr, stream, cuda_err);
-        if (st != LF_OK) return st;
-    }
-    return LF_OK;
+    const lf_status st = dpo_tail_launch(k, separate, stream, cuda_err);
+    if (st != LF_OK || !k.grad || k.T == 0 || deferred) return st;
+    /* launch 8: the gradient; its losses go over the log-probabilities, summed already, and the
+     * bad labels were counted by launch 2 */
+    return dpo_ce_pass(k, dtype, k.tok_s, k.ws.tok_lp, nullptr, nullptr, stream, cuda_err);
 }
 
 static lf_status dpo_launch(const dpo_args *a, cudaStream_t stream, cudaError_t *cuda_err)
@@ -582,18 +670,12 @@ static lf_status dpo_launch(const dpo_args *a, cudaStream_t stream, cudaError_t 
     DPO_CHECK(cudaGetDevice(&dev));
     DPO_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     const int rows_grid = (int)(k.T < (int64_t)sms * 8 ? (k.T > 0 ? k.T : 1) : (int64_t)sms * 8);
-    lf_status r;
+    const bool sep = a->separate_launches != 0;
     switch (a->dtype) {
-    case LF_F32: r = dpo_launch_t<float>(k, a->dtype, rows_grid, stream, cuda_err); break;
-    case LF_BF16: r = dpo_launch_t<__nv_bfloat16>(k, a->dtype, rows_grid, stream, cuda_err); break;
-    default: r = dpo_launch_t<__half>(k, a->dtype, rows_grid, stream, cuda_err); break;
+    case LF_F32: return dpo_launch_t<float>(k, a->dtype, rows_grid, sep, stream, cuda_err);
+    case LF_BF16: return dpo_launch_t<__nv_bfloat16>(k, a->dtype, rows_grid, sep, stream, cuda_err);
+    default: return dpo_launch_t<__half>(k, a->dtype, rows_grid, sep, stream, cuda_err);
     }
-    if (r != LF_OK) return r;
-    if (a->n_errors) { /* the bad cu_seqlens as one error (a device-side add: no host sync) */
-        dpo_count_bad_kernel<<<1, 1, 0, stream>>>(k.ws.bad, a->n_errors);
-        DPO_CHECK(cudaGetLastError());
-    }
-    return LF_OK;
 }
 
 #undef DPO_CHECK

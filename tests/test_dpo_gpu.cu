@@ -7,7 +7,9 @@
  * sequence and sequences reused by several pairs; every kind and option; bf16 / fp16 / fp32;
  * int32 / int64 labels and the input-ids mode; gradient in place or to a padded buffer
  * (poisoned: every element written, padding untouched); bad labels, bad pairs and a bad
- * cu_seqlens counted (never an out-of-bounds access); bit-identical reruns; logits masked with
+ * cu_seqlens counted (never an out-of-bounds access); bit-identical reruns, and the same bits
+ * with the tail as one cooperative launch or as six kernels (dpo_args.separate_launches, on a
+ * re-poisoned workspace); logits masked with
  * the dtype's lowest finite value (torch.finfo(dtype).min); a launch with no tokens.
  * Tolerances: per-token log-probabilities carry ~2^-22 (|x| + |lse|) each in fp32, sums of a
  * few hundred and float pair losses: the loss within 1e-4 (1 + |loss|), per-sequence log-
@@ -36,6 +38,7 @@ struct DCase {
     bool bad_cu = false, determinism = false;
     bool deferred = false; /* dpo_args.tok_scale: grad gets G_t = softmax - onehot, tok_scale s_t */
     bool plant_fmin = false; /* entries at the dtype's lowest finite value (finfo.min masking) */
+    bool separate = false;   /* dpo_args.separate_launches: the tail as six kernels */
 };
 
 /* The fields every launch sets (the rest stay dpo_args_default's). */
@@ -232,6 +235,7 @@ static void run_dcase(const DCase &c)
     a.grad = c.grad == 0 ? NULL : c.grad == 1 ? g.p : x.p;
     a.grad_stride = gs;
     a.tok_scale = c.deferred ? (float *)scd.p : NULL;
+    a.separate_launches = c.separate;
     dpo_launch_sync(a, seqd, pmd, err);
     cudaError_t ce;
     float lh;
@@ -351,6 +355,34 @@ static void run_dcase(const DCase &c)
                 std::vector<float> s2(T > 0 ? T : 1);
                 CK(cudaMemcpy(s2.data(), scd.p, 4 * T, cudaMemcpyDeviceToHost));
                 EXPECT(memcmp(s2.data(), sch.data(), 4 * T) == 0, "tok_scale not bit-identical across runs");
+            }
+            /* the tail the other way (one cooperative launch / six kernels): the same bits
+             * everywhere, the error count included */
+            a.separate_launches = !c.separate;
+            for (int64_t t = 0; t < T; ++t) fill_poison((char *)g.p + (size_t)t * gs * esz, V, c.dt);
+            fill_poison(loss.p, 1, LF_F32);
+            fill_poison(seqd.p, nseq, LF_F32);
+            fill_poison(pmd.p, 4 * P, LF_F32);
+            fill_poison(scd.p, T, LF_F32);
+            CK(cudaMemset(ws.p, 0x5a, ws.bytes)); /* nothing left over from the other form */
+            CK(cudaMemset(err.p, 0, 4));
+            dpo_launch_sync(a, seqd, pmd, err);
+            std::vector<float> s3(nseq), p3(4 * P), t3(T > 0 ? T : 1);
+            unsigned e3;
+            CK(cudaMemcpy(g2.data(), g.p, g2.size(), cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(&l2, loss.p, 4, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(s3.data(), seqd.p, 4 * nseq, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(p3.data(), pmd.p, 16 * P, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(&e3, err.p, 4, cudaMemcpyDeviceToHost));
+            EXPECT(memcmp(g2.data(), gh.data(), gh.size()) == 0, "gradient differs with separate_launches = %d", !c.separate);
+            EXPECT(memcmp(&l2, &lh, 4) == 0, "loss differs with separate_launches = %d", !c.separate);
+            EXPECT(memcmp(s3.data(), sh.data(), 4 * nseq) == 0, "sequence log-probabilities differ with separate_launches = %d",
+                   !c.separate);
+            EXPECT(memcmp(p3.data(), ph.data(), 16 * P) == 0, "pair metrics differ with separate_launches = %d", !c.separate);
+            EXPECT(e3 == eh, "n_errors %u with separate_launches = %d, %u without", e3, !c.separate, eh);
+            if (c.deferred) {
+                CK(cudaMemcpy(t3.data(), scd.p, 4 * T, cudaMemcpyDeviceToHost));
+                EXPECT(memcmp(t3.data(), sch.data(), 4 * T) == 0, "tok_scale differs with separate_launches = %d", !c.separate);
             }
         }
     }
@@ -477,6 +509,10 @@ int main(int argc, char **argv)
             c = b; c.name = "input ids (shift on the device), int32"; c.ids = true; c.lab64 = false; run_dcase(c);
             c = b; c.name = "bad labels and pairs"; c.bad_labels = 6; c.bad_pairs = 3; run_dcase(c);
             c = b; c.name = "bad cu_seqlens"; c.bad_cu = true; run_dcase(c);
+            /* the tail as six kernels: their own error counting (the determinism cases compare
+             * the two forms bit for bit) */
+            c = b; c.name = "bad labels, pairs, separate launches"; c.bad_labels = 6; c.bad_pairs = 3; c.separate = true; run_dcase(c);
+            c = b; c.deferred = true; c.name = "bad cu_seqlens, separate launches"; c.bad_cu = true; c.separate = true; run_dcase(c);
             c = b; c.name = "forward only"; c.grad = 0; run_dcase(c);
             c = b; c.name = "determinism"; c.determinism = true; c.npairs = 12; run_dcase(c);
             /* the deferred scale (one read of the logits: cross_entropy.cu's fused kernel) */
@@ -485,6 +521,7 @@ int main(int argc, char **argv)
             c = b; c.deferred = true; c.name = "length-normalised, device divisor, dloss, bad labels and pairs"; c.norm = true; c.dev_div = true; c.dloss = true; c.bad_labels = 6; c.bad_pairs = 3; run_dcase(c);
             c = b; c.deferred = true; c.name = "bad cu_seqlens"; c.bad_cu = true; run_dcase(c);
             c = b; c.deferred = true; c.name = "determinism"; c.determinism = true; c.npairs = 12; run_dcase(c);
+            c = b; c.deferred = true; c.name = "determinism, separate launches"; c.determinism = true; c.npairs = 12; c.separate = true; c.bad_pairs = 2; run_dcase(c);
             /* masks at finfo.min: the in-place path's own online softmax (its row pass) and
              * cross_entropy.cu's fused kernel (the deferred pass; the in-place gradient pass) */
             c = b; c.name = "finfo.min entries, in place"; c.plant_fmin = true; c.grad = 2; run_dcase(c);
