@@ -106,7 +106,9 @@ typedef struct dpo_args {
     int separate_launches;    /* 0 (default): launches 3-7 as ONE cooperative launch where the
                                * device allows it (else as below); 1: one kernel each. The same
                                * bits either way; 1 is for comparison, or where cooperative
-                               * launches are unwelcome (bench/RESULTS.md has the two times) */
+                               * launches are unwelcome or may be refused (a process given only
+                               * part of the SMs, e.g. under MPS: the grid is sized from the whole
+                               * device; not tried here). bench/RESULTS.md has the two times */
 } dpo_args;
 
 static dpo_args dpo_args_default(void)
