@@ -114,7 +114,9 @@ static void run_dcase(const DCase &c)
         for (int64_t t = 0; t < T; ++t) ref_lab[t] = lf_packed_next_label(cu.data(), nseq, ids.data(), t, -100);
     std::vector<int64_t> ref_lab_clean = ref_lab; /* bad labels are ignored tokens for the reference */
     /* pairs: (2p, 2p+1), then reuse: pair 0's chosen also in the last pair, the empty and the
-     * all-prompt sequences in pairs */
+     * all-prompt sequences in pairs; with 8 pairs or more (the determinism cases) sequence 0 is
+     * also the chosen of pairs npairs/2 .. npairs-2, so that its coefficient is a sum of more
+     * than two terms, whose bits depend on their order (two terms commute exactly) */
     std::vector<int32_t> pairs(2 * c.npairs + 2 * c.bad_pairs);
     for (int64_t p = 0; p < c.npairs; ++p) {
         pairs[2 * p] = (int32_t)(2 * p);
@@ -125,6 +127,8 @@ static void run_dcase(const DCase &c)
         pairs[3] = 7;
         pairs[2 * (c.npairs - 1)] = 0;
     }
+    if (c.npairs >= 8)
+        for (int64_t p = c.npairs / 2; p < c.npairs - 1; ++p) pairs[2 * p] = 0;
     std::vector<int32_t> valid_pairs(pairs.begin(), pairs.begin() + 2 * c.npairs);
     for (int b = 0; b < c.bad_pairs; ++b) {
         pairs[2 * (c.npairs + b)] = b % 2 ? (int32_t)nseq : 1;
