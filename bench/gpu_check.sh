@@ -8,7 +8,7 @@
 #   packedpeers: their PyTorch peers; tp: bench_parallel, issue 5's vocabulary-parallel rank step vs
 #   the single-GPU kernel and the cp-local loss vs gather-then-loss; tppeers: PyTorch's vocabulary-parallel pattern on one rank's shard;
 #   nccl: issue 5's multi-GPU runs over NCCL (test_tp_gpu / test_cp_gpu --nccl, the two examples in
-#   nccl mode) on every GPU seen; tpnccl: bench_parallel --nccl, tp = 2 on two GPUs. Neither is in
+#   nccl mode, vocab_parallel_ce also one process per GPU) on every GPU seen; tpnccl: bench_parallel --nccl, tp = 2 on two GPUs. Neither is in
 #   the default list: ask for them on a machine of two GPUs or more)
 # (peers: the cross-entropy peers at every bench shape; klpeers: the distillation peers at two
 # shapes, since torch.compile takes ~30 s per shape and mode.) One device call runs at most
@@ -100,7 +100,7 @@ if has nccl; then
     grep -E "NCCL" "$OUT/nccl.$t.log" | tail -${NCCL_SHOW:-6}
     summary+=("$t --nccl ($ngpu GPUs): rc=$rc, $(grep "$t:" "$OUT/nccl.$t.log" | tail -1)")
   done
-  for m in nccl lsa; do
+  for m in nccl lsa mp mplsa; do # mp, mplsa: one process per GPU (forked ranks, ncclCommInitRank)
     timeout 120 "$B/examples/vocab_parallel_ce" "$ngpu" 4096 151936 $m >"$OUT/$m.vocab_parallel_ce.log" 2>&1
     summary+=("vocab_parallel_ce $ngpu 4096 151936 $m: rc=$?, $(tail -1 "$OUT/$m.vocab_parallel_ce.log")")
   done

@@ -5,7 +5,7 @@
  * Build and run (from the repository root; meson does the same, see README.md):
  *     nvcc -O3 -std=c++17 -arch=sm_90 -I. examples/vocab_parallel_ce.cu -o vocab_parallel_ce
  *     nvcc -O3 -std=c++17 -arch=sm_90 -I. -DLF_HAVE_NCCL examples/vocab_parallel_ce.cu -lnccl -o vocab_parallel_ce
- *     ./vocab_parallel_ce [tp=2] [N=2048] [V=151936] [sim|nccl|lsa] [mem]
+ *     ./vocab_parallel_ce [tp=2] [N=2048] [V=151936] [sim|nccl|lsa|mp|mplsa] [mem]
  *   sim  (default): the tp ranks simulated in one process on one GPU (each shard its own buffer),
  *        checked against the single-GPU cross-entropy (examples/cross_entropy.cu) on the full
  *        vocabulary;
@@ -14,6 +14,11 @@
  *        process calls tp_ce_launch for its rank with its communicator (ncclCommInitRank).
  *   lsa  (NCCL 2.28 or later, GPUs of one NVLink domain): as nccl, on the read-once schedule:
  *        the shares go straight into every rank's symmetric window (see "Read once" below).
+ *   mp, mplsa: as nccl and lsa, but ONE PROCESS PER GPU, as a training job runs: tp processes
+ *        (forked here; torchrun or mpirun would start them), each with its communicator from
+ *        ncclCommInitRank, calling tp_ce_launch for its own rank only (tp_one_rank); each checks
+ *        its shard against the single-GPU loss on its GPU, and the ranks' loss / lse bits are
+ *        compared. tp = 1 runs on one GPU. Also times each rank's whole step, exchange included.
  *   mem  (opt-in): also report the net device memory a step allocates (free memory before and
  *        after a second run: it allocates nothing, every buffer is the caller's) and the
  *        caller's buffers it touches.
@@ -76,6 +81,13 @@
 
 #include <algorithm>
 #include <vector>
+#if defined(LF_HAVE_NCCL) && !defined(TP_NO_MAIN)
+#include <signal.h> /* modes mp / mplsa: one forked process per GPU */
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#endif
 #ifdef LF_HAVE_NCCL
 #include <nccl.h>
 #if __has_include(<nccl_device.h>) && NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
@@ -1501,6 +1513,56 @@ static lf_status tp_time_nccl(tp_nccl_ranks &g, const tp_ce_args *args, int iter
     *ms = t[t.size() / 2];
     return LF_OK;
 }
+/* One process per GPU: the rank of this process over its communicator (made by the caller, e.g.
+ * ncclCommInitRank with an id shared by the processes; tp_demo_procs), with its own exchange
+ * and a blocking stream (it waits for inputs written on the legacy default stream). This is
+ * the plain use of tp_ce_launch: every process calls launch() for its rank with the same
+ * arguments but its own shard; the all-gather (or, with lsa_rows > 0, the read-once window)
+ * joins them. The destructor waits for the stream and frees what init made; the window's
+ * deregistration there is collective (every rank's process must get there, as with NCCL's
+ * communicator teardown). */
+struct tp_one_rank {
+    tp_exchange x{};
+    cudaStream_t s = nullptr;
+    bool made = false;
+
+    lf_status init(ncclComm_t comm, int tp, int64_t lsa_rows, cudaError_t *cuda_err)
+    {
+        CE_CHECK(cudaStreamCreate(&s));
+        TP_TRY(tp_exchange_create(&x, cuda_err));
+        made = true;
+        x.comm = comm;
+        if (lsa_rows <= 0) return LF_OK;
+#ifdef TP_HAVE_LSA
+        return tp_lsa_create(&x, tp, lsa_rows, cuda_err);
+#else
+        (void)tp;
+        return LF_ERR_ARG; /* this NCCL has no symmetric windows (2.28 or later needed) */
+#endif
+    }
+    lf_status launch(const tp_ce_args *a, cudaError_t *cuda_err) { return tp_ce_launch(a, &x, s, cuda_err); }
+    /* launch and wait; LF_ERR_DEVICE also where the read-once launch gave up (NaN outputs) */
+    lf_status run(const tp_ce_args *a, cudaError_t *cuda_err)
+    {
+        TP_TRY(launch(a, cuda_err));
+        CE_CHECK(cudaStreamSynchronize(s));
+        CE_CHECK(cudaGetLastError());
+        unsigned g = 0;
+        if (x.lsa && tp_lsa_failure(&x, &g) != TP_LSA_OK && g == x.gen) return LF_ERR_DEVICE;
+        return LF_OK;
+    }
+    ~tp_one_rank()
+    {
+        if (s) cudaStreamSynchronize(s);
+        if (made) {
+#ifdef TP_HAVE_LSA
+            tp_lsa_destroy(&x);
+#endif
+            tp_exchange_destroy(&x);
+        }
+        if (s) cudaStreamDestroy(s);
+    }
+};
 #endif
 
 /* ============================================================================================
@@ -1533,6 +1595,15 @@ typedef struct tp_demo {
     int64_t check_rows;   /* 0: every row; else this many rows (first, last, spread) */
     int use_nccl;
     int lsa;              /* with use_nccl: the read-once schedule over NCCL symmetric windows */
+    int one_rank;         /* with use_nccl: one process per GPU (tp_demo_procs): this process
+                           * holds rank mp_rank only, on device mp_dev, over its communicator
+                           * mp_comm, and runs it with tp_ce_launch (its own exchange, on its own
+                           * stream); the reference runs on mp_dev too and only that rank's
+                           * shard is checked (the processes compare out_hash) */
+    int mp_rank, mp_dev;
+#ifdef LF_HAVE_NCCL
+    ncclComm_t mp_comm;
+#endif
     int lsa_lag, lsa_ctas_per_sm, lsa_hints; /* its knobs (tp_ce_args; 0: defaults) */
     int lsa_prof;         /* with time_iters: also measure the time its CTAs wait (lsa_wait_frac) */
     uint64_t seed;
@@ -1562,6 +1633,8 @@ typedef struct tp_demo_result {
     double lsa_wait_frac;         /* with lsa_prof: the share of a CTA's time spent waiting for chunks,
                                    * mean over CTAs and ranks */
     int lsa_grid;
+    uint64_t out_hash;            /* FNV-1a of the checked rank's loss, z-loss and lse outputs: the
+                                   * same on every rank (one_rank: compared across the processes) */
     int ok;
 } tp_demo_result;
 
@@ -1616,6 +1689,15 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
     const int64_t N = d->N, V = d->V, ign = d->opts.ignore_index;
     const int esz = lf_dtype_size(d->dt);
     const bool nccl = d->use_nccl != 0;
+    const bool one = nccl && d->one_rank != 0; /* one process per GPU: this process's rank only */
+    /* the rank whose outputs are checked first (one: the only one here), the reference's device */
+    const int r0 = one ? d->mp_rank : 0, dev0 = one ? d->mp_dev : 0;
+    auto here = [&](int r) { return !one || r == r0; };
+    auto dev_of = [&](int r) { return one ? dev0 : nccl ? r : 0; };
+    if (one && (r0 < 0 || r0 >= P)) {
+        res.st = LF_ERR_ARG;
+        return res;
+    }
     uint64_t rs = tp_mix(d->seed);
     auto rnd = [&](uint64_t n) { rs = tp_mix(rs); return n ? rs % n : 0; };
 
@@ -1647,7 +1729,7 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
     unsigned *erref = NULL;
     const size_t wsrb = ce_workspace_bytes(N);
     const size_t nout = 3 * (size_t)N + 4;
-    TPD_TRY(cudaSetDevice(0));
+    TPD_TRY(cudaSetDevice(dev0));
     TPD_TRY(cudaMalloc(&xg, nel * esz + 16));
     TPD_TRY(cudaMalloc(&gref, nel * esz + 16));
     TPD_TRY(cudaMalloc(&labd, 8 * (N + 1)));
@@ -1734,7 +1816,7 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
     const size_t nloss = d->reduction == LF_REDUCE_NONE ? (size_t)N : 1;
     res.loss_ref = nloss ? refh[0] : 0.0;
 
-    /* the shards: rank r on device 0 (simulation) or device r (NCCL) */
+    /* the shards: rank r on device 0 (simulation), device r (NCCL), or only this process's rank */
     std::vector<tp_ce_args> args(P);
     std::vector<void *> xs(P), gs(P), ws(P), lbd(P), dls(P);
     std::vector<float *> outs(P), cwd(P);
@@ -1743,11 +1825,11 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
     const size_t shb = tp_ce_shares_bytes(N, P);
     res.shares_bytes = shb;
     for (int r = 0; r < P; ++r) {
-        const int dev = nccl ? r : 0;
+        if (!here(r)) continue;
         int64_t v0, v1;
         lf_tp_shard(V, P, r, &v0, &v1);
         const int64_t vs = v1 - v0, st = vs + d->pad;
-        TPD_TRY(cudaSetDevice(dev));
+        TPD_TRY(cudaSetDevice(dev_of(r)));
         TPD_TRY(cudaMalloc(&xs[r], (size_t)N * st * esz + 64));
         if (N > 0 && vs > 0)
             TPD_TRY(cudaMemcpy2D(xs[r], st * esz, (char *)xg + v0 * esz, V * esz, vs * esz, N, cudaMemcpyDefault));
@@ -1800,18 +1882,21 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
         a.lsa_lag = d->lsa_lag;
         a.lsa_ctas_per_sm = d->lsa_ctas_per_sm;
         a.lsa_hints = d->lsa_hints;
-        a.plan = r == 0 ? &res.plan : NULL;
+        a.plan = r == r0 ? &res.plan : NULL;
     }
 #ifdef LF_HAVE_NCCL
     tp_nccl_ranks ranks; /* made once, used by every run and the timing below */
-    if (nccl && (res.st = ranks.init(P, &res.cuda, d->lsa ? N : 0)) != LF_OK) return res;
+    if (nccl && !one && (res.st = ranks.init(P, &res.cuda, d->lsa ? N : 0)) != LF_OK) return res;
+    tp_one_rank mpx; /* one: this process's exchange and stream */
+    if (one && (res.st = mpx.init(d->mp_comm, P, d->lsa ? N : 0, &res.cuda)) != LF_OK) return res;
 #endif
     /* poison every output (NaN in every dtype), then run (twice with repeat) */
     std::vector<std::vector<char>> first_grad(P);
     std::vector<float> first_loss;
     for (int rep = 0; rep < (d->repeat ? 2 : 1); ++rep) {
         for (int r = 0; r < P; ++r) {
-            TPD_TRY(cudaSetDevice(nccl ? r : 0));
+            if (!here(r)) continue;
+            TPD_TRY(cudaSetDevice(dev_of(r)));
             int64_t v0, v1;
             lf_tp_shard(V, P, r, &v0, &v1);
             if (gs[r]) TPD_TRY(cudaMemset(gs[r], 0xff, (size_t)N * (v1 - v0 + d->pad) * esz));
@@ -1821,7 +1906,14 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
             TPD_TRY(cudaMemset(outs[r], 0xff, 4 * (3 * N + 4)));
             TPD_TRY(cudaMemset(errs[r], 0, 4)); /* counted afresh each run */
         }
-        if (nccl) {
+        if (one) {
+#ifdef LF_HAVE_NCCL
+            if ((res.st = mpx.run(&args[r0], &res.cuda)) != LF_OK) return res;
+#else
+            res.st = LF_ERR_ARG; /* built without NCCL */
+            return res;
+#endif
+        } else if (nccl) {
 #ifdef LF_HAVE_NCCL
             if ((res.st = ranks.run(args.data(), &res.cuda)) != LF_OK) return res;
             if ((res.st = ranks.sync(&res.cuda)) != LF_OK) return res;
@@ -1837,13 +1929,13 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
             TPD_TRY(cudaGetLastError());
             TPD_TRY(cudaDeviceSynchronize());
         }
-        if (d->repeat) { /* keep rank 0's outputs of the first run, compare the second's bits */
-            TPD_TRY(cudaSetDevice(0));
+        if (d->repeat) { /* keep rank r0's outputs of the first run, compare the second's bits */
+            TPD_TRY(cudaSetDevice(dev0));
             std::vector<float> lo(nout);
-            TPD_TRY(cudaMemcpy(lo.data(), outs[0], 4 * nout, cudaMemcpyDeviceToHost));
+            TPD_TRY(cudaMemcpy(lo.data(), outs[r0], 4 * nout, cudaMemcpyDeviceToHost));
             int64_t v0, v1;
-            lf_tp_shard(V, P, 0, &v0, &v1);
-            const void *gbuf = d->forward_only ? NULL : d->in_place ? xs[0] : gs[0];
+            lf_tp_shard(V, P, r0, &v0, &v1);
+            const void *gbuf = d->forward_only ? NULL : d->in_place ? xs[r0] : gs[r0];
             const size_t gb = gbuf ? (size_t)N * (v1 - v0 + d->pad) * esz : 0;
             std::vector<char> g(gb);
             if (gb) TPD_TRY(cudaMemcpy(g.data(), gbuf, gb, cudaMemcpyDeviceToHost));
@@ -1864,7 +1956,7 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
     double W = 0.0;
     for (int64_t j = 0; j < V; ++j) W += weights ? cw[j] : 1.0;
     std::vector<float> dlh(N > 0 ? N : 1);
-    TPD_TRY(cudaSetDevice(0));
+    TPD_TRY(cudaSetDevice(dev0));
     TPD_TRY(cudaMemcpy(dlh.data(), dlossd0, 4 * N, cudaMemcpyDeviceToHost));
     double divisor = 0.0;
     for (int64_t i = 0; i < N; ++i)
@@ -1887,19 +1979,19 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
     const double red_div = d->reduction == LF_REDUCE_MEAN ? (divisor != 0.0 ? fabs(divisor) : INFINITY) : 1.0;
     std::vector<float> oh(nout), o0(nout);
     int64_t v00, v01;
-    lf_tp_shard(V, P, 0, &v00, &v01);
+    lf_tp_shard(V, P, r0, &v00, &v01);
     for (int r = 0; r < P; ++r) {
-        const int dev = nccl ? r : 0;
-        TPD_TRY(cudaSetDevice(dev));
+        if (!here(r)) continue;
+        TPD_TRY(cudaSetDevice(dev_of(r)));
         TPD_TRY(cudaDeviceSynchronize());
         unsigned e;
         TPD_TRY(cudaMemcpy(&e, errs[r], 4, cudaMemcpyDeviceToHost));
         res.errors += e;
         TPD_TRY(cudaMemcpy(oh.data(), outs[r], 4 * nout, cudaMemcpyDeviceToHost));
-        if (r == 0) o0 = oh;
+        if (r == r0) o0 = oh;
         /* every rank holds the same bits: loss, z, lse */
         if (memcmp(oh.data(), o0.data(), 4 * nout) != 0 && r > 0) ++res.rank_mismatch; /* all poisoned alike first */
-        if (r == 0) {
+        if (r == r0) {
             res.loss = nloss ? oh[0] : 0.0;
             for (size_t q = 0; q < nloss; ++q) {
                 const double want = refh[q], got = oh[q];
@@ -1925,7 +2017,7 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
         const int64_t nchk = d->check_rows > 0 && d->check_rows < N ? d->check_rows : N;
         for (int64_t c = 0; c < nchk; ++c) {
             const int64_t i = nchk == N ? c : (c == nchk - 1 ? N - 1 : c * (N / nchk));
-            if (r == 0) ++res.rows_checked;
+            if (r == r0) ++res.rows_checked;
             TPD_TRY(cudaMemcpy(gh.data(), (char *)(d->in_place ? xs[r] : gs[r]) + (size_t)i * st * esz, vs * esz, cudaMemcpyDefault));
             TPD_TRY(cudaMemcpy(rh.data(), (char *)gref + (size_t)i * V * esz, V * esz, cudaMemcpyDefault));
             const bool valid = lab[i] != ign && lab[i] >= 0 && lab[i] < V;
@@ -1949,8 +2041,12 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
             }
         }
     }
+    res.out_hash = 0xcbf29ce484222325ull;
+    for (size_t q = 0; q < 4 * nout; ++q) res.out_hash = (res.out_hash ^ ((const unsigned char *)o0.data())[q]) * 0x100000001b3ull;
+    /* rank 0 counts the bad labels: a process holding another rank counts none */
+    const unsigned errors_want = r0 == 0 ? res.errors_ref : 0u;
     res.ok = res.st == LF_OK && res.loss_err <= 1.0 && res.lse_err <= 1.0 && res.grad_err <= 1.0 && res.rank_mismatch == 0 &&
-             res.nondeterministic == 0 && res.errors == res.errors_ref;
+             res.nondeterministic == 0 && res.errors == errors_want;
     if (d->report_memory && !nccl) {
         size_t f0 = 0, f1 = 0, tot = 0;
         TPD_TRY(cudaSetDevice(0));
@@ -1988,7 +2084,23 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
         TPD_TRY(cudaGetLastError());
     }
 #ifdef LF_HAVE_NCCL
-    if (d->time_iters > 0 && nccl && N > 0) {
+    if (d->time_iters > 0 && one && N > 0) {
+        /* this rank's whole step, exchange included (the other processes' ranks run theirs at
+         * the same time: their collectives keep the steps in step, so a rank waiting for a slower
+         * one counts the wait), then the single-GPU kernel on the full V on this GPU; in place */
+        TPD_TRY(cudaSetDevice(dev0));
+        args[r0].grad = d->forward_only ? NULL : xs[r0];
+        args[r0].plan = NULL;
+        if ((res.st = ce_time_median([&]() { return mpx.launch(&args[r0], &res.cuda); }, d->time_iters, &res.ms_tp)) != LF_OK)
+            return res;
+        res.lsa_grid = mpx.x.grid;
+        ce_args c = cref;
+        c.grad = d->forward_only ? NULL : xg;
+        if ((res.st = ce_time_median([&]() { return ce_launch(&c, 0, &res.cuda); }, d->time_iters, &res.ms_single)) != LF_OK)
+            return res;
+        TPD_TRY(cudaGetLastError());
+    }
+    if (d->time_iters > 0 && nccl && !one && N > 0) {
         /* the whole step on every GPU at once, the exchange included (default plan, then chunks of
          * a quarter of L2), and the single-GPU kernel on the full V on GPU 0; in place */
         for (int r = 0; r < P; ++r) args[r].grad = d->forward_only ? NULL : xs[r];
@@ -2033,12 +2145,13 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
     }
 #endif
     for (int r = 0; r < P; ++r) {
-        TPD_TRY(cudaSetDevice(nccl ? r : 0));
+        if (!here(r)) continue;
+        TPD_TRY(cudaSetDevice(dev_of(r)));
         for (void *q : {xs[r], gs[r], (void *)outs[r], (void *)errs[r], ws[r], lbd[r], (void *)cwd[r], dls[r]})
             if (q) TPD_TRY(cudaFree(q));
         if (nccl || r == 0) TPD_TRY(cudaFree(shr[r]));
     }
-    TPD_TRY(cudaSetDevice(0));
+    TPD_TRY(cudaSetDevice(dev0));
     for (void *q : {xg, gref, wsr, labd, (void *)cwd0, (void *)ref_out, (void *)erref}) TPD_TRY(cudaFree(q));
     return res;
 }
@@ -2048,6 +2161,183 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
  * 6. main: one configuration, checked, with the memory it takes
  * ========================================================================================== */
 #ifndef TP_NO_MAIN
+/* No device: the shares at work on the host (one row of V = 6 over tp = 3), said plainly. */
+static int tp_host_demo(void)
+{
+    const float x[6] = {1.0f, 3.0f, -2.0f, 0.5f, 3.0f, 0.0f};
+    lf_tp_share g[3];
+    printf("no CUDA device found: one row of V = 6 over tp = 3 on the host only\n");
+    for (int r = 0; r < 3; ++r) {
+        int64_t v0, v1;
+        lf_tp_acc acc = lf_tp_acc_init();
+        lf_tp_shard(6, 3, r, &v0, &v1);
+        for (int64_t j = v0; j < v1; ++j) lf_tp_acc_push(&acc, x[j], 1.0f, j == 4, 0);
+        g[r] = lf_tp_share_make(acc, 1.0f, (float)(v1 - v0), 6, 0.0f);
+        printf("rank %d: columns [%lld, %lld) share m=%g s=%g t=%g\n", r, (long long)v0, (long long)v1, g[r].m, g[r].s, g[r].t);
+    }
+    float lse;
+    const float loss = lf_tp_loss(lf_tp_merge(g, 1, 3, 0, 4, 1.0f, NULL, 6, 0.0f), 0.0f, &lse);
+    const lf_ce_opts o = lf_ce_opts_default();
+    const lf_ce_row ref = lf_ref_ce_row(x, 6, 4, &o, NULL);
+    printf("merged: lse %.7f, loss %.7f (label 4); unsharded reference: lse %.7f, loss %.7f\n", lse, loss, ref.lse, ref.loss);
+    return 0;
+}
+
+#ifdef LF_HAVE_NCCL
+/* Modes mp / mplsa: one process per GPU, as a training job runs (here forked from this one; a
+ * launcher such as torchrun or mpirun would start them instead). Rank 0's process makes the
+ * NCCL id and hands it over through shared memory, every process calls ncclCommInitRank and
+ * runs tp_demo_run for its rank alone (tp_demo.one_rank: tp_ce_launch over its own exchange),
+ * and reports back here; the loss / lse bits of the ranks are compared by hash. The parent
+ * itself never initialises CUDA (a process that forks children using CUDA must not). */
+typedef struct tp_proc_report {
+    int done;
+    char device[256];
+    tp_demo_result res;
+} tp_proc_report;
+
+typedef struct tp_procs_shared {
+    ncclUniqueId id;
+    int id_state; /* 0: not yet, 1: ready, -1: ncclGetUniqueId failed */
+    tp_proc_report rep[TP_MAX_RANKS];
+} tp_procs_shared;
+
+/* The number of devices, asked in a child process (so that this one stays without CUDA); -1 if
+ * the child could not run. */
+static int tp_probe_devices(void)
+{
+    fflush(stdout);
+    fflush(stderr);
+    const pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+        int n = 0;
+        if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
+        _exit(n > 100 ? 100 : n);
+    }
+    int wst = 0;
+    if (waitpid(pid, &wst, 0) != pid || !WIFEXITED(wst)) return -1;
+    return WEXITSTATUS(wst);
+}
+
+[[noreturn]] static void tp_proc_rank(tp_demo d, tp_procs_shared *sh, int rank)
+{
+    if (rank == 0) {
+        const bool ok = ncclGetUniqueId(&sh->id) == ncclSuccess;
+        __atomic_store_n(&sh->id_state, ok ? 1 : -1, __ATOMIC_RELEASE);
+        if (!ok) _exit(2);
+    } else {
+        while (__atomic_load_n(&sh->id_state, __ATOMIC_ACQUIRE) == 0) usleep(1000); /* the parent's deadline bounds it */
+        if (sh->id_state < 0) _exit(2);
+    }
+    ncclComm_t comm = nullptr;
+    cudaDeviceProp prop;
+    if (cudaSetDevice(rank) != cudaSuccess || cudaGetDeviceProperties(&prop, rank) != cudaSuccess) _exit(3);
+    snprintf(sh->rep[rank].device, sizeof sh->rep[rank].device, "%s", prop.name);
+    if (ncclCommInitRank(&comm, d.tp, sh->id, rank) != ncclSuccess) _exit(3);
+    d.one_rank = 1;
+    d.mp_rank = d.mp_dev = rank;
+    d.mp_comm = comm;
+    const tp_demo_result r = tp_demo_run(&d);
+    sh->rep[rank].res = r;
+    __atomic_store_n(&sh->rep[rank].done, 1, __ATOMIC_RELEASE);
+    if (r.st == LF_OK) ncclCommDestroy(comm);
+    else ncclCommAbort(comm); /* a peer may be left mid-collective */
+    _exit(r.ok ? 0 : 1);
+}
+
+/* The parent: the processes, a deadline (a rank stuck in a collective whose peer failed is
+ * killed, not waited for), the reports. */
+static int tp_demo_procs(const tp_demo *d, const char *mode, int timeout_s)
+{
+    const int ndev = tp_probe_devices();
+    if (ndev < 0) {
+        fprintf(stderr, "%s mode: could not start a process to count the devices\n", mode);
+        return 1;
+    }
+    if (ndev == 0) return tp_host_demo();
+    if (d->tp < 1 || d->tp > ndev || d->tp > TP_MAX_RANKS) {
+        fprintf(stderr, "%s mode: tp = %d ranks need %d GPUs (one process each), %d visible\n", mode, d->tp, d->tp, ndev);
+        return 1;
+    }
+    tp_procs_shared *sh = (tp_procs_shared *)mmap(NULL, sizeof(tp_procs_shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (sh == MAP_FAILED) {
+        perror("mmap");
+        return 1;
+    }
+    memset(sh, 0, sizeof *sh);
+    std::vector<pid_t> pids(d->tp, -1);
+    std::vector<int> status(d->tp, -1); /* exit codes; -2 killed at the deadline, -3 died */
+    fflush(stdout);
+    fflush(stderr);
+    for (int r = 0; r < d->tp; ++r) {
+        const pid_t pid = fork();
+        if (pid == 0) tp_proc_rank(*d, sh, r);
+        if (pid < 0) {
+            perror("fork");
+            if (r == 0) return 1;
+            /* the ranks started wait for this one in ncclCommInitRank: the deadline ends them */
+            break;
+        }
+        pids[r] = pid;
+    }
+    const time_t t_end = time(NULL) + timeout_s;
+    for (int left = d->tp; left > 0;) {
+        int wst = 0;
+        const pid_t p = waitpid(-1, &wst, WNOHANG);
+        if (p > 0) {
+            for (int r = 0; r < d->tp; ++r)
+                if (pids[r] == p) {
+                    status[r] = WIFEXITED(wst) ? WEXITSTATUS(wst) : -3;
+                    pids[r] = -1;
+                    --left;
+                }
+            continue;
+        }
+        if (p < 0) break; /* no children left */
+        if (time(NULL) > t_end) {
+            for (int r = 0; r < d->tp; ++r)
+                if (pids[r] > 0) {
+                    kill(pids[r], SIGKILL);
+                    waitpid(pids[r], NULL, 0);
+                    status[r] = -2;
+                }
+            break;
+        }
+        usleep(10000);
+    }
+    bool ok = true, same = true;
+    double ms_tp = 0.0;
+    const tp_demo_result &r0 = sh->rep[0].res;
+    printf("device: %s  tp=%d (one process per GPU, %s)  N=%lld  V=%lld bf16, smoothing 0.1, z-loss 1e-4, 10%% ignored, in place\n",
+           sh->rep[0].device[0] ? sh->rep[0].device : "?", d->tp, d->lsa ? "NCCL symmetric windows, read once" : "NCCL all-gather",
+           (long long)d->N, (long long)d->V);
+    for (int r = 0; r < d->tp; ++r) {
+        const tp_proc_report &q = sh->rep[r];
+        if (status[r] == -2) printf("rank %d: killed at the %d s deadline\n", r, timeout_s);
+        else if (!q.done) printf("rank %d: exited (%d) before its report\n", r, status[r]);
+        else
+            printf("rank %d (%s): %s%s%s; loss %.7f (%.3f of tolerance), lse worst %.3f, gradient worst %.3f (%lld rows), bad labels %u\n",
+                   r, q.device, lf_status_str(q.res.st), q.res.st == LF_OK ? "" : " / ", q.res.st == LF_OK ? "" : cudaGetErrorString(q.res.cuda),
+                   q.res.loss, q.res.loss_err, q.res.lse_err, q.res.grad_err, (long long)q.res.rows_checked, q.res.errors);
+        ok = ok && q.done && q.res.ok && status[r] == 0;
+        same = same && q.done && q.res.out_hash == r0.out_hash;
+        if (q.done && q.res.ms_tp > ms_tp) ms_tp = q.res.ms_tp;
+    }
+    ok = ok && same;
+    printf("loss %.7f, single GPU %.7f; every rank the same bits: %s; bad labels %u (single GPU %u)\n", r0.loss, r0.loss_ref,
+           same ? "yes" : "NO", r0.errors, r0.errors_ref);
+    printf("memory per rank: workspace %zu B + shares %zu B; gathering the logits instead would take %zu B\n", r0.ws_bytes,
+           r0.shares_bytes, r0.gathered_bytes);
+    if (d->time_iters && sh->rep[0].done && r0.ms_single > 0.0)
+        printf("time: per-GPU step %.3f ms (the slowest rank's median, exchange included); single GPU, full V: %.3f ms; ratio %.3f\n",
+               ms_tp, r0.ms_single, ms_tp / r0.ms_single);
+    munmap(sh, sizeof *sh);
+    printf("%s\n", ok ? "OK" : "MISMATCH");
+    return ok ? 0 : 1;
+}
+#endif
+
 int main(int argc, char **argv)
 {
     tp_demo d;
@@ -2055,9 +2345,19 @@ int main(int argc, char **argv)
     d.tp = argc > 1 ? atoi(argv[1]) : 2;
     d.N = argc > 2 ? atoll(argv[2]) : 2048;
     d.V = argc > 3 ? atoll(argv[3]) : 151936;
-    d.use_nccl = argc > 4 && (!strcmp(argv[4], "nccl") || !strcmp(argv[4], "lsa"));
-    d.lsa = argc > 4 && !strcmp(argv[4], "lsa");
+    const char *mode = argc > 4 ? argv[4] : "sim";
+    const bool procs = !strcmp(mode, "mp") || !strcmp(mode, "mplsa");
+    d.use_nccl = procs || !strcmp(mode, "nccl") || !strcmp(mode, "lsa");
+    d.lsa = !strcmp(mode, "lsa") || !strcmp(mode, "mplsa");
     d.report_memory = argc > 5 && !strcmp(argv[5], "mem");
+    if (strcmp(mode, "sim") && !d.use_nccl) {
+        fprintf(stderr, "usage: %s [tp] [N] [V] [sim|nccl|lsa|mp|mplsa] [mem]  (unknown mode '%s')\n", argv[0], mode);
+        return 2;
+    }
+    if (d.tp < 1 || d.N < 0 || d.V < 1) {
+        fprintf(stderr, "tp >= 1, N >= 0 and V >= 1 please (tp = %d, N = %lld, V = %lld)\n", d.tp, (long long)d.N, (long long)d.V);
+        return 2;
+    }
     d.dt = LF_BF16;
     d.opts = lf_ce_opts_default();
     d.opts.label_smoothing = 0.1f;
@@ -2070,28 +2370,17 @@ int main(int argc, char **argv)
     d.edge_labels = 1;
     d.check_rows = 64;
     d.seed = 20261123;
-    d.time_iters = d.use_nccl ? 0 : 10;
-    int ndev = 0;
-    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
-        /* Say so plainly, and still show the shares at work on the host. */
-        const float x[6] = {1.0f, 3.0f, -2.0f, 0.5f, 3.0f, 0.0f};
-        lf_tp_share g[3];
-        printf("no CUDA device found: one row of V = 6 over tp = 3 on the host only\n");
-        for (int r = 0; r < 3; ++r) {
-            int64_t v0, v1;
-            lf_tp_acc acc = lf_tp_acc_init();
-            lf_tp_shard(6, 3, r, &v0, &v1);
-            for (int64_t j = v0; j < v1; ++j) lf_tp_acc_push(&acc, x[j], 1.0f, j == 4, 0);
-            g[r] = lf_tp_share_make(acc, 1.0f, (float)(v1 - v0), 6, 0.0f);
-            printf("rank %d: columns [%lld, %lld) share m=%g s=%g t=%g\n", r, (long long)v0, (long long)v1, g[r].m, g[r].s, g[r].t);
-        }
-        float lse;
-        const float loss = lf_tp_loss(lf_tp_merge(g, 1, 3, 0, 4, 1.0f, NULL, 6, 0.0f), 0.0f, &lse);
-        const lf_ce_opts o = lf_ce_opts_default();
-        const lf_ce_row ref = lf_ref_ce_row(x, 6, 4, &o, NULL);
-        printf("merged: lse %.7f, loss %.7f (label 4); unsharded reference: lse %.7f, loss %.7f\n", lse, loss, ref.lse, ref.loss);
-        return 0;
+    d.time_iters = d.use_nccl && !procs ? 0 : 10;
+    if (procs) { /* before any CUDA call in this process */
+#ifdef LF_HAVE_NCCL
+        return tp_demo_procs(&d, mode, 300);
+#else
+        fprintf(stderr, "built without NCCL: rebuild with -DLF_HAVE_NCCL -lnccl\n");
+        return 1;
+#endif
     }
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) return tp_host_demo();
 #ifndef LF_HAVE_NCCL
     if (d.use_nccl) {
         fprintf(stderr, "built without NCCL: rebuild with -DLF_HAVE_NCCL -lnccl\n");

@@ -6,7 +6,10 @@
  *   test_tp_gpu --small    fewer, smaller cases (for compute-sanitizer)
  *   test_tp_gpu --seed S   reproduce a run
  *   test_tp_gpu --nccl     also the NCCL paths (all-gathers; read-once over symmetric windows), one
- *                          GPU per rank, for every tp <= the GPUs seen, over a matrix of options
+ *                          GPU per rank, for every tp <= the GPUs seen, over a matrix of options,
+ *                          each driven both ways (one thread for every rank; a thread per rank
+ *                          with its own communicator, as one process per GPU runs), and
+ *                          tp_nccl_ranks::abort
  * Exit: 0 all passed, 1 a check failed, 77 no CUDA device (meson counts it as skipped).
  *
  * Each case (tp_demo_run) draws logits with outliers (and optionally -inf entries, NaN rows,
@@ -29,24 +32,62 @@
 #include <functional>
 #include <thread>
 
+/* The case's results: one (the simulation, or one thread driving every rank), or with
+ * d.one_rank one per rank, each from its own thread on GPU r over its own communicator
+ * (ncclCommInitRank) through tp_ce_launch: what one process per GPU runs (tp_one_rank). */
+static std::vector<tp_demo_result> run_ranks(const tp_demo &d)
+{
+    if (!d.one_rank) return {tp_demo_run(&d)};
+    std::vector<tp_demo_result> res(d.tp > 0 ? d.tp : 1);
+    for (tp_demo_result &r : res) {
+        memset(&r, 0, sizeof r);
+        r.st = LF_ERR_DEVICE;
+    }
+#ifdef LF_HAVE_NCCL
+    ncclUniqueId id;
+    if (ncclGetUniqueId(&id) != ncclSuccess) return res;
+    std::vector<std::thread> th;
+    for (int r = 0; r < d.tp; ++r)
+        th.emplace_back([&, r]() {
+            ncclComm_t comm = nullptr;
+            if (cudaSetDevice(r) != cudaSuccess || ncclCommInitRank(&comm, d.tp, id, r) != ncclSuccess) return;
+            tp_demo e = d;
+            e.mp_rank = e.mp_dev = r;
+            e.mp_comm = comm;
+            res[r] = tp_demo_run(&e);
+            if (res[r].st == LF_OK) ncclCommDestroy(comm);
+            else ncclCommAbort(comm); /* a peer may be left mid-collective */
+        });
+    for (std::thread &t : th) t.join();
+    CK(cudaSetDevice(0));
+#endif
+    return res;
+}
+
 static void run(const char *name, const tp_demo &d)
 {
     snprintf(g_case, sizeof g_case, "%s tp=%d N=%lld V=%lld %s%s", name, d.tp, (long long)d.N, (long long)d.V, dt_name(d.dt),
              d.use_nccl ? " NCCL" : "");
     const int fails = g_fail;
-    const tp_demo_result r = tp_demo_run(&d);
-    EXPECT(r.st == LF_OK, "tp_demo_run: %s (%s)", lf_status_str(r.st), cudaGetErrorString(r.cuda));
-    if (r.st == LF_OK) {
+    const std::vector<tp_demo_result> rs = run_ranks(d);
+    for (size_t k = 0; k < rs.size(); ++k) {
+        const tp_demo_result &r = rs[k];
+        EXPECT(r.st == LF_OK, "rank result %zu: tp_demo_run: %s (%s)", k, lf_status_str(r.st), cudaGetErrorString(r.cuda));
+        if (r.st != LF_OK) continue;
         EXPECT(r.loss_err <= 1.0, "loss %.9g, single GPU %.9g (%.3g x tol)", r.loss, r.loss_ref, r.loss_err);
         EXPECT(r.lse_err <= 1.0, "lse off by %.3g x tol", r.lse_err);
         EXPECT(r.grad_err <= 1.0, "gradient off by %.3g x tol", r.grad_err);
         EXPECT(r.rank_mismatch == 0, "%lld ranks hold other bits than rank 0", (long long)r.rank_mismatch);
         EXPECT(r.nondeterministic == 0, "a second run differs (%lld)", (long long)r.nondeterministic);
-        EXPECT(r.errors == r.errors_ref, "bad labels %u, single GPU %u", r.errors, r.errors_ref);
+        /* rank 0 counts the bad labels (with one result per rank, the others count none) */
+        const unsigned want = k == 0 ? r.errors_ref : 0u;
+        EXPECT(r.errors == want, "rank result %zu: bad labels %u, expected %u (single GPU %u)", k, r.errors, want, r.errors_ref);
+        EXPECT(r.out_hash == rs[0].out_hash, "rank %zu holds other loss / z / lse bits than rank 0", k);
     }
-    printf("%-4s %s (chunks %lld x %lld rows, %d CTAs/row; worst: loss %.2g lse %.2g grad %.2g of tol)\n",
-           g_fail == fails ? "ok" : "FAIL", g_case, (long long)r.plan.chunks, (long long)r.plan.chunk_rows, r.plan.nsplit,
-           r.loss_err, r.lse_err, r.grad_err);
+    const tp_demo_result &r = rs[0];
+    printf("%-4s %s%s (chunks %lld x %lld rows, %d CTAs/row; worst: loss %.2g lse %.2g grad %.2g of tol)\n",
+           g_fail == fails ? "ok" : "FAIL", g_case, d.one_rank ? ", a thread per rank" : "", (long long)r.plan.chunks,
+           (long long)r.plan.chunk_rows, r.plan.nsplit, r.loss_err, r.lse_err, r.grad_err);
     fflush(stdout);
 }
 
@@ -255,6 +296,70 @@ static void test_lsa_give_up(void)
     printf("%-4s %s (timeout after %.3f s)\n", g_fail == fails ? "ok" : "FAIL", g_case, t1);
 }
 
+#ifdef LF_HAVE_NCCL
+/* tp_nccl_ranks::abort, what a failed step or a failed registration group calls (tp = 1 on
+ * GPU 0, the all-gathers or the read-once window): before it a step runs and gives a finite
+ * loss; after it the communicators are gone (nullptr), run() refuses with LF_ERR_DEVICE and
+ * launches nothing (the poisoned loss stays NaN), sync() still answers, and the destructor
+ * frees the rest with no collective call (a hang would end the test at its timeout). */
+static void test_ranks_abort(int lsa)
+{
+    snprintf(g_case, sizeof g_case, "tp_nccl_ranks::abort, %s", lsa ? "read-once window" : "all-gathers");
+    const int fails = g_fail;
+    const int64_t N = 96, V = 5003;
+    std::vector<int64_t> y(N);
+    for (int64_t i = 0; i < N; ++i) y[i] = (int64_t)(mix64(g_seed + 31 * (uint64_t)i) % (uint64_t)V);
+    DevBuf x((size_t)N * V * 2), lab(8 * N), loss(4), ws(tp_ce_workspace_bytes(N, V, LF_BF16)), sh(tp_ce_shares_bytes(N, 1));
+    CK(cudaMemcpy(lab.p, y.data(), 8 * N, cudaMemcpyHostToDevice));
+    tp_ce_args a = tp_ce_args_default();
+    a.logits = x.p;
+    a.dtype = LF_BF16;
+    a.n_rows = N;
+    a.vocab = a.stride = a.grad_stride = V;
+    a.tp = 1;
+    a.labels = lab.p;
+    a.labels_i64 = 1;
+    a.grad = x.p;
+    a.loss = (float *)loss.p;
+    a.shares = (lf_tp_share *)sh.p;
+    a.shares_bytes = sh.bytes;
+    a.workspace = ws.p;
+    a.workspace_bytes = ws.bytes;
+    auto step = [&](tp_nccl_ranks &g, lf_status want, bool finite) {
+        gen_logits<__nv_bfloat16><<<512, 256>>>((__nv_bfloat16 *)x.p, N, V, V, g_seed + 9, 30.0f);
+        CK(cudaGetLastError());
+        CK(cudaMemset(loss.p, 0xff, 4));
+        CK(cudaDeviceSynchronize());
+        cudaError_t e = cudaSuccess;
+        const lf_status st = g.run(&a, &e);
+        EXPECT(st == want, "run: %s, expected %s (%s)", lf_status_str(st), lf_status_str(want), cudaGetErrorString(e));
+        const lf_status ss = g.sync(&e);
+        EXPECT(ss == LF_OK, "sync: %s (%s)", lf_status_str(ss), cudaGetErrorString(e));
+        CK(cudaSetDevice(0));
+        float lh;
+        CK(cudaMemcpy(&lh, loss.p, 4, cudaMemcpyDeviceToHost));
+        EXPECT(finite ? std::isfinite(lh) : std::isnan(lh), "loss %.9g, expected %s", lh, finite ? "finite" : "NaN (nothing launched)");
+    };
+    {
+        tp_nccl_ranks g;
+        cudaError_t e = cudaSuccess;
+        const lf_status st = g.init(1, &e, lsa ? N : 0);
+        EXPECT(st == LF_OK, "init: %s (%s)", lf_status_str(st), cudaGetErrorString(e));
+        if (st == LF_OK) {
+            EXPECT(!lsa || g.ex[0].lsa, "the read-once window was not made");
+            step(g, LF_OK, true);
+            g.abort();
+            EXPECT(g.aborted && g.comms.size() == 1 && g.comms[0] == nullptr && g.ex[0].comm == nullptr,
+                   "abort left a communicator (aborted %d)", (int)g.aborted);
+            step(g, LF_ERR_DEVICE, false);
+        }
+    } /* the destructor: no collective after abort */
+    CK(cudaSetDevice(0));
+    CK(cudaDeviceSynchronize());
+    printf("%-4s %s\n", g_fail == fails ? "ok" : "FAIL", g_case);
+}
+#endif
+
 int main(int argc, char **argv)
 {
     bool with_nccl = false;
@@ -448,9 +553,19 @@ int main(int argc, char **argv)
     }
 #ifdef LF_HAVE_NCCL
     if (with_nccl)
+        for (int lsa = 0; lsa <= 1; ++lsa) {
+#ifndef TP_HAVE_LSA
+            if (lsa) break;
+#endif
+            test_ranks_abort(lsa);
+        }
+    if (with_nccl)
         for (int tp = 1; tp <= ndev && tp <= 8; tp *= 2) {
             /* both exchanges (the all-gathers; the read-once schedule over symmetric windows)
-             * over the options and layouts that change what crosses between the ranks */
+             * over the options and layouts that change what crosses between the ranks, driven
+             * both ways: one thread for every rank (tp_nccl_ranks, tp_ce_nccl), and a thread per
+             * rank with its own communicator through tp_ce_launch (one_rank: one process per GPU) */
+            for (int thr = 0; thr <= 1; ++thr)
             for (int lsa = 0; lsa <= 1; ++lsa) {
 #ifndef TP_HAVE_LSA
                 if (lsa) {
@@ -460,12 +575,13 @@ int main(int argc, char **argv)
 #endif
                 const char *nm = lsa ? "NCCL read-once" : "NCCL all-gather";
                 char name[96];
-                auto nccl_case = [&](uint64_t seed_off) { /* b over NCCL with this exchange */
+                auto nccl_case = [&](uint64_t seed_off) { /* b over NCCL with this exchange and driver */
                     tp_demo c = b;
                     c.tp = tp;
                     c.use_nccl = 1;
                     c.lsa = lsa;
-                    c.seed = g_seed + seed_off + (uint64_t)(16 * tp + 2 * lsa);
+                    c.one_rank = thr;
+                    c.seed = g_seed + seed_off + (uint64_t)(16 * tp + 2 * lsa + thr);
                     return c;
                 };
                 tp_demo d = nccl_case(1000);
@@ -491,11 +607,7 @@ int main(int argc, char **argv)
                      * 16384 bf16 is 239 or 240 rows on an H200 (199 / 200 on an H100); every
                      * rank must take the widest shard's (tp_lsa_plan), or at tp = 2 the ranks
                      * would cut different chunks */
-                    d = b;
-                    d.tp = tp;
-                    d.use_nccl = 1;
-                    d.lsa = 1;
-                    d.seed = g_seed + 1500 + (uint64_t)(16 * tp);
+                    d = nccl_case(1500);
                     d.N = 600;
                     d.V = 32769;
                     d.chunk_rows = 0;
