@@ -32,7 +32,8 @@
  *   3-7 are ONE cooperative launch (grid barriers between them) where the device allows it:
  *      they are a few microseconds of work each, and as six kernels they took 7-11 us more at
  *      T = 8192 on an H100 (bench/RESULTS.md, session 28); dpo_args.separate_launches makes
- *      them six kernels, with the same bits
+ *      them six kernels, with the same bits, as does a cooperative launch the driver refuses
+ *      (a process given part of the SMs: the fallback is automatic)
  *   8. token rows again: cross_entropy.cu's fused kernel with reduction none and s_t as each
  *      row's upstream gradient, so it writes s_t (softmax(x_t) - onehot(y)) = coef_k
  *      (onehot(y) - softmax(x_t)), the DPO gradient, over the row in the read that gives its
@@ -105,10 +106,18 @@ typedef struct dpo_args {
     size_t workspace_bytes;
     int separate_launches;    /* 0 (default): launches 3-7 as ONE cooperative launch where the
                                * device allows it (else as below); 1: one kernel each. The same
-                               * bits either way; 1 is for comparison, or where cooperative
-                               * launches are unwelcome or may be refused (a process given only
-                               * part of the SMs, e.g. under MPS: the grid is sized from the whole
-                               * device; not tried here). bench/RESULTS.md has the two times */
+                               * bits either way; bench/RESULTS.md has the two times. A
+                               * cooperative launch the driver refuses because its grid (sized
+                               * from the whole device's SMs) cannot be co-resident, as for a
+                               * process given only part of the SMs (MPS, green contexts), falls
+                               * back to the six kernels by itself (the refusal is cleared, not
+                               * left for cudaGetLastError); under stream capture a refused
+                               * launch may invalidate the capture, so set 1 there if refusal is
+                               * possible */
+    int *tail_cooperative;    /* optional HOST int: set to 1 if launches 3-7 ran as one
+                               * cooperative launch, 0 if as separate kernels */
+    int coop_refuse_test;     /* tests only: size the cooperative grid one CTA over what fits, so
+                               * that the driver refuses it and the fallback runs */
 } dpo_args;
 
 static dpo_args dpo_args_default(void)
@@ -531,9 +540,16 @@ static lf_status dpo_ce_pass(const dpo_kparams &k, lf_dtype dtype, const float *
     return ce_launch(&c, stream, cuda_err);
 }
 
+/* The device of a launch, asked once per dpo_launch. */
+typedef struct dpo_dev {
+    int dev, sms;
+} dpo_dev;
+
 /* launches 3-7, the tail: one cooperative launch where the device co-schedules its grid,
- * else (or with separate) one kernel per phase */
-static lf_status dpo_tail_launch(const dpo_kparams &k, bool separate, cudaStream_t stream, cudaError_t *cuda_err)
+ * else (or with separate, or where the driver refuses the grid) one kernel per phase; *coop
+ * (optional) says which ran. refuse_test: the grid one CTA over what fits (the fallback's test). */
+static lf_status dpo_tail_launch(const dpo_kparams &k, const dpo_dev &dv, bool separate, bool refuse_test, int *coop_out,
+                                 cudaStream_t stream, cudaError_t *cuda_err)
 {
     const int64_t NT = DPO_TAIL_THREADS, tok = k.grad ? k.T : 0;
     auto blocks = [&](int64_t threads, int64_t cap) { /* at least one CTA */
@@ -543,24 +559,31 @@ static lf_status dpo_tail_launch(const dpo_kparams &k, bool separate, cudaStream
     int64_t work = 32 * k.nseq; /* a warp per sequence for the sums */
     if (k.P > work) work = k.P;
     if (tok > work) work = tok;
+    if (coop_out) *coop_out = 0;
     if (!separate) {
-        int dev = 0, sms = 0, coop = 0, per_sm = 0;
-        DPO_CHECK(cudaGetDevice(&dev));
-        DPO_CHECK(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev));
-        DPO_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+        int coop = 0, per_sm = 0;
+        DPO_CHECK(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dv.dev));
         if (coop) DPO_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, dpo_tail_kernel, DPO_TAIL_THREADS, 0));
         if (coop && per_sm > 0) {
+            const int64_t fit = (int64_t)per_sm * dv.sms;
             cudaLaunchConfig_t cfg = {};
             cudaLaunchAttribute at[1] = {};
             at[0].id = cudaLaunchAttributeCooperative;
             at[0].val.cooperative = 1;
-            cfg.gridDim = dim3(blocks(work, (int64_t)per_sm * sms));
+            cfg.gridDim = dim3(refuse_test ? (unsigned)(fit + 1) : blocks(work, fit)); /* grid-stride phases: any grid */
             cfg.blockDim = dim3(DPO_TAIL_THREADS);
             cfg.stream = stream;
             cfg.attrs = at;
             cfg.numAttrs = 1;
-            DPO_CHECK(cudaLaunchKernelEx(&cfg, dpo_tail_kernel, k));
-            return LF_OK;
+            const cudaError_t e = cudaLaunchKernelEx(&cfg, dpo_tail_kernel, k);
+            if (e == cudaSuccess) {
+                if (coop_out) *coop_out = 1;
+                return LF_OK;
+            }
+            /* refused: the grid cannot be co-resident here (fewer SMs than the device reports to
+             * this process, or the test's grid). Not sticky: clear it and take the six kernels */
+            if (e != cudaErrorCooperativeLaunchTooLarge) DPO_CHECK(e);
+            (void)cudaGetLastError();
         }
     }
     if (k.nseq > 0) {
@@ -589,9 +612,10 @@ static lf_status dpo_tail_launch(const dpo_kparams &k, bool separate, cudaStream
 }
 
 template <typename T>
-static lf_status dpo_launch_t(const dpo_kparams &k, lf_dtype dtype, int rows_grid, bool separate, cudaStream_t stream,
+static lf_status dpo_launch_t(const dpo_kparams &k, const dpo_args *a, const dpo_dev &dv, int rows_grid, cudaStream_t stream,
                               cudaError_t *cuda_err)
 {
+    const lf_dtype dtype = a->dtype;
     const bool deferred = k.tok_scale != nullptr;
     if (k.T > 0 && !deferred) {
         dpo_row_kernel<T><<<rows_grid, DPO_THREADS, 0, stream>>>(k);
@@ -606,7 +630,7 @@ static lf_status dpo_launch_t(const dpo_kparams &k, lf_dtype dtype, int rows_gri
         const lf_status st = dpo_ce_pass(k, dtype, nullptr, k.ws.tok_aux, k.ws.tok_lp, k.n_errors, stream, cuda_err);
         if (st != LF_OK) return st;
     }
-    const lf_status st = dpo_tail_launch(k, separate, stream, cuda_err);
+    const lf_status st = dpo_tail_launch(k, dv, a->separate_launches != 0, a->coop_refuse_test != 0, a->tail_cooperative, stream, cuda_err);
     if (st != LF_OK || !k.grad || k.T == 0 || deferred) return st;
     /* launch 8: the gradient; its losses go over the log-probabilities, summed already, and the
      * bad labels were counted by launch 2 */
@@ -668,15 +692,14 @@ static lf_status dpo_launch(const dpo_args *a, cudaStream_t stream, cudaError_t 
     DPO_CHECK(cudaMemsetAsync(k.ws.bad, 0, sizeof(int), stream));
     dpo_check_kernel<<<(unsigned)((k.nseq + 1 + 255) / 256 < 64 ? (k.nseq + 1 + 255) / 256 : 64), 256, 0, stream>>>(k);
     DPO_CHECK(cudaGetLastError());
-    int dev = 0, sms = 0;
-    DPO_CHECK(cudaGetDevice(&dev));
-    DPO_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    const int rows_grid = (int)(k.T < (int64_t)sms * 8 ? (k.T > 0 ? k.T : 1) : (int64_t)sms * 8);
-    const bool sep = a->separate_launches != 0;
+    dpo_dev dv;
+    DPO_CHECK(cudaGetDevice(&dv.dev));
+    DPO_CHECK(cudaDeviceGetAttribute(&dv.sms, cudaDevAttrMultiProcessorCount, dv.dev));
+    const int rows_grid = (int)(k.T < (int64_t)dv.sms * 8 ? (k.T > 0 ? k.T : 1) : (int64_t)dv.sms * 8);
     switch (a->dtype) {
-    case LF_F32: return dpo_launch_t<float>(k, a->dtype, rows_grid, sep, stream, cuda_err);
-    case LF_BF16: return dpo_launch_t<__nv_bfloat16>(k, a->dtype, rows_grid, sep, stream, cuda_err);
-    default: return dpo_launch_t<__half>(k, a->dtype, rows_grid, sep, stream, cuda_err);
+    case LF_F32: return dpo_launch_t<float>(k, a, dv, rows_grid, stream, cuda_err);
+    case LF_BF16: return dpo_launch_t<__nv_bfloat16>(k, a, dv, rows_grid, stream, cuda_err);
+    default: return dpo_launch_t<__half>(k, a, dv, rows_grid, stream, cuda_err);
     }
 }
 

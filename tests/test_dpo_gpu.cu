@@ -39,6 +39,9 @@ struct DCase {
     bool deferred = false; /* dpo_args.tok_scale: grad gets G_t = softmax - onehot, tok_scale s_t */
     bool plant_fmin = false; /* entries at the dtype's lowest finite value (finfo.min masking) */
     bool separate = false;   /* dpo_args.separate_launches: the tail as six kernels */
+    bool coop_refuse = false; /* dpo_args.coop_refuse_test: the cooperative launch refused, the
+                               * six kernels by the fallback (determinism: then compared with the
+                               * cooperative launch) */
 };
 
 /* The fields every launch sets (the rest stay dpo_args_default's). */
@@ -240,7 +243,13 @@ static void run_dcase(const DCase &c)
     a.grad_stride = gs;
     a.tok_scale = c.deferred ? (float *)scd.p : NULL;
     a.separate_launches = c.separate;
-    dpo_launch_sync(a, seqd, pmd, err);
+    a.coop_refuse_test = c.coop_refuse;
+    int coop_ran = -1, coop_dev = 0;
+    a.tail_cooperative = &coop_ran;
+    CK(cudaDeviceGetAttribute(&coop_dev, cudaDevAttrCooperativeLaunch, 0));
+    dpo_launch_sync(a, seqd, pmd, err); /* (it checks that a refused launch left no error behind) */
+    EXPECT(coop_ran == (coop_dev && !c.separate && !c.coop_refuse ? 1 : 0), "tail_cooperative %d (separate %d, refusal test %d)",
+           coop_ran, (int)c.separate, (int)c.coop_refuse);
     cudaError_t ce;
     float lh;
     unsigned eh;
@@ -360,9 +369,12 @@ static void run_dcase(const DCase &c)
                 CK(cudaMemcpy(s2.data(), scd.p, 4 * T, cudaMemcpyDeviceToHost));
                 EXPECT(memcmp(s2.data(), sch.data(), 4 * T) == 0, "tok_scale not bit-identical across runs");
             }
-            /* the tail the other way (one cooperative launch / six kernels): the same bits
-             * everywhere, the error count included */
-            a.separate_launches = !c.separate;
+            /* the tail the other way (one cooperative launch / six kernels; after a refused
+             * cooperative launch, the cooperative launch): the same bits everywhere, the error
+             * count included */
+            const int other = c.coop_refuse ? 0 : !c.separate;
+            a.separate_launches = other;
+            a.coop_refuse_test = 0;
             for (int64_t t = 0; t < T; ++t) fill_poison((char *)g.p + (size_t)t * gs * esz, V, c.dt);
             fill_poison(loss.p, 1, LF_F32);
             fill_poison(seqd.p, nseq, LF_F32);
@@ -378,15 +390,15 @@ static void run_dcase(const DCase &c)
             CK(cudaMemcpy(s3.data(), seqd.p, 4 * nseq, cudaMemcpyDeviceToHost));
             CK(cudaMemcpy(p3.data(), pmd.p, 16 * P, cudaMemcpyDeviceToHost));
             CK(cudaMemcpy(&e3, err.p, 4, cudaMemcpyDeviceToHost));
-            EXPECT(memcmp(g2.data(), gh.data(), gh.size()) == 0, "gradient differs with separate_launches = %d", !c.separate);
-            EXPECT(memcmp(&l2, &lh, 4) == 0, "loss differs with separate_launches = %d", !c.separate);
+            EXPECT(memcmp(g2.data(), gh.data(), gh.size()) == 0, "gradient differs with separate_launches = %d", other);
+            EXPECT(memcmp(&l2, &lh, 4) == 0, "loss differs with separate_launches = %d", other);
             EXPECT(memcmp(s3.data(), sh.data(), 4 * nseq) == 0, "sequence log-probabilities differ with separate_launches = %d",
-                   !c.separate);
-            EXPECT(memcmp(p3.data(), ph.data(), 16 * P) == 0, "pair metrics differ with separate_launches = %d", !c.separate);
-            EXPECT(e3 == eh, "n_errors %u with separate_launches = %d, %u without", e3, !c.separate, eh);
+                   other);
+            EXPECT(memcmp(p3.data(), ph.data(), 16 * P) == 0, "pair metrics differ with separate_launches = %d", other);
+            EXPECT(e3 == eh, "n_errors %u with separate_launches = %d, %u the first time", e3, other, eh);
             if (c.deferred) {
                 CK(cudaMemcpy(t3.data(), scd.p, 4 * T, cudaMemcpyDeviceToHost));
-                EXPECT(memcmp(t3.data(), sch.data(), 4 * T) == 0, "tok_scale differs with separate_launches = %d", !c.separate);
+                EXPECT(memcmp(t3.data(), sch.data(), 4 * T) == 0, "tok_scale differs with separate_launches = %d", other);
             }
         }
     }
@@ -526,6 +538,14 @@ int main(int argc, char **argv)
             c = b; c.deferred = true; c.name = "bad cu_seqlens"; c.bad_cu = true; run_dcase(c);
             c = b; c.deferred = true; c.name = "determinism"; c.determinism = true; c.npairs = 12; run_dcase(c);
             c = b; c.deferred = true; c.name = "determinism, separate launches"; c.determinism = true; c.npairs = 12; c.separate = true; c.bad_pairs = 2; run_dcase(c);
+            /* a cooperative launch the driver refuses (as where a process has part of the SMs):
+             * the six kernels by themselves, the same bits as the cooperative launch. Not under
+             * --small: compute-sanitizer reports the refusal as an API error (the six kernels
+             * are sanitized in the separate-launch cases) */
+            if (!g_small) {
+                c = b; c.name = "determinism, cooperative launch refused"; c.determinism = true; c.npairs = 12; c.coop_refuse = true; c.bad_labels = 3; run_dcase(c);
+                c = b; c.deferred = true; c.name = "cooperative launch refused, bad cu_seqlens"; c.bad_cu = true; c.coop_refuse = true; run_dcase(c);
+            }
             /* masks at finfo.min: the in-place path's own online softmax (its row pass) and
              * cross_entropy.cu's fused kernel (the deferred pass; the in-place gradient pass) */
             c = b; c.name = "finfo.min entries, in place"; c.plant_fmin = true; c.grad = 2; run_dcase(c);
