@@ -8,7 +8,9 @@
  *   sim  (default): the cp ranks simulated one after another on one GPU, checked against the
  *        unsharded cross-entropy of the same batch;
  *   nccl (built with -DLF_HAVE_NCCL): one process drives every visible GPU, one rank each
- *        (cp = the number of GPUs), the all-reduces through NCCL; checked the same way.
+ *        (cp = the number of GPUs), the all-reduces through NCCL; checked the same way. With one
+ *        process per GPU, each calls cp_ce_launch for its rank with its communicator
+ *        (test_cp_gpu --nccl runs that too, a thread per rank).
  *   mem  (opt-in): also report the net device memory a step allocates (free memory before and
  *        after a second run: it allocates nothing, every buffer is the caller's).
  *
@@ -47,6 +49,7 @@
 #define CE_NO_MAIN
 #include "examples/cross_entropy.cu"
 
+#include <thread>
 #include <vector>
 #ifdef LF_HAVE_NCCL
 #include <nccl.h>
@@ -320,8 +323,25 @@ static lf_status cp_ce_simulate(const cp_ce_args *args, int cp, cudaStream_t s, 
 }
 
 #ifdef LF_HAVE_NCCL
+/* One rank's whole step on `stream`, one process (or thread) per GPU: the three phases with the
+ * two all-reduces over `comm` (the CP x DP group: every rank of it calls this with its shard)
+ * between them. No host synchronisation; nothing is launched for an argument that fails
+ * cp_ce_check (then the other ranks would wait in the all-reduce: check on every rank first). */
+static lf_status cp_ce_launch(const cp_ce_args *a, ncclComm_t comm, cudaStream_t stream, cudaError_t *cuda_err)
+{
+    lf_status st;
+    if ((st = cp_ce_phase_a(a, stream, cuda_err)) != LF_OK) return st;
+    if (ncclAllReduce(cp_ce_red_a(a), cp_ce_red_a(a), cp_ce_red_a_count(a), ncclDouble, ncclSum, comm, stream) != ncclSuccess)
+        return LF_ERR_DEVICE;
+    if ((st = cp_ce_phase_b(a, stream, cuda_err)) != LF_OK) return st;
+    if (ncclAllReduce(cp_ce_red_b(a), cp_ce_red_b(a), (size_t)a->nseq + 1, ncclDouble, ncclSum, comm, stream) != ncclSuccess)
+        return LF_ERR_DEVICE;
+    return cp_ce_phase_c(a, stream, cuda_err);
+}
+
 /* One step of a real CP group driven by one process: args[r] on device devs[r], comms[r],
- * streams[r]. (With one process per GPU, call the three phases with ncclAllReduce between.) */
+ * streams[r], each phase over every rank and each all-reduce in one NCCL group (one thread
+ * issuing several ranks' collectives must group them). */
 static lf_status cp_ce_nccl(const cp_ce_args *args, int cp, const int *devs, ncclComm_t *comms, cudaStream_t *streams,
                             cudaError_t *cuda_err)
 {
@@ -369,6 +389,8 @@ typedef struct cp_demo {
     int64_t mean_len;    /* mean sequence length (rounded to multiples of 2 cp) */
     uint64_t seed;
     int use_nccl;        /* one GPU per rank through NCCL (LF_HAVE_NCCL; cp <= devices) */
+    int thread_per_rank; /* with use_nccl: a thread per rank, each calling cp_ce_launch for its
+                          * rank alone (what one process per GPU runs), not cp_ce_nccl */
     int weights;         /* random class weights (0.25 .. 2.25, one in ten 0) */
     int report_memory;   /* opt-in: run the sharded step once more between two cudaMemGetInfo
                           * readings (what it allocates beyond the caller's buffers: nothing) */
@@ -646,7 +668,24 @@ static cp_demo_result cp_demo_run(const cp_demo *d)
             res->st = LF_ERR_DEVICE;
             return *res;
         }
-        res->st = cp_ce_nccl(args.data(), cp, devs.data(), comms.data(), streams.data(), &res->cuda);
+        if (d->thread_per_rank) {
+            std::vector<lf_status> sts(cp, LF_OK);
+            std::vector<cudaError_t> errs_cu(cp, cudaSuccess);
+            std::vector<std::thread> th;
+            for (int r = 0; r < cp; ++r)
+                th.emplace_back([&, r]() {
+                    if ((errs_cu[r] = cudaSetDevice(r)) != cudaSuccess) sts[r] = LF_ERR_DEVICE;
+                    else sts[r] = cp_ce_launch(&args[r], comms[r], streams[r], &errs_cu[r]);
+                });
+            for (std::thread &t : th) t.join();
+            res->st = LF_OK;
+            for (int r = 0; r < cp && res->st == LF_OK; ++r) {
+                res->st = sts[r];
+                res->cuda = errs_cu[r];
+            }
+        } else {
+            res->st = cp_ce_nccl(args.data(), cp, devs.data(), comms.data(), streams.data(), &res->cuda);
+        }
         for (int r = 0; r < cp; ++r) {
             CP_TRY(cudaSetDevice(r));
             CP_TRY(cudaStreamSynchronize(streams[r]));

@@ -4,7 +4,8 @@
  *   test_cp_gpu            cp in {1, 2, 3, 4, 8} x dtypes x options x layouts
  *   test_cp_gpu --small    fewer, smaller cases (for compute-sanitizer)
  *   test_cp_gpu --seed S   reproduce a run
- *   test_cp_gpu --nccl     also the NCCL path, one GPU per rank, for every cp <= the GPUs seen
+ *   test_cp_gpu --nccl     also the NCCL path, one GPU per rank, for every cp <= the GPUs seen,
+ *                          driven by one thread (cp_ce_nccl) and by a thread per rank (cp_ce_launch)
  * Exit: 0 all passed, 1 a check failed, 77 no CUDA device (meson counts it as skipped).
  *
  * Each case (cp_demo_run) makes a packed batch (some sequences empty, a prompt mask, a few
@@ -182,6 +183,9 @@ int main(int argc, char **argv)
             d.use_nccl = 1;
             d.weights = 1; /* the weights on every rank's device */
             run("NCCL, class weights", d);
+            d.thread_per_rank = 1; /* cp_ce_launch per rank: what one process per GPU runs */
+            d.seed += 100;
+            run("NCCL, class weights, a thread per rank", d);
         }
 #else
     if (with_nccl) printf("skip NCCL cases: built without LF_HAVE_NCCL\n");
