@@ -110,6 +110,10 @@ if has nccl; then
     # NCCL probes its own kernels and peer access through failing API calls: only memory errors count
     timeout ${SANITIZE_TIMEOUT:-200} compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 "$B/tests/test_tp_gpu" --small --nccl >"$OUT/memcheck.nccl.log" 2>&1
     summary+=("compute-sanitizer memcheck (test_tp_gpu --small --nccl): rc=$?, $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.nccl.log" | tail -1), $(grep "test_tp_gpu:" "$OUT/memcheck.nccl.log" | tail -1)")
+    for t in test_tp_gpu test_cp_gpu; do # racecheck too (the thread-per-rank paths included)
+      timeout ${SANITIZE_TIMEOUT:-200} compute-sanitizer --tool racecheck --report-api-errors no --error-exitcode 9 "$B/tests/$t" --small --nccl >"$OUT/racecheck.nccl.$t.log" 2>&1
+      summary+=("compute-sanitizer racecheck ($t --small --nccl): rc=$?, $(grep -E 'RACECHECK SUMMARY' "$OUT/racecheck.nccl.$t.log" | tail -1), $(grep "$t:" "$OUT/racecheck.nccl.$t.log" | tail -1)")
+    done
   fi
 fi
 if has tpnccl; then
