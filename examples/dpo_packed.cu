@@ -561,10 +561,19 @@ static lf_status dpo_tail_launch(const dpo_kparams &k, const dpo_dev &dv, bool s
     if (tok > work) work = tok;
     if (coop_out) *coop_out = 0;
     if (!separate) {
-        int coop = 0, per_sm = 0;
-        DPO_CHECK(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dv.dev));
-        if (coop) DPO_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, dpo_tail_kernel, DPO_TAIL_THREADS, 0));
-        if (coop && per_sm > 0) {
+        /* per device, asked once: whether it launches cooperatively, and the tail CTAs an SM holds
+         * (0: no cooperative launch) */
+        static int ready_d[CE_MAX_DEVICES], per_sm_d[CE_MAX_DEVICES];
+        if (dv.dev < 0 || dv.dev >= CE_MAX_DEVICES) return LF_ERR_DEVICE;
+        if (!ready_d[dv.dev]) {
+            int coop = 0, per_sm = 0;
+            DPO_CHECK(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dv.dev));
+            if (coop) DPO_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, dpo_tail_kernel, DPO_TAIL_THREADS, 0));
+            per_sm_d[dv.dev] = per_sm;
+            ready_d[dv.dev] = 1;
+        }
+        const int per_sm = per_sm_d[dv.dev];
+        if (per_sm > 0) {
             const int64_t fit = (int64_t)per_sm * dv.sms;
             cudaLaunchConfig_t cfg = {};
             cudaLaunchAttribute at[1] = {};

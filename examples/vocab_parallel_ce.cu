@@ -2157,6 +2157,29 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
 }
 #undef TPD_TRY
 
+#ifdef LF_HAVE_NCCL
+/* One rank of a tp_demo over its own communicator (one process, or one thread, per GPU): GPU
+ * `rank`, ncclCommInitRank with the id the ranks share, tp_demo_run holding that rank alone
+ * (one_rank), then the communicator destroyed (aborted after a failure: a peer may be left
+ * mid-collective). LF_ERR_DEVICE where the GPU or the communicator could not be had. */
+static tp_demo_result tp_demo_run_rank(const tp_demo *d, const ncclUniqueId &id, int rank)
+{
+    tp_demo_result r;
+    memset(&r, 0, sizeof r);
+    r.st = LF_ERR_DEVICE;
+    ncclComm_t comm = nullptr;
+    if ((r.cuda = cudaSetDevice(rank)) != cudaSuccess || ncclCommInitRank(&comm, d->tp, id, rank) != ncclSuccess) return r;
+    tp_demo e = *d;
+    e.one_rank = 1;
+    e.mp_rank = e.mp_dev = rank;
+    e.mp_comm = comm;
+    r = tp_demo_run(&e);
+    if (r.st == LF_OK) ncclCommDestroy(comm);
+    else ncclCommAbort(comm);
+    return r;
+}
+#endif
+
 /* ============================================================================================
  * 6. main: one configuration, checked, with the memory it takes
  * ========================================================================================== */
@@ -2220,7 +2243,7 @@ static int tp_probe_devices(void)
     return WEXITSTATUS(wst);
 }
 
-[[noreturn]] static void tp_proc_rank(tp_demo d, tp_procs_shared *sh, int rank)
+[[noreturn]] static void tp_proc_rank(const tp_demo &d, tp_procs_shared *sh, int rank)
 {
     if (rank == 0) {
         const bool ok = ncclGetUniqueId(&sh->id) == ncclSuccess;
@@ -2230,19 +2253,11 @@ static int tp_probe_devices(void)
         while (__atomic_load_n(&sh->id_state, __ATOMIC_ACQUIRE) == 0) usleep(1000); /* the parent's deadline bounds it */
         if (sh->id_state < 0) _exit(2);
     }
-    ncclComm_t comm = nullptr;
     cudaDeviceProp prop;
-    if (cudaSetDevice(rank) != cudaSuccess || cudaGetDeviceProperties(&prop, rank) != cudaSuccess) _exit(3);
-    snprintf(sh->rep[rank].device, sizeof sh->rep[rank].device, "%s", prop.name);
-    if (ncclCommInitRank(&comm, d.tp, sh->id, rank) != ncclSuccess) _exit(3);
-    d.one_rank = 1;
-    d.mp_rank = d.mp_dev = rank;
-    d.mp_comm = comm;
-    const tp_demo_result r = tp_demo_run(&d);
+    if (cudaGetDeviceProperties(&prop, rank) == cudaSuccess) snprintf(sh->rep[rank].device, sizeof sh->rep[rank].device, "%s", prop.name);
+    const tp_demo_result r = tp_demo_run_rank(&d, sh->id, rank);
     sh->rep[rank].res = r;
     __atomic_store_n(&sh->rep[rank].done, 1, __ATOMIC_RELEASE);
-    if (r.st == LF_OK) ncclCommDestroy(comm);
-    else ncclCommAbort(comm); /* a peer may be left mid-collective */
     _exit(r.ok ? 0 : 1);
 }
 

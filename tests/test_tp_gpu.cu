@@ -43,21 +43,12 @@ static std::vector<tp_demo_result> run_ranks(const tp_demo &d)
         memset(&r, 0, sizeof r);
         r.st = LF_ERR_DEVICE;
     }
-#ifdef LF_HAVE_NCCL
+#ifdef LF_HAVE_NCCL /* each thread as one process per GPU would run its rank */
     ncclUniqueId id;
     if (ncclGetUniqueId(&id) != ncclSuccess) return res;
     std::vector<std::thread> th;
     for (int r = 0; r < d.tp; ++r)
-        th.emplace_back([&, r]() {
-            ncclComm_t comm = nullptr;
-            if (cudaSetDevice(r) != cudaSuccess || ncclCommInitRank(&comm, d.tp, id, r) != ncclSuccess) return;
-            tp_demo e = d;
-            e.mp_rank = e.mp_dev = r;
-            e.mp_comm = comm;
-            res[r] = tp_demo_run(&e);
-            if (res[r].st == LF_OK) ncclCommDestroy(comm);
-            else ncclCommAbort(comm); /* a peer may be left mid-collective */
-        });
+        th.emplace_back([&, r]() { res[r] = tp_demo_run_rank(&d, id, r); });
     for (std::thread &t : th) t.join();
     CK(cudaSetDevice(0));
 #endif
