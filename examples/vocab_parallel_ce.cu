@@ -2162,7 +2162,7 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
  * `rank`, ncclCommInitRank with the id the ranks share, tp_demo_run holding that rank alone
  * (one_rank), then the communicator destroyed (aborted after a failure: a peer may be left
  * mid-collective). LF_ERR_DEVICE where the GPU or the communicator could not be had. */
-static tp_demo_result tp_demo_run_rank(const tp_demo *d, const ncclUniqueId &id, int rank)
+[[maybe_unused]] static tp_demo_result tp_demo_run_rank(const tp_demo *d, const ncclUniqueId &id, int rank)
 {
     tp_demo_result r;
     memset(&r, 0, sizeof r);
