@@ -381,6 +381,24 @@ static __device__ __forceinline__ float lf_warp_sum_f32(float v) { return lf_imp
 static __device__ __forceinline__ double lf_warp_sum_f64(double v) { return lf_impl_warp_allreduce(v, lf_impl_op_sum()); }
 /* fmaxf semantics: NaN inputs are ignored unless every lane holds NaN. */
 static __device__ __forceinline__ float lf_warp_max_f32(float v) { return lf_impl_warp_allreduce(v, lf_impl_op_max()); }
+/* The same maximum in one redux.sync (sm_80+) instead of five shuffle levels: the floats as
+ * order-preserving integers (negative ones with their magnitude bits flipped), NaN lanes as
+ * -inf, and NaN (0x7fffffff, as fmaxf gives) where every lane holds NaN. Every lane gets the
+ * same bits; the result is lf_warp_max_f32's (a maximum is exact), up to the sign of a zero
+ * (+0 wins over -0 here). All 32 lanes must call it. */
+static __device__ __forceinline__ float lf_warp_max_f32_redux(float v)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const bool nan = lf_isnan_f32(v);
+    int k = __float_as_int(nan ? -LF_INF_F : v);
+    k ^= (k >> 31) & 0x7fffffff;
+    int m = __reduce_max_sync(0xffffffffu, k);
+    m ^= (m >> 31) & 0x7fffffff;
+    return __all_sync(0xffffffffu, nan) ? __int_as_float(0x7fffffff) : __int_as_float(m);
+#else
+    return lf_warp_max_f32(v);
+#endif
+}
 static __device__ __forceinline__ lf_lse lf_warp_lse(lf_lse v) { return lf_impl_warp_allreduce(v, lf_impl_op_lse()); }
 static __device__ __forceinline__ lf_argmax lf_warp_argmax(lf_argmax v) { return lf_impl_warp_allreduce(v, lf_impl_op_argmax()); }
 static __device__ __forceinline__ lf_row_stats lf_warp_row_stats(lf_row_stats v)
@@ -2150,9 +2168,21 @@ template <int THREADS> static __device__ __forceinline__ lf_dual lf_block_dual(l
 {
     return lf_impl_block_allreduce<THREADS>(v, scratch, lf_impl_op_dual(), 0);
 }
+/* The dual merges' maxima (lf_dual_acc_merge_warp, lf_block_dual_acc): one redux.sync each
+ * (lf_warp_max_f32_redux), which took 1-3 points of copy off forward / reverse KL's row path on
+ * an H200 (bench/RESULTS.md, design log 74); 0: shuffle butterflies, the same bits. */
+#ifndef LF_KL_MAX_REDUX
+#define LF_KL_MAX_REDUX 1
+#endif
+static __device__ __forceinline__ float lf_impl_wmax_butterfly(float m, int w)
+{
+    for (int o = w >> 1; o > 0; o >>= 1) m = fmaxf(m, lf_impl_shfl(m, o));
+    return m;
+}
+
 /* n <= 32 states (w units) merged by one warp, every lane ending with the same bits: lane i
  * takes record i mod W (W: n rounded up to a power of two; lanes past n within W take an empty
- * record), the warp finds the common maxima (butterfly max), each lane moves its record onto
+ * record), the warp finds the common maxima (LF_KL_MAX_REDUX), each lane moves its record onto
  * them (one EX2 per side) and the sums meet in a butterfly. Each level adds the same two
  * values in both lanes of a pair, and float addition is commutative, so every lane has the
  * same result, run to run, whatever the warp's timing. A cross term that is +inf (a support
@@ -2167,11 +2197,9 @@ static __device__ __forceinline__ lf_dual_acc lf_dual_acc_merge_warp(const lf_du
     while (w < n) w <<= 1;
     const int i = (int)(threadIdx.x & 31u) & (w - 1);
     lf_dual_acc v = i < n ? r[i] : lf_dual_acc_init();
-    float Ms = v.ms, Mt = v.mt;
-    for (int o = w >> 1; o > 0; o >>= 1) {
-        Ms = fmaxf(Ms, lf_impl_shfl(Ms, o));
-        Mt = fmaxf(Mt, lf_impl_shfl(Mt, o));
-    }
+    /* the maxima over all 32 lanes: lane l holds record l mod W, so that is the W records' */
+    const float Ms = LF_KL_MAX_REDUX ? lf_warp_max_f32_redux(v.ms) : lf_impl_wmax_butterfly(v.ms, w);
+    const float Mt = LF_KL_MAX_REDUX ? lf_warp_max_f32_redux(v.mt) : lf_impl_wmax_butterfly(v.mt, w);
     lf_impl_acc_move2<TERMS>(v, Ms, Mt, cs);
     v.ms = Ms; /* also where a move had nothing to do (an empty record, a NaN maximum) */
     v.mt = Mt;
@@ -2195,7 +2223,7 @@ static __device__ __forceinline__ lf_dual_acc lf_dual_acc_merge_warp(const lf_du
 }
 
 /* The same merge for a block, on the threads' lf_dual_acc (w units), one barrier: each warp
- * takes its maxima (shuffles), moves its lanes' sums onto them (one EX2 per side) and sums
+ * takes its maxima (LF_KL_MAX_REDUX), moves its lanes' sums onto them (one EX2 per side) and sums
  * them (shuffles); lane 0 posts the warp's record; after the barrier each warp merges the
  * warps' records (lf_dual_acc_merge_warp) — the same bits in every thread, run to run.
  * scratch: THREADS/32 records; the caller owes a barrier before reusing it (or alternates
@@ -2205,7 +2233,8 @@ template <int THREADS, int TERMS = LF_DUAL_FULL>
 static __device__ __forceinline__ lf_dual_acc lf_block_dual_acc(lf_dual_acc a, float cs, lf_dual_acc *scratch, int bar = 0)
 {
     constexpr bool ENT = TERMS == LF_DUAL_FULL, RA = (TERMS & LF_DUAL_RA) != 0, RB = (TERMS & LF_DUAL_RB) != 0;
-    const float ms = lf_warp_max_f32(a.ms), mt = lf_warp_max_f32(a.mt);
+    const float ms = LF_KL_MAX_REDUX ? lf_warp_max_f32_redux(a.ms) : lf_warp_max_f32(a.ms);
+    const float mt = LF_KL_MAX_REDUX ? lf_warp_max_f32_redux(a.mt) : lf_warp_max_f32(a.mt);
     lf_impl_acc_move2<TERMS>(a, ms, mt, cs);
     a.ms = ms; /* the warp's maxima (also where a move had nothing to do) */
     a.mt = mt;
@@ -2317,16 +2346,34 @@ static __device__ __forceinline__ float lf_impl_kl_lm2_fast(const lf_kl_coef &c,
     return lf_lg2(fmaxf(fmaf(c.beta, q - p, p), FLT_MIN));
 }
 
+/* JSD's kept differences (lf_kl_piece_stats2 / lf_kl_piece_grad, `keep`): for units i < nkeep
+ * of a piece, the 8 values log2 p_j - log2 M_j of pass 2 as fp32, in two planes of nkeep 16-byte
+ * vectors (pairs 0-3 of unit i at keep[i], 4-7 at keep[nkeep + i]: a warp's accesses are
+ * consecutive vectors, no bank conflict). The thread that sums unit i in pass 2 is the one that
+ * writes its gradient (both loops give unit i to thread i mod THREADS), so no barrier is needed
+ * between the two. */
+static __device__ __forceinline__ void lf_impl_kept_put(uint4 *keep, int i, int nkeep, const float *d)
+{
+    keep[i] = make_uint4(__float_as_uint(d[0]), __float_as_uint(d[1]), __float_as_uint(d[2]), __float_as_uint(d[3]));
+    keep[nkeep + i] = make_uint4(__float_as_uint(d[4]), __float_as_uint(d[5]), __float_as_uint(d[6]), __float_as_uint(d[7]));
+}
+static __device__ __forceinline__ void lf_impl_kept_get(const uint4 *keep, int i, int nkeep, float *d)
+{
+    const uint4 a = keep[i], b = keep[nkeep + i];
+    d[0] = __uint_as_float(a.x), d[1] = __uint_as_float(a.y), d[2] = __uint_as_float(a.z), d[3] = __uint_as_float(a.w);
+    d[4] = __uint_as_float(b.x), d[5] = __uint_as_float(b.y), d[6] = __uint_as_float(b.z), d[7] = __uint_as_float(b.w);
+}
+
 /* The fast JSD sweep of this thread's units: no tests (2 EX2, 1 LG2, 9 FP32 operations per pair
  * against the exact form's 4 tests, 2 selects and the subnormal handling of __log2f, which the
  * compiler makes a branch per pair). A -inf entry makes a term 0 * -inf = NaN: the caller then
- * sums the share again exactly. */
+ * sums the share again exactly. Units i < nkeep also store their log2 p - log2 M into keep. */
 template <int THREADS, typename TS, typename TT, bool LIN>
 static __device__ __forceinline__ void lf_impl_jsd_sweep2(float2 &s, const uint4 *bs, const uint4 *bt, int n, int PU,
-                                                          const lf_kl_xf &xf, const lf_kl_coef &c)
+                                                          const lf_kl_xf &xf, const lf_kl_coef &c, uint4 *keep, int nkeep)
 {
     for (int i = (int)threadIdx.x; i < n; i += THREADS) {
-        float fs[8], ft[8];
+        float fs[8], ft[8], d[8];
         lf_impl_unit_get<TS>(bs, i, PU, fs);
         lf_impl_unit_get<TT>(bt, i, PU, ft);
 #pragma unroll
@@ -2334,9 +2381,11 @@ static __device__ __forceinline__ void lf_impl_jsd_sweep2(float2 &s, const uint4
             float lp2, lq2, p, q;
             lf_impl_kl_pq(c, lf_kl_w<LIN>(fs[e], xf.s, xf), lf_kl_w<LIN>(ft[e], xf.t, xf), &lp2, &lq2, &p, &q);
             const float lm2 = lf_impl_kl_lm2_fast(c, p, q);
-            s.x = fmaf(p, lp2 - lm2, s.x);
+            d[e] = lp2 - lm2;
+            s.x = fmaf(p, d[e], s.x);
             s.y = fmaf(q, lq2 - lm2, s.y);
         }
+        if (i < nkeep) lf_impl_kept_put(keep, i, nkeep, d);
     }
 }
 
@@ -2344,15 +2393,19 @@ static __device__ __forceinline__ void lf_impl_jsd_sweep2(float2 &s, const uint4
  * when the share holds special values (a -inf entry, a NaN): JSD's fast sweep then gave a
  * non-finite sum and the share was summed again with the exact conventions. A caller that
  * keeps the flag for the same units (every pass gives a unit to the same thread) may pass it
- * on to lf_kl_piece_grad (its `exact`), whose fast form needs finite entries. */
+ * on to lf_kl_piece_grad (its `exact`), whose fast form needs finite entries. keep / nkeep
+ * (JSD; optional, shared memory of 32 x nkeep bytes): the sweep also keeps units i < nkeep's
+ * log2 p - log2 M for lf_kl_piece_grad, whose fast form then takes them instead of computing q
+ * and log2 M again (2 MUFU operations and ~8 others per pair less; the same bits). */
 template <int THREADS, typename TS, typename TT, bool LIN>
 static __device__ __forceinline__ bool lf_kl_piece_stats2(float2 &acc, const uint4 *bs, const uint4 *bt, int n, int PU,
-                                                          const lf_kl_xf &xf, const lf_kl_coef &c)
+                                                          const lf_kl_xf &xf, const lf_kl_coef &c, uint4 *keep = nullptr,
+                                                          int nkeep = 0)
 {
     float2 s = make_float2(0.0f, 0.0f);
     bool special = false;
     if (c.kind == LF_KL_JSD) {
-        lf_impl_jsd_sweep2<THREADS, TS, TT, LIN>(s, bs, bt, n, PU, xf, c);
+        lf_impl_jsd_sweep2<THREADS, TS, TT, LIN>(s, bs, bt, n, PU, xf, c, keep, keep ? nkeep : 0);
         special = !(fabsf(s.x) + fabsf(s.y) < LF_INF_F); /* also NaN */
     }
     if (c.kind != LF_KL_JSD || special) {
@@ -2424,12 +2477,43 @@ static __device__ __forceinline__ float lf_impl_kl_grad_any(const lf_kl_coef &c,
     }
 }
 
+/* Store unit i's 8 gradient values (16-byte stores when vec_ok). */
+template <typename TS>
+static __device__ __forceinline__ void lf_impl_kl_unit_store(TS *out, bool vec_ok, const lf_dual_span &sp, int ub, int i,
+                                                             const float *g)
+{
+    TS *dst = out + sp.head + 8 * (int64_t)(ub + i);
+    if (vec_ok) {
+        lf_st16(reinterpret_cast<uint4 *>(dst), lf_elem<TS>::pack(g));
+        if (sizeof(TS) == 4) lf_st16(reinterpret_cast<uint4 *>(dst) + 1, lf_elem<TS>::pack(g + 4));
+    } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) dst[e] = lf_elem<TS>::from_f32(g[e]);
+    }
+}
+
 template <int THREADS, typename TS, typename TT, bool LIN, int KIND, bool EXACT>
 static __device__ __forceinline__ void lf_impl_kl_piece_grad(TS *out, bool vec_ok, const uint4 *bs, const uint4 *bt,
                                                              const lf_dual_span &sp, int ub, int n, int PU,
-                                                             const lf_kl_xf &xf, const lf_kl_coef &c)
+                                                             const lf_kl_xf &xf, const lf_kl_coef &c,
+                                                             const uint4 *keep = nullptr, int nkeep = 0)
 {
-    for (int i = (int)threadIdx.x; i < n; i += THREADS) {
+    int i = (int)threadIdx.x;
+    if (KIND == LF_KL_JSD && !EXACT) { /* units with pass 2's log2 p - log2 M kept: p alone */
+        for (const int nk = min(n, nkeep); i < nk; i += THREADS) {
+            float fs[8], dk[8], g[8];
+            lf_impl_unit_get<TS>(bs, i, PU, fs);
+            lf_impl_kept_get(keep, i, nkeep, dk);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                /* lf_impl_kl_grad's fast JSD form, p (lp2 - lm2 - c3), with lp2 - lm2 kept */
+                const float p = lf_ex2(fmaf(lf_kl_w<LIN>(fs[e], xf.s, xf), c.cs, -c.ks)), d = p * (dk[e] - c.c3);
+                g[e] = LIN ? c.a * d : c.a * d * lf_kl_dzdx(fs[e], xf);
+            }
+            lf_impl_kl_unit_store<TS>(out, vec_ok, sp, ub, i, g);
+        }
+    }
+    for (; i < n; i += THREADS) {
         float fs[8], ft[8], g[8];
         lf_impl_unit_get<TS>(bs, i, PU, fs);
         lf_impl_unit_get<TT>(bt, i, PU, ft);
@@ -2438,14 +2522,7 @@ static __device__ __forceinline__ void lf_impl_kl_piece_grad(TS *out, bool vec_o
             const float d = lf_impl_kl_grad<KIND, EXACT>(c, lf_kl_w<LIN>(fs[e], xf.s, xf), lf_kl_w<LIN>(ft[e], xf.t, xf));
             g[e] = LIN ? c.a * d : c.a * d * lf_kl_dzdx(fs[e], xf);
         }
-        TS *dst = out + sp.head + 8 * (int64_t)(ub + i);
-        if (vec_ok) {
-            lf_st16(reinterpret_cast<uint4 *>(dst), lf_elem<TS>::pack(g));
-            if (sizeof(TS) == 4) lf_st16(reinterpret_cast<uint4 *>(dst) + 1, lf_elem<TS>::pack(g + 4));
-        } else {
-#pragma unroll
-            for (int e = 0; e < 8; ++e) dst[e] = lf_elem<TS>::from_f32(g[e]);
-        }
+        lf_impl_kl_unit_store<TS>(out, vec_ok, sp, ub, i, g);
     }
 }
 
@@ -2453,11 +2530,13 @@ static __device__ __forceinline__ void lf_impl_kl_piece_grad(TS *out, bool vec_o
  * row (in place) or another row with the same element alignment when vec_ok (16-byte stores),
  * element by element otherwise. exact = false takes the fast forms of reverse KL and JSD (no
  * tests per pair): only for units known to hold finite entries, i.e. those for which this
- * thread's lf_dual_piece_stats and lf_kl_piece_stats2 both returned false. */
+ * thread's lf_dual_piece_stats and lf_kl_piece_stats2 both returned false. keep / nkeep: what
+ * this piece's lf_kl_piece_stats2 kept (JSD's fast form only; the exact form computes all). */
 template <int THREADS, typename TS, typename TT, bool LIN>
 static __device__ __forceinline__ void lf_kl_piece_grad(TS *out, bool vec_ok, const uint4 *bs, const uint4 *bt,
                                                         const lf_dual_span &sp, int ub, int n, int PU, const lf_kl_xf &xf,
-                                                        const lf_kl_coef &c, bool exact = true)
+                                                        const lf_kl_coef &c, bool exact = true, const uint4 *keep = nullptr,
+                                                        int nkeep = 0)
 {
     switch (c.kind) {
     case LF_KL_REVERSE:
@@ -2466,7 +2545,8 @@ static __device__ __forceinline__ void lf_kl_piece_grad(TS *out, bool vec_ok, co
         break;
     case LF_KL_JSD:
         if (exact) lf_impl_kl_piece_grad<THREADS, TS, TT, LIN, LF_KL_JSD, true>(out, vec_ok, bs, bt, sp, ub, n, PU, xf, c);
-        else lf_impl_kl_piece_grad<THREADS, TS, TT, LIN, LF_KL_JSD, false>(out, vec_ok, bs, bt, sp, ub, n, PU, xf, c);
+        else lf_impl_kl_piece_grad<THREADS, TS, TT, LIN, LF_KL_JSD, false>(out, vec_ok, bs, bt, sp, ub, n, PU, xf, c, keep,
+                                                                                keep ? nkeep : 0);
         break;
     case LF_KL_TVD: lf_impl_kl_piece_grad<THREADS, TS, TT, LIN, LF_KL_TVD, true>(out, vec_ok, bs, bt, sp, ub, n, PU, xf, c); break;
     default: lf_impl_kl_piece_grad<THREADS, TS, TT, LIN, LF_KL_FORWARD, true>(out, vec_ok, bs, bt, sp, ub, n, PU, xf, c); break;
