@@ -1,7 +1,7 @@
 /* bench/bench_kl.cu — times examples/kl_distill.cu against the bytes-moved floor.
  *
  *   bench_kl [--shapes 4096x32768,...] [--iters 20] [--kinds kl_fwd,kl_rev,jsd,softce,tvd] [--tag _name]
- *            [--forward-only] [--topk K] [--variants]
+ *            [--forward-only] [--topk K] [--variants] [--jsd-keep -1]
  *
  * Each mode is the fused forward+backward of one loss, bf16 student and teacher logits, the
  * gradient written in place over the student, reduction mean (the floor: read the student and
@@ -34,6 +34,7 @@ int main(int argc, char **argv)
     bool fwd_only = false;
     int64_t topk = -1;
     bool variants = false;
+    std::string jsd_keep; /* --jsd-keep -1: JSD also timed with each kl_args.jsd_keep listed (impl=lossfuse_keep<k>) */
     for (int i = 1; i < argc; ++i) {
         if (!strcmp(argv[i], "--forward-only")) fwd_only = true;
         else if (!strcmp(argv[i], "--variants")) variants = true;
@@ -42,6 +43,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--tag") && i + 1 < argc) tag = argv[++i];
         else if (!strcmp(argv[i], "--topk") && i + 1 < argc) topk = atoll(argv[++i]);
+        else if (!strcmp(argv[i], "--jsd-keep") && i + 1 < argc) jsd_keep = argv[++i];
     }
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
@@ -123,44 +125,58 @@ int main(int argc, char **argv)
             if (("," + kinds + ",").find("," + std::string(names[k]) + ",") == std::string::npos) continue;
             if (sched != KL_SCHED_AUTO && !variants) continue;
             if (sched == KL_SCHED_RESIDENT && topk >= 0) continue; /* a sparse teacher streams */
-            kl_args b = a;
-            b.opts.kind = (lf_kl_kind)k;
-            b.schedule = sched;
-            b.static_rows = sched == KL_SCHED_RESIDENT ? (static_rows ? 1 : -1) : 0; /* forced: each way */
-            b.side_ctas = noside ? -1 : 0;
-            kl_plan plan;
-            memset(&plan, 0, sizeof plan);
-            b.plan = &plan;
-            std::vector<float> t;
-            for (int it = 0; it < iters + 3; ++it) {
-                CK(cudaMemcpyAsync(xs, pristine, bytes, cudaMemcpyDeviceToDevice));
-                CK(cudaMemsetAsync(flush, it & 0xff, flush_bytes));
-                CK(cudaEventRecord(e0));
-                cudaError_t ce;
-                const lf_status st = kl_launch(&b, 0, &ce);
-                CK(cudaEventRecord(e1));
-                if (st != LF_OK) {
-                    fprintf(stderr, "kl_launch: %s (%s)\n", lf_status_str(st), cudaGetErrorString(ce));
-                    return 1;
+            kl_args b0 = a;
+            b0.opts.kind = (lf_kl_kind)k;
+            b0.schedule = sched;
+            b0.static_rows = sched == KL_SCHED_RESIDENT ? (static_rows ? 1 : -1) : 0; /* forced: each way */
+            b0.side_ctas = noside ? -1 : 0;
+            /* the launch as asked, then (JSD, automatic plan) once per --jsd-keep value */
+            std::vector<int> keeps = {0};
+            if (k == LF_KL_JSD && sched == KL_SCHED_AUTO)
+                for (size_t q = 0; q < jsd_keep.size();) {
+                    const size_t e = jsd_keep.find(',', q);
+                    keeps.push_back(atoi(jsd_keep.substr(q, e == std::string::npos ? std::string::npos : e - q).c_str()));
+                    q = e == std::string::npos ? jsd_keep.size() : e + 1;
                 }
-                CK(cudaEventSynchronize(e1));
-                float ms;
-                CK(cudaEventElapsedTime(&ms, e0, e1));
-                if (it >= 3) t.push_back(ms);
+            for (const int keep : keeps) {
+                kl_args b = b0;
+                b.jsd_keep = keep;
+                char keep_tag[24] = "";
+                if (keep != 0) snprintf(keep_tag, sizeof keep_tag, "_keep%d", keep);
+                kl_plan plan;
+                memset(&plan, 0, sizeof plan);
+                b.plan = &plan;
+                std::vector<float> t;
+                for (int it = 0; it < iters + 3; ++it) {
+                    CK(cudaMemcpyAsync(xs, pristine, bytes, cudaMemcpyDeviceToDevice));
+                    CK(cudaMemsetAsync(flush, it & 0xff, flush_bytes));
+                    CK(cudaEventRecord(e0));
+                    cudaError_t ce;
+                    const lf_status st = kl_launch(&b, 0, &ce);
+                    CK(cudaEventRecord(e1));
+                    if (st != LF_OK) {
+                        fprintf(stderr, "kl_launch: %s (%s)\n", lf_status_str(st), cudaGetErrorString(ce));
+                        return 1;
+                    }
+                    CK(cudaEventSynchronize(e1));
+                    float ms;
+                    CK(cudaEventElapsedTime(&ms, e0, e1));
+                    if (it >= 3) t.push_back(ms);
+                }
+                CK(cudaGetLastError());
+                printf("RESULT impl=lossfuse%s%s%s mode=%s%s%s N=%lld V=%lld dtype=bf16 ms=%.4f bytes=%zu extra_bytes=%zu "
+                       "status=ok schedule=%s cluster=%d stages=%d pieces=%d ctas=%d dynamic=%d side=%d keep=%d\n",
+                       sched == KL_SCHED_STREAM         ? "_streamed"
+                       : static_rows                    ? "_resident_static"
+                       : noside                         ? "_resident_noside"
+                       : sched == KL_SCHED_RESIDENT     ? "_resident"
+                                                        : "",
+                       keep_tag, tag.c_str(),
+                       names[k], suffix, fwd_only ? "_fo" : "", (long long)N, (long long)V, median(t), moved, wsb,
+                       plan.schedule == KL_SCHED_RESIDENT ? "resident" : "streamed", plan.cluster, plan.stages, plan.pieces,
+                       plan.ctas, plan.dynamic, plan.side_ctas, plan.jsd_keep);
+                fflush(stdout);
             }
-            CK(cudaGetLastError());
-            printf("RESULT impl=lossfuse%s%s mode=%s%s%s N=%lld V=%lld dtype=bf16 ms=%.4f bytes=%zu extra_bytes=%zu status=ok "
-                   "schedule=%s cluster=%d stages=%d pieces=%d ctas=%d dynamic=%d side=%d\n",
-                   sched == KL_SCHED_STREAM         ? "_streamed"
-                   : static_rows                    ? "_resident_static"
-                   : noside                         ? "_resident_noside"
-                   : sched == KL_SCHED_RESIDENT     ? "_resident"
-                                                    : "",
-                   tag.c_str(),
-                   names[k], suffix, fwd_only ? "_fo" : "", (long long)N, (long long)V, median(t), moved, wsb,
-                   plan.schedule == KL_SCHED_RESIDENT ? "resident" : "streamed", plan.cluster, plan.stages, plan.pieces, plan.ctas,
-                   plan.dynamic, plan.side_ctas);
-            fflush(stdout);
         }
         CK(cudaFree(xs));
         CK(cudaFree(xt));

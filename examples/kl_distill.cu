@@ -150,6 +150,12 @@ typedef struct kl_args {
                             * first stages and the side CTAs every later row, whatever the order in which the
                             * two grids run (compute-sanitizer runs them one after the other); 0 (default):
                             * both draw from the counter. Ignored where no side CTAs run */
+    int jsd_keep;          /* resident JSD with a gradient: 0 (default): pass 2 keeps its log2 p - log2 M of as
+                            * many pairs as the shared memory beside the stages holds (32 bytes per 8 pairs
+                            * and warp group), and the gradient pass computes neither q nor log2 M again
+                            * for them (2 of a pair's 8 MUFU operations); -1: never. The same bits either
+                            * way. (Room for the whole slice, with larger clusters, measured slower:
+                            * bench/RESULTS.md, design log 73) */
     struct kl_plan *plan;  /* optional host out */
 } kl_args;
 
@@ -176,6 +182,7 @@ typedef struct kl_plan {
     int ctas;        /* persistent CTAs launched */
     int dynamic;     /* resident: rows handed out from the workspace's counter (kl_args.static_rows) */
     int side_ctas;   /* resident, dynamic: CTAs of the side grid on the SMs the clusters leave idle (kl_args.side_ctas) */
+    int jsd_keep;    /* resident JSD: units of a CTA's slice whose pass-2 values each group keeps (kl_args.jsd_keep) */
 } kl_plan;
 
 static kl_args kl_args_default(void)
@@ -258,6 +265,7 @@ typedef struct kl_kparams {
     kl_ws_header *ws;
     int64_t ctas_all; /* CTAs that count in the batch sum's completion counter (0: the grid's) */
     int cluster_no_draw; /* dynamic, with side CTAs and kl_args.side_take_rest: the clusters draw no rows */
+    int jsd_keep;        /* resident JSD: units of its slice whose pass-2 values a group keeps (kl_args.jsd_keep) */
     float *ws_loss;
     float *ws_rest; /* sparse teacher: per row, written by kl_topk_prep_kernel */
     int *ws_status;
@@ -639,6 +647,27 @@ __global__ void __launch_bounds__(KL_THREADS, KL_CTAS_PER_SM) kl_kernel(const kl
 #define KL_RES_THREADS (KL_RES_GROUP * KL_RES_GROUPS)
 #define KL_RES_MIN_STAGES 3
 #define KL_RES_MAX_STAGES 8
+/* Timing probes, WRONG results (bench/RESULTS.md, design log 72): 1 skips the cluster exchanges,
+ * 2 the element math (the passes sum nothing, the gradient pass stores the staged student),
+ * 3 the block merges and the cluster exchanges, 4 as 3 with the block merge's barrier kept,
+ * 5 as 3 with its warp merges kept. 1, 3, 4 and 5 with fixed shares only. */
+#ifndef KL_RES_PROBE
+#define KL_RES_PROBE 0
+#endif
+
+/* KL_RES_PROBE 5: the warp half of lf_block_dual_acc alone (no record, no barrier) */
+template <int TERMS> static __device__ __forceinline__ lf_dual_acc lf_block_dual_acc_warp_probe(lf_dual_acc a, float cs)
+{
+    const float ms = lf_warp_max_f32(a.ms), mt = lf_warp_max_f32(a.mt);
+    lf_impl_acc_move2<TERMS>(a, ms, mt, cs);
+    a.ms = ms;
+    a.mt = mt;
+    a.ss = lf_warp_sum_f32(a.ss);
+    a.st = lf_warp_sum_f32(a.st);
+    a.ra = lf_warp_sum_f32(a.ra);
+    a.rb = lf_warp_sum_f32(a.rb);
+    return a;
+}
 
 /* The factors of a row's gradient scale that hold for the whole launch: the upstream gradient
  * of a reduced loss and the mean's 1 / divisor (0 for a zero divisor). */
@@ -744,6 +773,8 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
     const int64_t drawn0 = (int64_t)nclusters * nstages;
     const bool three = p.kind == LF_KL_JSD || p.kind == LF_KL_TVD;
     const bool grad = p.grad != nullptr;
+    /* JSD: this group's kept pass-2 values (p.jsd_keep units, two planes), after the stages */
+    uint4 *const keep = p.jsd_keep > 0 ? kl_res_smem + (size_t)nstages * 2 * su + (size_t)grp * 2 * p.jsd_keep : nullptr;
     if (threadIdx.x == 0 && grp == 0) {
         for (int q = 0; q < nstages; ++q) {
             lf_mbar_init(&full[q], 1);
@@ -905,10 +936,17 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
                 constexpr int T = decltype(terms)::value;
                 lf_dual_acc acc = lf_dual_acc_init();
                 if (rank == 0) lf_dual_edge_stats<TH, TS, TT, LIN, LF_DUAL_FULL>(acc, xs, xt, sp, p.xf);
-                exact = lf_dual_piece_stats<TH, TS, TT, LIN, T>(acc, bs, bt, nu, su, p.xf);
+                if (KL_RES_PROBE == 2) {
+                    acc.ms = acc.mt = 0.0f;
+                    acc.ss = acc.st = 1.0f;
+                } else {
+                    exact = lf_dual_piece_stats<TH, TS, TT, LIN, T>(acc, bs, bt, nu, su, p.xf);
+                }
                 draw_status();
-                acc = lf_block_dual_acc<TH, T>(acc, p.xf.cs, red[grp][par], bar);
-                if (nranks > 1) {
+                if (KL_RES_PROBE == 4) lf_block_bar<TH>(bar);
+                if (KL_RES_PROBE == 5) acc = lf_block_dual_acc_warp_probe<T>(acc, p.xf.cs);
+                if (KL_RES_PROBE < 3) acc = lf_block_dual_acc<TH, T>(acc, p.xf.cs, red[grp][par], bar);
+                if (nranks > 1 && KL_RES_PROBE != 1 && KL_RES_PROBE < 3) {
                     exchange1(acc);
                     acc = lf_dual_acc_merge_warp<T>(xa[grp][xq], nranks, p.xf.cs);
                 }
@@ -919,10 +957,12 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
             float2 sums = make_float2(0.0f, 0.0f);
             if (three) {
                 float2 acc2 = make_float2(0.0f, 0.0f);
-                exact |= lf_kl_piece_stats2<TH, TS, TT, LIN>(acc2, bs, bt, nu, su, p.xf, coef);
+                if (KL_RES_PROBE != 2)
+                    exact |= lf_kl_piece_stats2<TH, TS, TT, LIN>(acc2, bs, bt, nu, su, p.xf, coef, keep, p.jsd_keep);
                 if (rank == 0) lf_kl_edge_stats2<TH, TS, TT, LIN>(acc2, xs, xt, sp, p.xf, coef);
-                sums = lf_block_sum2_f32<TH>(acc2, red2[grp][par], bar);
-                if (nranks > 1) {
+                sums = KL_RES_PROBE >= 3 ? acc2 : lf_block_sum2_f32<TH>(acc2, red2[grp][par], bar);
+                if (KL_RES_PROBE == 4) lf_block_bar<TH>(bar);
+                if (nranks > 1 && KL_RES_PROBE != 1 && KL_RES_PROBE < 3) {
                     lf_cluster_post(sums, xb[grp][xq], &xbar[grp][1][xq], rank, nranks);
                     lf_cluster_posts_wait(&xbar[grp][1][xq], (x_phase >> (2 + xq)) & 1u);
                     x_phase ^= 1u << (2 + xq);
@@ -938,7 +978,12 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
             par ^= 1;
             if (grad) {
                 const bool vec_ok = ((uintptr_t)(out + sp.head) & 15u) == 0;
-                lf_kl_piece_grad<TH, TS, TT, LIN>(out, vec_ok, bs, bt, sp, ub, nu, su, p.xf, coef, exact);
+                if (KL_RES_PROBE == 2 && vec_ok) {
+                    for (int i = (int)threadIdx.x; i < nu; i += TH)
+                        lf_st16(reinterpret_cast<uint4 *>(out + sp.head + 8 * (int64_t)(ub + i)), bs[i]);
+                } else {
+                    lf_kl_piece_grad<TH, TS, TT, LIN>(out, vec_ok, bs, bt, sp, ub, nu, su, p.xf, coef, exact, keep, p.jsd_keep);
+                }
                 if (rank == 0) lf_kl_edge_grad<TH, TS, TT, LIN>(out, xs, xt, sp, p.xf, coef);
             }
             if (rank == 0 && threadIdx.x == 0) kl_row_outputs(p, row, dout, l * p.tau2_scale * w);
@@ -1267,12 +1312,25 @@ static lf_status kl_launch_resident(kl_kparams p, const kl_args *a, bool forced,
         lf_ring_plan pl;
         KL_CHECK(lf_ring_plan_make(kernel, block, dev, &ring_d[dev], r, &pl));
         if (pl.cluster == 0) return forced ? LF_ERR_SIZE : LF_OK;
+        /* JSD with a gradient: each group keeps pass 2's log2 p - log2 M for the gradient pass in
+         * what shared memory the stages leave (32 bytes per unit and group; kl_args.jsd_keep) */
+        p.jsd_keep = 0;
+        if (p.kind == LF_KL_JSD && p.grad && a->jsd_keep == 0) {
+            /* both kernels' shared-memory opt-in: the dynamic one is set up here too */
+            KL_CHECK(lf_ring_setup(kernel_dyn, dev, &ring_dyn_d[dev]));
+            const int64_t dmax = ring_d[dev].dyn_max < ring_dyn_d[dev].dyn_max ? ring_d[dev].dyn_max : ring_dyn_d[dev].dyn_max;
+            const size_t stage_bytes = (size_t)pl.stages * 32 * pl.slice_units;
+            const int64_t room = (dmax - (int64_t)stage_bytes) / (32 * KL_RES_GROUPS);
+            p.jsd_keep = (int)(room < pl.slice_units ? (room > 0 ? room : 0) : pl.slice_units);
+            pl.dyn_bytes = stage_bytes + (size_t)p.jsd_keep * 32 * KL_RES_GROUPS;
+        }
         /* Rows handed out dynamically (unless static_rows; fewer than 2^32 rows): every resident
          * cluster starts, and those on faster SMs take more rows (cross_entropy.cu measured its
          * CTAs' fixed shares finishing up to 17% apart on an H200). All resident clusters, not
          * lf_ring_plan's `streaming` count: that rule was measured with the cross-entropy's
          * 4 B/elem, not here. */
-        bool dyn = a->static_rows <= 0 && p.n_rows < ((int64_t)1 << 32);
+        bool dyn = a->static_rows <= 0 && p.n_rows < ((int64_t)1 << 32) &&
+                   (pl.cluster == 1 || KL_RES_PROBE == 0 || KL_RES_PROBE == 2); /* probes 1, 3-5: fixed shares */
         if (dyn) { /* the dynamic kernel's own shared-memory opt-in; the plan's stages must fit it too */
             KL_CHECK(lf_ring_setup(kernel_dyn, dev, &ring_dyn_d[dev]));
             dyn = ring_dyn_d[dev].dyn_max >= (int)pl.dyn_bytes;
@@ -1339,6 +1397,7 @@ static lf_status kl_launch_resident(kl_kparams p, const kl_args *a, bool forced,
             plan->stages = pl.stages;
             plan->ctas = (int)ctas;
             plan->dynamic = dyn;
+            plan->jsd_keep = p.jsd_keep;
         }
         KL_CHECK(lf_launch_clusters(dyn ? kernel_dyn : kernel, ctas, pl.cluster, block, pl.dyn_bytes, stream, false, p, pl.cluster,
                                     pl.stages, (int)pl.slice_units, (int)nclusters));
@@ -1410,6 +1469,7 @@ static lf_status kl_launch(const kl_args *a, cudaStream_t stream, cudaError_t *c
     if (a->stages != 0 && (a->stages < KL_RES_GROUPS + 1 || a->stages > KL_RES_MAX_STAGES)) return LF_ERR_ARG;
     if (a->static_rows < -1 || a->static_rows > 1) return LF_ERR_ARG;
     if (a->side_ctas < -1 || a->side_ctas > 4096) return LF_ERR_ARG;
+    if (a->jsd_keep < -1 || a->jsd_keep > 0) return LF_ERR_ARG;
     if (a->side_take_rest < 0 || a->side_take_rest > 1) return LF_ERR_ARG;
     if (a->grad && a->grad_stride < a->vocab) return LF_ERR_SIZE;
     if (a->grad && a->n_rows > 0) {

@@ -753,6 +753,20 @@ static void run_case(const Case &c)
                  * beside the clusters, take some (on a full device they start as clusters end) */
                 if (!g_small && N >= 1000 && plan2.ctas < g_sms) EXPECT(wh3.side_rows_last > 0, "%d side CTAs took no row of %lld", plan2.side_ctas, (long long)N);
             }
+            /* JSD with a gradient: pass 2's values kept for the gradient pass (the default, as
+             * many units as fit beside the stages) or computed again (jsd_keep -1): the same bits */
+            if (c.kind == LF_KL_JSD && c.grad) {
+                b = a;
+                b.jsd_keep = -1;
+                memset(&plan2, 0, sizeof plan2);
+                b.plan = &plan2;
+                const unsigned long long h4 = relaunch(b);
+                EXPECT(h4 == h1, "outputs differ with jsd_keep -1 and the default (%d of %d units kept)", plan.jsd_keep,
+                       plan.piece_units);
+                EXPECT(plan2.jsd_keep == 0, "jsd_keep -1: %d units kept", plan2.jsd_keep);
+                printf("     jsd_keep: %d of %d units kept (cluster %d, %d stages)\n", plan.jsd_keep, plan.piece_units,
+                       plan.cluster, plan.stages);
+            }
         }
     }
     printf("%-4s %s\n", g_fail == fails_before ? "ok" : "FAIL", g_case);
@@ -818,6 +832,11 @@ static void test_arguments(void)
     b.side_ctas = 4097;
     EXPECT(kl_launch(&b, 0, &ce) == LF_ERR_ARG, "side_ctas 4097 accepted");
     b.side_ctas = 0;
+    b.jsd_keep = -2;
+    EXPECT(kl_launch(&b, 0, &ce) == LF_ERR_ARG, "jsd_keep -2 accepted");
+    b.jsd_keep = 1;
+    EXPECT(kl_launch(&b, 0, &ce) == LF_ERR_ARG, "jsd_keep 1 accepted");
+    b.jsd_keep = 0;
     b.side_take_rest = 2;
     EXPECT(kl_launch(&b, 0, &ce) == LF_ERR_ARG, "side_take_rest 2 accepted");
     b = a;
