@@ -52,7 +52,12 @@
  *   (an H200: 120 or 112 of 132 busy on clusters of 8 or 16), a second grid on those SMs takes
  *   whole rows from the same counter, each computed as a cluster would (the same bits), its
  *   slices staged through its own ring of bulk copies: 5-17% faster on the H200 at V >= 131K
- *   than without them (bench/RESULTS.md, session 23, design logs 68-69).
+ *   than without them (bench/RESULTS.md, session 23, design logs 68-69). JSD's pass 2 keeps
+ *   log2 p - log2 M in the shared memory the stages leave (~24% of a slice), so its gradient
+ *   computes only p there (kl_args.jsd_keep: +0.5-1.5 points on the H200, design log 73). On
+ *   the H200 the rest of forward / reverse KL's gap is the latency of each row's block merge
+ *   and cluster exchange (timing probes, KL_RES_PROBE: forward KL at 87-95% of copy without
+ *   them, design log 72).
  * Contract (as DESIGN.md and examples/cross_entropy.cu)
  *   - Masked rows (mask byte 0, or label == ignore_index) have loss 0, zero gradient, weight 0.
  *     A label outside [0, V) that is not ignore_index adds 1 to *n_errors and masks the row.
