@@ -157,10 +157,10 @@ typedef struct kl_args {
                             * both draw from the counter. Ignored where no side CTAs run */
     int jsd_keep;          /* resident JSD with a gradient: 0 (default): pass 2 keeps its log2 p - log2 M of as
                             * many pairs as the shared memory beside the stages holds (32 bytes per 8 pairs
-                            * and warp group), and the gradient pass computes neither q nor log2 M again
-                            * for them (2 of a pair's 8 MUFU operations); -1: never. The same bits either
-                            * way. (Room for the whole slice, with larger clusters, measured slower:
-                            * bench/RESULTS.md, design log 73) */
+                            * and warp group; none where that is less than a unit per thread), and the
+                            * gradient pass computes neither q nor log2 M again for them (2 of a pair's 8
+                            * MUFU operations); -1: never. The same bits either way. (Room for the whole
+                            * slice, with larger clusters, measured slower: bench/RESULTS.md, design log 73) */
     struct kl_plan *plan;  /* optional host out */
 } kl_args;
 
@@ -652,6 +652,9 @@ __global__ void __launch_bounds__(KL_THREADS, KL_CTAS_PER_SM) kl_kernel(const kl
 #define KL_RES_THREADS (KL_RES_GROUP * KL_RES_GROUPS)
 #define KL_RES_MIN_STAGES 3
 #define KL_RES_MAX_STAGES 8
+#ifndef KL_JSD_KEEP_CODE
+#define KL_JSD_KEEP_CODE 1 /* 0: kl_res_kernel without the kept JSD values (kl_args.jsd_keep then does nothing) */
+#endif
 /* Timing probes, WRONG results (bench/RESULTS.md, design log 72): 1 skips the cluster exchanges,
  * 2 the element math (the passes sum nothing, the gradient pass stores the staged student),
  * 3 the block merges and the cluster exchanges, 4 as 3 with the block merge's barrier kept,
@@ -779,7 +782,8 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
     const bool three = p.kind == LF_KL_JSD || p.kind == LF_KL_TVD;
     const bool grad = p.grad != nullptr;
     /* JSD: this group's kept pass-2 values (p.jsd_keep units, two planes), after the stages */
-    uint4 *const keep = p.jsd_keep > 0 ? kl_res_smem + (size_t)nstages * 2 * su + (size_t)grp * 2 * p.jsd_keep : nullptr;
+    uint4 *const keep = KL_JSD_KEEP_CODE && p.jsd_keep > 0 ? kl_res_smem + (size_t)nstages * 2 * su + (size_t)grp * 2 * p.jsd_keep
+                                                           : nullptr;
     if (threadIdx.x == 0 && grp == 0) {
         for (int q = 0; q < nstages; ++q) {
             lf_mbar_init(&full[q], 1);
@@ -1326,7 +1330,8 @@ static lf_status kl_launch_resident(kl_kparams p, const kl_args *a, bool forced,
             const int64_t dmax = ring_d[dev].dyn_max < ring_dyn_d[dev].dyn_max ? ring_d[dev].dyn_max : ring_dyn_d[dev].dyn_max;
             const size_t stage_bytes = (size_t)pl.stages * 32 * pl.slice_units;
             const int64_t room = (dmax - (int64_t)stage_bytes) / (32 * KL_RES_GROUPS);
-            p.jsd_keep = (int)(room < pl.slice_units ? (room > 0 ? room : 0) : pl.slice_units);
+            p.jsd_keep = (int)(room < pl.slice_units ? room : pl.slice_units);
+            if (p.jsd_keep < KL_RES_GROUP) p.jsd_keep = 0; /* not one unit per thread: not worth a second loop */
             pl.dyn_bytes = stage_bytes + (size_t)p.jsd_keep * 32 * KL_RES_GROUPS;
         }
         /* Rows handed out dynamically (unless static_rows; fewer than 2^32 rows): every resident
