@@ -54,7 +54,8 @@
  *   slices staged through its own ring of bulk copies: 5-17% faster on the H200 at V >= 131K
  *   than without them (bench/RESULTS.md, session 23, design logs 68-69). JSD's pass 2 keeps
  *   log2 p - log2 M in the shared memory the stages leave (~24% of a slice), so its gradient
- *   computes only p there (kl_args.jsd_keep: +0.5-1.5 points on the H200, design log 73). On
+ *   computes only p there (kl_args.jsd_keep: +0.5-1.5 points against the same code without
+ *   them, but JSD is not faster than before they came: design log 73, not resolved). On
  *   the H200 the rest of forward / reverse KL's gap is the latency of each row's block merge
  *   and cluster exchange (timing probes, KL_RES_PROBE: forward KL at 87-95% of copy without
  *   them, design log 72).
