@@ -70,7 +70,9 @@
  *  10. Context parallelism: lf_cp_local_labels_grid (a rank's labels and positions from the
  *      global ids under the zigzag layout, lossfuse.h section 10)
  *  11. Tensor (vocabulary) parallelism: lf_tp_merge_warp (a row's all-gathered 12-byte shares
- *      merged by one warp, the P loads in parallel, in lossfuse.h's lf_tp_merge order)
+ *      merged by one warp, the P loads in parallel, in lossfuse.h's lf_tp_merge order),
+ *      lf_tp_merge_lanes (the same from shares the lanes hold), and flagged slots that carry a
+ *      share into another GPU's memory with no fence (lf_tp_slot_put / lf_tp_slot_get)
  *  12. Host: launching clusters (lf_launch_clusters, lf_max_active_clusters; the device side of
  *      programmatic dependent launch, lf_pdl_trigger / lf_pdl_wait) and planning a persistent
  *      grid whose CTAs stage row slices in a ring (lf_ring_setup, lf_ring_plan_make)
@@ -3134,11 +3136,57 @@ static __device__ __forceinline__ void lf_cp_local_labels_grid(const int32_t *cu
  *     parallel, one lane per rank, and every lane then merges them from registers in rank order
  *     with lf_tp_merge's arithmetic — the same bits on every lane and every rank (and as
  *     lf_tp_merge compiled for the device; a host build may round a contracted product
- *     differently in the last bit).
+ *     differently in the last bit). lf_tp_merge_lanes is the same merge of shares the lanes
+ *     already hold (P <= 32), e.g. polled from flagged slots.
  *     Usage (examples/vocab_parallel_ce.cu), by all 32 lanes of one warp:
  *         const lf_tp_merged mg = lf_tp_merge_warp(shares, n_rows, P, i, y, w_y, Wr, V, eps);
  *         float lse; const float loss = lf_tp_loss(mg, lam, &lse);
+ *
+ *     Flagged slots (lf_tp_slot_put / lf_tp_slot_get): one row's share sent straight into
+ *     another GPU's memory (a peer pointer over NVLink, e.g. NCCL's ncclGetPeerPointer) with no
+ *     fence and no flag of its own. The 32-byte slot holds three 64-bit words {value, gen}: the
+ *     share's m, s and t, each beside the sender's generation (a launch counter the sender and
+ *     the reader agree on, never 0). A naturally aligned 64-bit access is single-copy atomic in
+ *     the PTX memory model, so a reader that sees gen in all three words has seen the three
+ *     values of that generation, whatever order they arrived in (NCCL's LL protocol rests on
+ *     the same property). The writer's two 16-byte stores and the reader's two 16-byte loads
+ *     are volatile (relaxed, system scope): nothing is cached in L1, and the poll sees the
+ *     remote stores as they land. One store per slot and generation; the reader polls its own
+ *     memory (the writer stores into it), so a wait costs the reader an L2 round trip per try.
+ *     Reuse of a slot is the caller's protocol: a slot may be written with generation g + k only
+ *     once every reader is done with generation g (examples/vocab_parallel_ce.cu alternates two
+ *     sets of slots by generation parity and waits for the peers' "done" words).
+ *         // sender, one thread:  lf_tp_slot_put(peer_slots + (row * P + rank), sh, gen);
+ *         // receiver, lane q < P: while (!lf_tp_slot_get(my_slots + (row * P + q), gen, &sh)) {}
  * ========================================================================================== */
+
+/* The lse states of ranks base .. base + n - 1, held by lanes 0 .. n - 1 (mine), merged into st
+ * in rank order by every lane. */
+static __device__ __forceinline__ void lf_impl_tp_merge_lse(lf_lse &st, const lf_tp_share &mine, int n)
+{
+    for (int k = 0; k < n; ++k) {
+        lf_lse b;
+        b.m = __shfl_sync(0xffffffffu, mine.m, k);
+        b.s = __shfl_sync(0xffffffffu, mine.s, k);
+        b.u = 0.0f;
+        st = lf_lse_merge(st, b);
+    }
+}
+
+/* Their t terms moved to the merged max mg.M and added in rank order (A_r: lane k's rank's
+ * target mass), with their masses. */
+static __device__ __forceinline__ void lf_impl_tp_merge_t(lf_tp_merged &mg, const lf_tp_share &mine, float A_r, int n)
+{
+    for (int k = 0; k < n; ++k) {
+        lf_tp_share sh;
+        sh.m = __shfl_sync(0xffffffffu, mine.m, k);
+        sh.s = 0.0f;
+        sh.t = __shfl_sync(0xffffffffu, mine.t, k);
+        const float a = __shfl_sync(0xffffffffu, A_r, k);
+        mg.A += a;
+        mg.T = lf_tp_move(mg.T, sh, a, mg.M);
+    }
+}
 
 static __device__ __forceinline__ lf_tp_merged lf_tp_merge_warp(const lf_tp_share *g, int64_t n_rows, int P, int64_t i,
                                                                 int64_t y, float wy, const float *Wr, int64_t V, float eps)
@@ -3153,14 +3201,7 @@ static __device__ __forceinline__ lf_tp_merged lf_tp_merge_warp(const lf_tp_shar
     for (int base = 0; base < P; base += 32) { /* pass 1: the lse states, rank order */
         lf_tp_share mine = {-LF_INF_F, 0.0f, 0.0f};
         if (base + lane < P) mine = g[(int64_t)(base + lane) * n_rows + i];
-        const int n = P - base < 32 ? P - base : 32;
-        for (int k = 0; k < n; ++k) {
-            lf_lse b;
-            b.m = __shfl_sync(0xffffffffu, mine.m, k);
-            b.s = __shfl_sync(0xffffffffu, mine.s, k);
-            b.u = 0.0f;
-            st = lf_lse_merge(st, b);
-        }
+        lf_impl_tp_merge_lse(st, mine, P - base < 32 ? P - base : 32);
     }
     mg.M = st.m;
     mg.S = st.s;
@@ -3171,18 +3212,57 @@ static __device__ __forceinline__ lf_tp_merged lf_tp_merge_warp(const lf_tp_shar
             mine = g[(int64_t)(base + lane) * n_rows + i]; /* again: an L1 hit */
             A_r = lf_tp_mass(base + lane, owner, wy, lf_tp_wsum(Wr, V, P, base + lane), V, eps);
         }
-        const int n = P - base < 32 ? P - base : 32;
-        for (int k = 0; k < n; ++k) {
-            lf_tp_share sh;
-            sh.m = __shfl_sync(0xffffffffu, mine.m, k);
-            sh.s = 0.0f;
-            sh.t = __shfl_sync(0xffffffffu, mine.t, k);
-            const float a = __shfl_sync(0xffffffffu, A_r, k);
-            mg.A += a;
-            mg.T = lf_tp_move(mg.T, sh, a, mg.M);
-        }
+        lf_impl_tp_merge_t(mg, mine, A_r, P - base < 32 ? P - base : 32);
     }
     return mg;
+}
+
+/* The same merge where lane q (< P <= 32) already holds rank q's share `mine` (the other lanes'
+ * values are not used): the bits of lf_tp_merge_warp. By all 32 lanes; every lane gets the result. */
+static __device__ __forceinline__ lf_tp_merged lf_tp_merge_lanes(const lf_tp_share &mine, int P, int64_t y, float wy,
+                                                                 const float *Wr, int64_t V, float eps)
+{
+    const int lane = (int)(threadIdx.x & 31);
+    lf_tp_merged mg;
+    lf_lse st;
+    st.m = -LF_INF_F;
+    st.s = st.u = 0.0f;
+    mg.T = mg.A = 0.0f;
+    lf_impl_tp_merge_lse(st, mine, P);
+    mg.M = st.m;
+    mg.S = st.s;
+    const float A_r = lane < P ? lf_tp_mass(lane, lf_tp_owner(V, P, y), wy, lf_tp_wsum(Wr, V, P, lane), V, eps) : 0.0f;
+    lf_impl_tp_merge_t(mg, mine, A_r, P);
+    return mg;
+}
+
+/* A flagged slot: three 64-bit words {value bits, generation} and one of padding (32 bytes, 16-byte
+ * aligned: two vector accesses). */
+typedef struct __align__(16) lf_tp_slot {
+    unsigned long long w[4];
+} lf_tp_slot;
+
+/* Write share sh with generation gen (!= 0) into slot d (any GPU's memory this one can store to),
+ * by one thread: two 16-byte volatile stores, no fence. */
+static __device__ __forceinline__ void lf_tp_slot_put(lf_tp_slot *d, const lf_tp_share &sh, unsigned gen)
+{
+    const unsigned long long g = (unsigned long long)gen << 32;
+    const unsigned long long a = g | __float_as_uint(sh.m), b = g | __float_as_uint(sh.s), c = g | __float_as_uint(sh.t);
+    asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(d->w), "l"(a), "l"(b) : "memory");
+    asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(d->w + 2), "l"(c), "l"(g) : "memory");
+}
+
+/* Whether slot s holds generation gen in all three words, and then *sh (one try: poll it). */
+static __device__ __forceinline__ bool lf_tp_slot_get(const lf_tp_slot *s, unsigned gen, lf_tp_share *sh)
+{
+    unsigned long long a, b, c;
+    asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(a), "=l"(b) : "l"(s->w) : "memory");
+    asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(c) : "l"(s->w + 2) : "memory");
+    if ((unsigned)(a >> 32) != gen || (unsigned)(b >> 32) != gen || (unsigned)(c >> 32) != gen) return false;
+    sh->m = __uint_as_float((unsigned)a);
+    sh->s = __uint_as_float((unsigned)b);
+    sh->t = __uint_as_float((unsigned)c);
+    return true;
 }
 
 /* ============================================================================================

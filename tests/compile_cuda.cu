@@ -137,9 +137,9 @@ __global__ void dual_state(const float *a, const float *b, int64_t V, float *out
 }
 
 /* lossfuse.h sections 10 and 11 in device code: a rank's labels under context parallelism, and
- * one row's vocabulary-parallel shares merged. */
+ * one row's vocabulary-parallel shares merged (from memory, from lanes, through flagged slots). */
 __global__ void parallel(const int32_t *cu, int64_t nseq, const int64_t *ids, int32_t *labels, const float *x, int64_t V,
-                         lf_tp_share *g, float *out)
+                         lf_tp_share *g, lf_tp_slot *slots, float *out)
 {
     lf_cp_local_labels_grid(cu, nseq, 2, 1, ids, (const uint8_t *)NULL, -100, labels, (int64_t *)NULL);
     int64_t v0, v1;
@@ -151,7 +151,12 @@ __global__ void parallel(const int32_t *cu, int64_t nseq, const int64_t *ids, in
     float lse;
     const lf_tp_merged mg = lf_tp_merge(g, 1, (int)blockDim.x, 0, 3, 1.0f, (const float *)NULL, V, 0.1f);
     const lf_tp_merged mw = lf_tp_merge_warp(g, 1, (int)blockDim.x, 0, 3, 1.0f, (const float *)NULL, V, 0.1f);
-    const float loss = lf_tp_loss(mg, 1e-4f, &lse) + lf_tp_loss(mw, 1e-4f, NULL);
+    lf_tp_slot_put(slots + threadIdx.x, g[threadIdx.x], 7u);
+    lf_tp_share mine = {0.0f, 0.0f, 0.0f};
+    while (!lf_tp_slot_get(slots + (threadIdx.x & 31), 7u, &mine)) {
+    }
+    const lf_tp_merged ml = lf_tp_merge_lanes(mine, blockDim.x < 32 ? (int)blockDim.x : 32, 3, 1.0f, (const float *)NULL, V, 0.1f);
+    const float loss = lf_tp_loss(mg, 1e-4f, &lse) + lf_tp_loss(mw, 1e-4f, NULL) + lf_tp_loss(ml, 0.0f, NULL);
     out[threadIdx.x] = loss + lf_tp_grad_coef(mg, lse, 1e-4f) +
                        (float)lf_cp_global_token(cu, nseq, 2, 0, threadIdx.x) + (float)lf_cp_label(cu, nseq, 2, 0, ids, NULL, 0, -100);
 }
