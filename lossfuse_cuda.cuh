@@ -3149,7 +3149,7 @@ static __device__ __forceinline__ void lf_cp_local_labels_grid(const int32_t *cu
  *     the reader agree on, never 0). A naturally aligned 64-bit access is single-copy atomic in
  *     the PTX memory model, so a reader that sees gen in all three words has seen the three
  *     values of that generation, whatever order they arrived in (NCCL's LL protocol rests on
- *     the same property). The writer's two 16-byte stores and the reader's two 16-byte loads
+ *     the same property). The writer's two 16-byte stores and the reader's 16- and 8-byte loads
  *     are volatile (relaxed, system scope): nothing is cached in L1, and the poll sees the
  *     remote stores as they land. One store per slot and generation; the reader polls its own
  *     memory (the writer stores into it), so a wait costs the reader an L2 round trip per try.
@@ -3252,7 +3252,8 @@ static __device__ __forceinline__ void lf_tp_slot_put(lf_tp_slot *d, const lf_tp
     asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(d->w + 2), "l"(c), "l"(g) : "memory");
 }
 
-/* Whether slot s holds generation gen in all three words, and then *sh (one try: poll it). */
+/* Whether slot s holds generation gen in all three words, and then *sh (one try: poll it, and
+ * gently: examples/vocab_parallel_ce.cu measured what hard polling costs, tp_lsa_spin). */
 static __device__ __forceinline__ bool lf_tp_slot_get(const lf_tp_slot *s, unsigned gen, lf_tp_share *sh)
 {
     unsigned long long a, b, c;
