@@ -300,6 +300,20 @@ static __device__ __forceinline__ void ce_store_row_loss(const P &p, int64_t row
     }
 }
 
+/* A valid row's lse (with_lse) and its loss and z term, by one thread, where the reduction finds
+ * them (as ce_row_outputs says). */
+static __device__ __forceinline__ void ce_row_loss_out(const ce_kparams &p, int64_t row, float lse, float loss, float zterm,
+                                                       lf_xsum *acc, lf_xsum_cache *cache, bool with_lse = true)
+{
+    if (with_lse && p.lse) p.lse[row] = lse;
+    if (acc) {
+        lf_xsum_cached_add(&acc[0], &cache[0], loss);
+        if (p.z_out) lf_xsum_cached_add(&acc[1], &cache[1], zterm);
+    } else {
+        ce_store_row_loss(p, row, loss, zterm);
+    }
+}
+
 /* The outputs of a valid row, by one thread: per-row values, and the row's loss (and z term)
  * where the reduction finds them: in the workspace per row, or added to the order-free sums
  * acc[0] and acc[1] in global memory through the thread's caches cache[0], cache[1]
@@ -324,12 +338,7 @@ static __device__ __forceinline__ void ce_row_outputs(const ce_kparams &p, int64
     if (FULL && p.entropy) p.entropy[row] = lf_lse_entropy(rs.lse);
     if (FULL && p.argmax) p.argmax[row] = rs.am.i;
     if (FULL && p.n_correct && rs.am.i == (int32_t)y) atomicAdd(p.n_correct, 1u);
-    if (acc) {
-        lf_xsum_cached_add(&acc[0], &cache[0], loss);
-        if (p.z_out) lf_xsum_cached_add(&acc[1], &cache[1], zterm);
-    } else {
-        ce_store_row_loss(p, row, loss, zterm);
-    }
+    ce_row_loss_out(p, row, lse, loss, zterm, acc, cache, false);
 }
 
 /* The outputs of an ignored row (status 1) or a bad label (status 2, counted), by one thread
@@ -869,26 +878,48 @@ static __device__ __forceinline__ unsigned long long ce_gtime(void)
  * which writes the row's outputs and counts bad labels, keeps its own). Two words: this rides on
  * every row's exchange, and the ring's shared memory is tight (at V = 151936 in bf16, three
  * stages of a cluster of 4 leave 0-48 bytes). */
-static __device__ __forceinline__ lf_ring_next ce_next_pack(const ce_kparams &p, int64_t row, int64_t y)
+static __device__ __forceinline__ lf_ring_next ce_next_pack(const ce_kparams &p, int64_t yv, int64_t row, int64_t y)
 {
-    return lf_ring_next_make(row, y == p.ignore_index ? -1 : (y < 0 || y >= p.vocab) ? -2 : (int32_t)y);
+    return lf_ring_next_make(row, y == p.ignore_index ? -1 : (y < 0 || y >= yv) ? -2 : (int32_t)y);
 }
 /* a label with the tag's status: the label, the ignore index, or some bad label */
-static __device__ __forceinline__ int64_t ce_next_label(const ce_kparams &p, const lf_ring_next &n)
+static __device__ __forceinline__ int64_t ce_next_label(const ce_kparams &p, int64_t yv, const lf_ring_next &n)
 {
     if (n.tag >= 0) return n.tag;
     if (n.tag == -1) return p.ignore_index;
-    return p.ignore_index == p.vocab ? p.vocab + 1 : p.vocab; /* outside [0, V), not the ignore index */
+    return p.ignore_index == yv ? yv + 1 : yv; /* outside [0, yv), not the ignore index */
 }
 
-template <typename T, bool GRAD, bool FULL, bool SOFTCAP, bool DYN>
+/* The row-resident kernel's exchange hook (its template parameter X, argument xc): what a row
+ * waits for between its statistics and its gradient while it stays in its stage, so that it is
+ * still read from HBM once. Cross-entropy waits for nothing: ce_xchg_none, compiled out.
+ * examples/vocab_parallel_ce.cu's tp_res_xchg (X::on) runs the vocabulary-parallel exchange:
+ * the kernel's rows are then one rank's SHARDS of wider rows (p.vocab their width), the labels
+ * are global (valid in [0, xc.V), the shard holding [xc.v0, xc.v0 + p.vocab)), and per row
+ *   - one thread of the CTA that holds the label's logit (else of the cluster's rank 0) sends
+ *     the shard's statistics to every rank: xc.publish(row, stats, has_y, z_y, w_y);
+ *   - warp 0 of the group takes the ranks' shares back and merges them, the same bits
+ *     everywhere: xc.collect(row, y, w_y, &merged) (false: the launch gave up: NaN outputs),
+ *     and hands the row's lse and loss to the group through shared memory and its barrier;
+ *   - the gradient and the outputs use the merged lse and loss, the label's global weight
+ *     xc.label_weight(y) and the global weight sum xc.wsum();
+ * and each group's thread 0 calls xc.begin() before its first row, the launch's last CTA
+ * xc.end() after its batch sum (the hook's own protocol for reusing its slots). X::groups: the
+ * warp groups of a CTA (the CTA keeps CE_RES_THREADS threads: more groups, smaller ones, more
+ * rows in flight to hide what a row waits for). */
+struct ce_xchg_none {
+    static constexpr bool on = false;
+    static constexpr int groups = CE_RES_GROUPS;
+};
+
+template <typename T, bool GRAD, bool FULL, bool SOFTCAP, bool DYN, class X = ce_xchg_none>
 __global__ void __launch_bounds__(CE_RES_THREADS, 1)
-    ce_resident_kernel(const ce_kparams p, int nranks, int nstages, int stage_vecs, int nclusters)
+    ce_resident_kernel(const ce_kparams p, int nranks, int nstages, int stage_vecs, int nclusters, const X xc)
 {
     /* DYN, a template parameter: measured on an H200, the dynamic code compiled into the kernel
      * but not taken (a runtime flag) made the clustered rows 3% slower (bench/RESULTS.md) */
     constexpr bool dyn = DYN;
-    constexpr int TH = CE_RES_GROUP, G = CE_RES_GROUPS; /* the collectives run per group */
+    constexpr int G = X::groups, TH = CE_RES_THREADS / G; /* the collectives run per group */
 #ifdef CE_RES_TRACE
     unsigned long long tr_[6] = {0, 0, 0, 0, 0, 0};
     const long long t0_ = clock64();
@@ -899,7 +930,8 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
 #endif
     /* TH >= 64: a one-warp group's block merge has no barrier, which the label logit hand-off
      * (xy_s) relies on */
-    static_assert(G >= 1 && G <= 8 && TH % 32 == 0 && TH >= 64, "CE_RES_GROUPS in 1..8, CE_RES_GROUP a multiple of 32, >= 64");
+    static_assert(G >= 1 && G <= 8 && TH % 32 == 0 && TH >= 64 && TH * G == CE_RES_THREADS,
+                  "CE_RES_GROUPS in 1..8, CE_RES_GROUP a multiple of 32, >= 64");
     /* A row's outputs (ce_row_outputs: a log, the order-free sums) are written by out_t, lane 0
      * of warp 1, after the barrier that ends the row, while thread 0 (of warp 0) reloads the
      * stage: the reload does not wait for them (measured on an H200: 0.3-1.2% faster at every
@@ -928,6 +960,8 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
     const int grp = (int)threadIdx.y, bar = 1 + grp;
     const int rank = (int)(blockIdx.x % nranks);
     const int64_t cid = blockIdx.x / nranks, N = p.n_rows, V = p.vocab;
+    int64_t YV = V; /* labels are valid in [0, YV): the row's width, or with an exchange the full row's */
+    if constexpr (X::on) YV = xc.V;
     /* Rows: static, this cluster's cid, cid + nclusters, ... (local row k is the k-th); dynamic
      * (dyn, at most two groups), the first nstages the same, then whichever row the workspace's
      * counter hands out (from nclusters * nstages on) when a stage is reloaded, until it passes N.
@@ -964,6 +998,9 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
         stage_y[threadIdx.x] = ce_label(p, row_of(threadIdx.x));
     __syncthreads();
     if (nranks > 1) lf_cluster_sync(); /* every CTA's mbarriers exist before any post */
+    if constexpr (X::on) {
+        if (threadIdx.x == 0) xc.begin(); /* each group's publishing thread */
+    }
 
     /* 1 / the mean's divisor: read at the first row that needs it (the divisor kernel may still be
      * running: programmatic dependent launch, see ce_launch_resident) */
@@ -976,7 +1013,7 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
         const T *x = (const T *)p.logits + row * p.stride;
         const lf_row_span sp = lf_row_span_make(x, V);
         int sb = 0, se = 0;
-        if (y != p.ignore_index && y >= 0 && y < V) lf_row_slice(sp, rank, nranks, &sb, &se);
+        if (y != p.ignore_index && y >= 0 && y < YV) lf_row_slice(sp, rank, nranks, &sb, &se);
         *src = reinterpret_cast<const uint4 *>(x + sp.head) + sb;
         return (uint32_t)(se - sb) * 16u;
     };
@@ -1093,7 +1130,7 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
                 const int64_t rn = __shfl_sync(0xffffffffu, r_next, 0), yn = __shfl_sync(0xffffffffu, y_dyn, 0);
                 if ((int)threadIdx.x == rank) lf_mbar_expect_tx(&xbar[grp][xq], (uint32_t)sizeof(lf_ring_next));
                 if (rank == 0 && (int)threadIdx.x < nranks)
-                    lf_cluster_store(ce_next_pack(p, rn, yn), &xnx[grp][xq], &xbar[grp][xq], (int)threadIdx.x);
+                    lf_cluster_store(ce_next_pack(p, YV, rn, yn), &xnx[grp][xq], &xbar[grp][xq], (int)threadIdx.x);
             }
             lf_cluster_stats_post(st, xs[grp][xq], &xbar[grp][xq], rank, nranks);
         };
@@ -1102,19 +1139,27 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
             if (dyn && threadIdx.x == 0) {
                 const lf_ring_next nx = xnx[grp][xq];
                 r_next = lf_ring_next_row(nx);
-                if (rank != 0) y_dyn = ce_next_label(p, nx); /* rank 0 keeps the label itself */
+                if (rank != 0) y_dyn = ce_next_label(p, YV, nx); /* rank 0 keeps the label itself */
                 if (rank != 0) prefetch(r_next, y_dyn); /* measured: better than rank 0 prefetching all slices */
             }
             x_phase ^= 1u << xq;
             xq ^= 1;
         };
         const int64_t y = stage_y[q];
-        const int status = y == p.ignore_index ? 1 : (y < 0 || y >= V) ? 2 : 0;
+        const int status = y == p.ignore_index ? 1 : (y < 0 || y >= YV) ? 2 : 0;
+        /* the label's column in this row (with an exchange: in this shard where y_here) */
+        int64_t yl = y;
+        bool y_here = true;
+        if constexpr (X::on) {
+            yl = y - xc.v0;
+            y_here = status == 0 && yl >= 0 && yl < V;
+        }
         const uint4 *b = ce_res_smem + (size_t)q * stage_vecs;
         /* the row's outputs, by out_t (of rank 0 for an ignored or bad row, of the label's owner
          * for a valid one): written at the row's end, after the reload barrier */
         lf_row_stats st_out;
         int out_slot = -1; /* -1: none here; else the slot of the label logit xy_s */
+        float o_lse = 0.0f, o_loss = 0.0f; /* X::on: the merged lse and loss, for the outputs */
         if (status) {
             draw_label();
             if (GRAD) lf_row_zero<TH, T>(out, V, rank, nranks);
@@ -1137,7 +1182,7 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
             CE_TR(1);
             {
                 float xv; /* the label's logit, from the thread that holds it; read after the barrier */
-                if (ce_label_held<TH, T>(b, sp, sb, se, edge, true, y, &xv)) xy_s[grp][par] = xv;
+                if (y_here && ce_label_held<TH, T>(b, sp, sb, se, edge, true, yl, &xv)) xy_s[grp][par] = xv;
             }
             /* the block merge (the group's barrier) */
             if (fast) {
@@ -1178,20 +1223,52 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
                 st = lf_cluster_stats_collect<FULL>(xs[grp][xq], &xbar[grp][xq], (x_phase >> xq) & 1u, nranks);
                 take_next();
             }
+            /* The exchange (X::on): the shard's statistics out, the row's global lse and loss back,
+             * while the row stays staged. The label's logit (xy_s, written before the block merge's
+             * barrier) goes out from the CTA that holds it. */
+            float x_lse = 0.0f, x_loss = 0.0f;
+            if constexpr (X::on) {
+                const float wy = xc.label_weight(y);
+                const int pub = y_here ? lf_row_owner_rank<T>(yl, sp, nranks) : 0;
+                if (threadIdx.x == 0 && rank == pub)
+                    xc.publish(row, st, y_here, y_here ? lf_xform_apply<SOFTCAP>(xy_s[grp][par], p.xf) : 0.0f, wy);
+                /* warp 0 waits for the ranks' shares and merges them; the group takes the result
+                 * after its barrier from the next slot's block-merge scratch (written again only
+                 * by the group's next row, after the row-end barrier) */
+                float *xr = reinterpret_cast<float *>(red[grp][par == CE_SLOTS - 1 ? 0 : par + 1]);
+                if (threadIdx.x < 32) {
+                    lf_tp_merged mg = {0.0f, 0.0f, 0.0f, 0.0f};
+                    const bool ok = xc.collect(row, y, wy, &mg);
+                    float e, l = lf_tp_loss(mg, p.lam, &e);
+                    if (!ok) e = l = NAN;
+                    if (threadIdx.x == 0) {
+                        xr[0] = e;
+                        xr[1] = l;
+                    }
+                }
+                lf_block_bar<TH>(bar);
+                x_lse = xr[0];
+                x_loss = xr[1];
+            }
             CE_TR(3);
             const int rpar = par;
             par = par == CE_SLOTS - 1 ? 0 : par + 1;
             if (GRAD) {
-                const float lse = lf_lse_final(st.lse);
-                const float w_y = p.class_w ? __ldg(p.class_w + y) : 1.0f;
-                const float wsum = (FULL && p.class_w) ? st.w : (float)V;
+                float lse = lf_lse_final(st.lse);
+                float w_y = p.class_w ? __ldg(p.class_w + y) : 1.0f;
+                float wsum = (FULL && p.class_w) ? st.w : (float)V;
+                if constexpr (X::on) {
+                    lse = x_lse;
+                    w_y = xc.label_weight(y);
+                    wsum = xc.wsum();
+                }
                 const float g = p.grad_scale * (p.reduction == LF_REDUCE_NONE ? dl : dl_all);
                 if (inv_div < 0.0f) {
                     lf_pdl_wait();
                     const float d = ce_mean_divisor(p);
                     inv_div = d == 0.0f ? 0.0f : 1.0f / d;
                 }
-                const lf_grad_coef coef = lf_grad_coef_make(g * inv_div, lse, p.eps, p.lam, w_y, wsum, V, p.xf);
+                const lf_grad_coef coef = lf_grad_coef_make(g * inv_div, lse, p.eps, p.lam, w_y, wsum, YV, p.xf);
                 const bool vec_ok = ((uintptr_t)out & 15u) == (uintptr_t)sp.phase;
                 if (rank == 0) lf_edge_grad_store<FULL, SOFTCAP>(out, edge, coef, p.xf, p.class_w);
                 if (fast_grad && vec_ok) {
@@ -1201,11 +1278,15 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
                 } else {
                     lf_piece_grad_store<TH, FULL, SOFTCAP>(out, vec_ok, b, sp, sb, se, coef, p.xf, p.class_w);
                 }
-                ce_label_grad_patch<TH, T, FULL, SOFTCAP>(out, b, sp, sb, se, edge, rank == 0, y, coef, p);
+                if (y_here) ce_label_grad_patch<TH, T, FULL, SOFTCAP>(out, b, sp, sb, se, edge, rank == 0, yl, coef, p);
             }
-            if ((int)threadIdx.x == out_t && rank == lf_row_owner_rank<T>(y, sp, nranks)) {
+            /* the CTA that writes the row's outputs: the label's (its logit is there); with an
+             * exchange every CTA has them, the cluster's rank 0 writes */
+            if ((int)threadIdx.x == out_t && rank == (X::on ? 0 : lf_row_owner_rank<T>(y, sp, nranks))) {
                 st_out = st;
                 out_slot = rpar;
+                o_lse = x_lse;
+                o_loss = x_loss;
             }
         }
         CE_TR(4);
@@ -1223,7 +1304,10 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
         if (status) {
             if (rank == 0 && (int)threadIdx.x == out_t) ce_row_outputs_zero(p, row, status, sums);
         } else if (out_slot >= 0) {
-            ce_row_outputs<FULL, SOFTCAP>(p, row, y, st_out, xy_s[grp][out_slot], sums ? p.ws->xs : nullptr, xcache);
+            if constexpr (X::on)
+                ce_row_loss_out(p, row, o_lse, o_loss, p.lam * o_lse * o_lse, sums ? p.ws->xs : nullptr, xcache);
+            else
+                ce_row_outputs<FULL, SOFTCAP>(p, row, y, st_out, xy_s[grp][out_slot], sums ? p.ws->xs : nullptr, xcache);
         }
         CE_TR(5);
 #ifdef CE_RES_TRACE
@@ -1254,12 +1338,15 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
     }
     __syncthreads();
     if (nranks > 1) lf_cluster_sync(); /* no CTA leaves while a peer may still post to it */
-    if (grp != 0 || (!sums && !dyn)) return;
+    if (grp != 0 || (!sums && !dyn && !X::on)) return; /* (an exchange's end() is below) */
     lf_pdl_wait(); /* the divisor is read below (a no-op when waited for already) */
     /* every CTA may have rows (the label's owner adds their losses): all count */
     /* scratch: the block merge's (dead by now; the ring's stages can be smaller than this) */
     static_assert(sizeof red >= 2 * sizeof(lf_xsum), "red holds two lf_xsum (it is 16-byte aligned)");
     ce_batch_reduce_xsum<TH>(p, (unsigned long long)gridDim.x, reinterpret_cast<lf_xsum *>(&red[0][0][0]), &is_last, bar);
+    if constexpr (X::on) {
+        if (is_last && threadIdx.x == 0) xc.end(); /* every CTA is past its rows */
+    }
 #ifdef CE_RES_TRACE
     if (threadIdx.x == 0 && blockIdx.x < 1024) ce_res_times[blockIdx.x][3] = ce_gtime();
 #endif
@@ -1378,13 +1465,18 @@ static int ce_active_groups(K kernel, int c)
  * up to the cap, those whose slice fits `stages` stages (automatic: at least CE_RES_MIN_STAGES,
  * as many as fit, at most CE_RES_MAX_STAGES); of those the one that keeps the most CTAs
  * resident, the smaller cluster on a tie (each CTA of a cluster exchanges 28 bytes per row with
- * the others). */
-template <typename T, bool GRAD, bool FULL, bool SOFTCAP>
+ * the others). xc: the kernel's exchange hook (ce_xchg_none: none); max_ctas > 0 caps the CTAs
+ * launched (a kernel that waits on other kernels' progress must leave them room); dry: plan only
+ * (*launched says whether it would launch; nothing is launched); plan_cols > 0: plan the ring for
+ * rows that wide (>= p.vocab), so that launches over rows of slightly different widths (the
+ * shards of vocab_parallel_ce.cu) get the same plan. */
+template <typename T, bool GRAD, bool FULL, bool SOFTCAP, class X = ce_xchg_none>
 static lf_status ce_launch_resident(const ce_kparams &p, int max_cluster, int stages, int static_rows, bool forced,
-                                    bool after_divisor, ce_plan *plan, cudaStream_t stream, cudaError_t *cuda_err, bool *launched)
+                                    bool after_divisor, ce_plan *plan, cudaStream_t stream, cudaError_t *cuda_err, bool *launched,
+                                    const X &xc = X(), int64_t max_ctas = 0, bool dry = false, int64_t plan_cols = 0)
 {
-    auto kernel = ce_resident_kernel<T, GRAD, FULL, SOFTCAP, false>;
-    auto kernel_dyn = ce_resident_kernel<T, GRAD, FULL, SOFTCAP, true>;
+    auto kernel = ce_resident_kernel<T, GRAD, FULL, SOFTCAP, false, X>;
+    auto kernel_dyn = ce_resident_kernel<T, GRAD, FULL, SOFTCAP, true, X>;
     static lf_ring_device ring_d[CE_MAX_DEVICES], ring_dyn_d[CE_MAX_DEVICES]; /* per instantiation and device: set up once */
     *launched = false;
     int dev = 0;
@@ -1393,14 +1485,15 @@ static lf_status ce_launch_resident(const ce_kparams &p, int max_cluster, int st
     CE_CHECK(lf_ring_setup(kernel, dev, &ring_d[dev]));
     if (ring_d[dev].dyn_max <= 0) return forced ? LF_ERR_DEVICE : LF_OK;
     if (p.n_rows >= ((int64_t)1 << 32)) return forced ? LF_ERR_SIZE : LF_OK; /* the order-free sums take < 2^32 rows */
-    lf_ring_req r = lf_ring_req_make((p.vocab + lf_elem<T>::per_vec - 1) / lf_elem<T>::per_vec, 16, p.n_rows);
+    const int64_t cols = plan_cols > p.vocab ? plan_cols : p.vocab;
+    lf_ring_req r = lf_ring_req_make((cols + lf_elem<T>::per_vec - 1) / lf_elem<T>::per_vec, 16, p.n_rows);
     r.max_cluster = max_cluster;
     r.stages = stages;
     r.min_stages = CE_RES_MIN_STAGES;
     r.max_stages = CE_RES_MAX_STAGES;
-    r.groups_per_cta = CE_RES_GROUPS;
+    r.groups_per_cta = X::groups;
     r.min_slice = forced ? 0 : CE_RES_MIN_SLICE; /* short rows: streamed */
-    const dim3 block(CE_RES_GROUP, CE_RES_GROUPS, 1);
+    const dim3 block(CE_RES_THREADS / X::groups, X::groups, 1);
     lf_ring_plan pl;
     CE_CHECK(lf_ring_plan_make(kernel, block, dev, &ring_d[dev], r, &pl));
     if (pl.cluster == 0) return forced ? LF_ERR_SIZE : LF_OK;
@@ -1409,13 +1502,16 @@ static lf_status ce_launch_resident(const ce_kparams &p, int max_cluster, int st
      * cluster's peers): every streaming cluster (lf_ring_plan) starts, and the ones on faster
      * SMs take more rows. Measured on an H200 (bench/RESULTS.md): with a fixed share each, the
      * CTAs of one launch finished up to 17% apart. */
-    bool dyn = !static_rows && CE_RES_GROUPS <= 2 && (pl.cluster == 1 || !CE_RES_PROBE_NOXCHG);
+    bool dyn = !static_rows && X::groups <= 2 && (pl.cluster == 1 || !CE_RES_PROBE_NOXCHG);
     if (dyn) { /* the dynamic kernel's own shared-memory opt-in; the plan's stages must fit it too */
         CE_CHECK(lf_ring_setup(kernel_dyn, dev, &ring_dyn_d[dev]));
         dyn = ring_dyn_d[dev].dyn_max >= (int)pl.dyn_bytes;
     }
     /* dynamic rows: as many clusters as stream the memory's bandwidth (lf_ring_plan) */
-    const int64_t nclusters = dyn ? pl.streaming : pl.clusters, ctas = nclusters * pl.cluster;
+    int64_t nclusters = dyn ? pl.streaming : pl.clusters;
+    if (max_ctas > 0 && nclusters * pl.cluster > max_ctas) nclusters = max_ctas / pl.cluster;
+    if (nclusters < 1) return forced ? LF_ERR_SIZE : LF_OK;
+    const int64_t ctas = nclusters * pl.cluster;
     if (plan) {
         plan->schedule = CE_SCHED_RESIDENT;
         plan->cluster = pl.cluster;
@@ -1425,10 +1521,11 @@ static lf_status ce_launch_resident(const ce_kparams &p, int max_cluster, int st
         plan->ctas = (int)ctas;
         plan->dynamic = dyn;
     }
+    *launched = true;
+    if (dry) return LF_OK;
     /* after_divisor: start while ce_divisor_kernel runs; the kernel waits where it reads it */
     CE_CHECK(lf_launch_clusters(dyn ? kernel_dyn : kernel, ctas, pl.cluster, block, pl.dyn_bytes, stream, after_divisor, p,
-                                pl.cluster, pl.stages, (int)pl.slice_units, (int)nclusters));
-    *launched = true;
+                                pl.cluster, pl.stages, (int)pl.slice_units, (int)nclusters, xc));
     return LF_OK;
 }
 
