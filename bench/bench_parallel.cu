@@ -30,10 +30,14 @@
  *                  seen: mode=tpP_nccl impl=lossfuse: the whole step, exchange included, per-GPU
  *                  time (the slowest rank's); impl=lossfuse_chunked: in chunks of a quarter of
  *                  L2; mode=tp_single: the single-GPU kernel on the full V on GPU 0, same run.
- *                  impl=lossfuse_readonce (NCCL >= 2.28): the read-once schedule over symmetric
- *                  windows with its defaults; _Xmb_lagL_hH_cC: with chunks of X MiB of the shard,
- *                  lag L, L2 hints H (1 on, -1 off), C CTAs per SM (--lsa X:L:H:C,...; 0 = the
- *                  default); wait_frac: the share of the CTAs' time spent waiting for a chunk.
+ *                  impl=lossfuse_resident (NCCL >= 2.28): the read-once schedule over symmetric
+ *                  windows, resident (each row held in shared memory while its shares cross;
+ *                  --lsa 0:0:0:0, the automatic choice); impl=lossfuse_readonce: the chunked
+ *                  read-once schedule with its defaults (--lsa 0:0:0:0:1); _Xmb_lagL_hH_cC: with
+ *                  chunks of X MiB of the shard, lag L, L2 hints H (1 on, -1 off), C CTAs per SM
+ *                  (--lsa X:L:H:C[:S],...; 0 = the default; S: tp_ce_args.lsa_schedule);
+ *                  wait_frac: the share of the CTAs' (resident: the warp groups') time spent
+ *                  waiting for other ranks' shares.
  *                  ratio= is the issue's target (<= 0.55).
  * --chunk-mb: chunk sizes to try, in MiB of the shard's logits (0: one chunk, the default).
  * bf16, label smoothing off, 10% ignored labels; medians of --iters (in place: the data are
@@ -71,7 +75,7 @@ static tp_demo bench_tp_demo(int P, int64_t N, int64_t V, int iters)
 
 int main(int argc, char **argv)
 {
-    std::string shapes = "4096x151936,8192x32768,4096x262144", tps = "2,4", cps = "2,4", chunks = "0", lsa_cfgs = "0:0:0:0";
+    std::string shapes = "4096x151936,8192x32768,4096x262144", tps = "2,4", cps = "2,4", chunks = "0", lsa_cfgs = "0:0:0:0,0:0:0:0:1";
     int iters = 20;
     bool nccl = false;
     for (int i = 1; i < argc; ++i) {
@@ -140,8 +144,8 @@ int main(int argc, char **argv)
                     size_t cc = lsa_cfgs.find(',', cpos);
                     if (cc == std::string::npos) cc = lsa_cfgs.size();
                     double mb = 0.0;
-                    int lag = 0, hints = 0, per_sm = 0;
-                    sscanf(lsa_cfgs.substr(cpos, cc - cpos).c_str(), "%lf:%d:%d:%d", &mb, &lag, &hints, &per_sm);
+                    int lag = 0, hints = 0, per_sm = 0, sched = 0;
+                    sscanf(lsa_cfgs.substr(cpos, cc - cpos).c_str(), "%lf:%d:%d:%d:%d", &mb, &lag, &hints, &per_sm, &sched);
                     cpos = cc + 1;
                     tp_demo e = bench_tp_demo(P, N, V, iters);
                     e.use_nccl = 1;
@@ -150,6 +154,7 @@ int main(int argc, char **argv)
                     e.lsa_hints = hints;
                     e.lsa_ctas_per_sm = per_sm;
                     e.lsa_prof = 1;
+                    e.lsa_schedule = sched;
                     e.chunk_rows = mb > 0 ? (int64_t)(mb * 1048576.0 / (double)((v1 - v0) * 2)) : 0;
                     if (mb > 0 && e.chunk_rows < 1) e.chunk_rows = 1;
                     const tp_demo_result q = tp_demo_run(&e);
@@ -161,10 +166,11 @@ int main(int argc, char **argv)
                     char impl[96];
                     snprintf(impl, sizeof impl, "lossfuse_readonce_%gmb_lag%d_h%d_c%d", mb, lag, hints, per_sm);
                     if (mb == 0 && lag == 0 && hints == 0 && per_sm == 0) snprintf(impl, sizeof impl, "lossfuse_readonce");
+                    if (q.plan.resident) snprintf(impl, sizeof impl, "lossfuse_resident");
                     printf("RESULT impl=%s mode=tp%d_nccl N=%lld V=%lld dtype=bf16 ms=%.4f bytes=%zu status=ok ratio=%.3f "
-                           "chunk_rows=%lld chunks=%lld grid=%d wait_frac=%.3f single_ms=%.4f\n", impl, P, (long long)N,
+                           "chunk_rows=%lld chunks=%lld grid=%d cluster=%d wait_frac=%.3f single_ms=%.4f\n", impl, P, (long long)N,
                            (long long)V, q.ms_tp, shard_bytes, q.ms_tp / q.ms_single, (long long)q.plan.chunk_rows,
-                           (long long)q.plan.chunks, q.lsa_grid, q.lsa_wait_frac, q.ms_single);
+                           (long long)q.plan.chunks, q.lsa_grid, q.plan.cluster, q.lsa_wait_frac, q.ms_single);
                     fflush(stdout);
                 }
 #endif

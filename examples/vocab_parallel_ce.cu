@@ -12,8 +12,11 @@
  *   nccl (built with -DLF_HAVE_NCCL): one process drives every visible GPU, one rank each, the
  *        exchange through ncclAllGather; checked the same way. With one process per GPU, each
  *        process calls tp_ce_launch for its rank with its communicator (ncclCommInitRank).
- *   lsa  (NCCL 2.28 or later, GPUs of one NVLink domain): as nccl, on the read-once schedule:
- *        the shares go straight into every rank's symmetric window (see "Read once" below).
+ *   lsa  (NCCL 2.28 or later, GPUs of one NVLink domain): as nccl, on a read-once schedule:
+ *        the shares go straight into every rank's symmetric window (see "Read once" below);
+ *        resident wherever it applies.
+ *   simlsa: the read-once schedules with every rank's window on ONE GPU (no NCCL needed): the
+ *        ranks' kernels run at once, each on its share of the SMs (tp_sim_windows).
  *   mp, mplsa: as nccl and lsa, but ONE PROCESS PER GPU, as a training job runs: tp processes
  *        (forked here; torchrun or mpirun would start them), each with its communicator from
  *        ncclCommInitRank, calling tp_ce_launch for its own rank only (tp_one_rank); each checks
@@ -47,20 +50,38 @@
  *   (bench/RESULTS.md) the per-step cost of a kernel boundary every few microseconds outweighs
  *   the saved re-read at every chunk size tried, hence the default: a tp = 2 rank's step takes
  *   0.6-0.7x the single-GPU kernel's time on the full V there.
- * Read once (an exchange with a window, tp_lsa_*): one persistent kernel takes the chunks'
- *   statistics and gradient items in a pipelined order; each row's share is stored straight
+ * Read once, resident (an exchange with a window, tp_lsa_create; the automatic choice for
+ *   forward + backward on sm_90, tp_ce_args.lsa_schedule): each rank runs examples/
+ *   cross_entropy.cu's row-resident kernel over its shard with an exchange hook (tp_res_xchg):
+ *   a row's shard statistics go into every rank's window as soon as they are merged, and the
+ *   row waits in its shared-memory stage for the other ranks' shares, then writes its gradient
+ *   from the stage. HBM traffic is the floor (read + write of the shard once), no collective
+ *   kernel runs, and no [N, V] or L2 capacity condition applies. Each cluster takes a fixed share
+ *   of the rows, the same on every rank, so the ranks make a row's shares at about the same
+ *   time (rows handed out by each rank's own counter, as the single-GPU kernel does, made the
+ *   waits chain: 10-20x slower, bench/RESULTS.md); four warp groups of 128 threads per CTA
+ *   (TP_RES_GROUPS) keep four rows in flight per SM while rows wait. Measured on two H200s
+ *   (session 31, bench/RESULTS.md): a tp = 2 rank's step, exchange included, takes 0.67-0.68x
+ *   the single-GPU kernel on the full V at 4096 x 151936, 0.74x at 8192 x 32768 and 0.66-0.67x
+ *   at 4096 x 262144 (the two passes with the all-gather: 0.90x, 0.95x, 0.79x). The issue's
+ *   0.55x is not reached: the rows still wait ~13% of the time for the other rank's share.
+ * Read once, chunked (chunk_rows > 0, lsa_schedule = TP_LSA_CHUNKED, or forward only): one
+ *   persistent kernel takes the chunks' statistics and gradient items in a pipelined order; each row's share is stored straight
  *   into every rank's NCCL symmetric window over NVLink and a chunk's gradient waits on per-chunk
  *   flags (section 2, tp_lsa), so the gradient finds its chunk in L2 with no kernel boundary and
  *   no collective kernel. Needs NCCL >= 2.28 and every rank in one NVLink domain. Measured on two
  *   H200s: 0-5% faster than the two passes with the all-gather; the waits cost ~2% at lag 6, but
  *   two thirds of the gradient's re-read still come from DRAM (the chunks in flight outgrow what
  *   L2 keeps; bench/RESULTS.md has the numbers and the next step).
- *   Experimental: three defects a review found (ranks picking different chunks when V % tp != 0
- *   and chunk_rows = 0; a launch whose rows are all ignored, or an empty one, letting a rank run
- *   two launches ahead; tp_ce_nccl launching some ranks before checking the others) are fixed
+ *   Three defects a review found (ranks picking different chunks when V % tp != 0 and
+ *   chunk_rows = 0; a launch whose rows are all ignored, or an empty one, letting a rank run two
+ *   launches ahead; tp_ce_nccl launching some ranks before checking the others) are fixed
  *   (tp_lsa_plan; the end-of-launch wait in tp_persist_kernel, no generation for an empty
- *   launch; every rank planned first), but their cases have run on one GPU only (tp = 1 over
- *   NCCL, 2026-11-26, H200), not yet on two.
+ *   launch; every rank planned first) and their cases pass on two H200s over NCCL (session 31).
+ *   Its waits polled hard (a system-scope acquire of the flag and the failure word every spin):
+ *   on two H200s it then took 8.5 ms instead of ~0.58 at 4096 x 151936 in every run of session
+ *   31's first calls, and once 78 ms at 4096 x 262144. With the gentle polls of tp_lsa_spin it
+ *   ran at 0.59 ms there (the two passes: 0.56 ms): no faster than the all-gather.
  *   Failures: a launch waiting for a rank that died, or never launched, gives up on the host's
  *   request (tp_lsa_abort, e.g. from a watchdog thread) or after tp_ce_args.lsa_timeout_ms, with
  *   NaN loss, lse and gradient rows, and tells every rank through the windows (they give up
@@ -120,6 +141,8 @@ typedef struct tp_plan {
     int64_t chunk_rows; /* rows per chunk */
     int64_t chunks;
     int nsplit;         /* CTAs (32 KB slices) per row */
+    int resident;       /* 1: the resident read-once schedule ran (lsa_schedule); then: */
+    int cluster, stages, ctas; /* its CTAs per row, stages per CTA, CTAs launched */
 } tp_plan;
 
 typedef struct tp_ce_args {
@@ -160,6 +183,15 @@ typedef struct tp_ce_args {
                            * collectives do); past it the launch gives up: NaN outputs, the
                            * reason in tp_lsa_failure (a rank that died costs its peers this
                            * long, not a hang; tp_lsa_abort ends a launch from the host) */
+    int lsa_schedule;     /* with a window: TP_LSA_AUTO (0) the resident schedule where it applies
+                           * (forward + backward on sm_90, tp <= 32, the widest shard's row at
+                           * least CE_RES_MIN_SLICE bytes, no empty shard, chunk_rows = 0), else
+                           * the chunked one (its lag, CTAs per SM and hints above);
+                           * TP_LSA_CHUNKED (1); TP_LSA_RESIDENT (2: LF_ERR_ARG where it cannot
+                           * run). Every rank must pass the same. */
+    int64_t max_ctas;     /* the read-once kernels' CTAs at most (0: as many as stream the memory):
+                           * their CTAs wait for other ranks, so a GPU shared with them (the
+                           * single-GPU simulation of tp_sim_windows) must leave those room */
     tp_plan *plan;        /* optional host out */
 } tp_ce_args;
 
@@ -175,6 +207,9 @@ static tp_ce_args tp_ce_args_default(void)
     return a;
 }
 
+/* tp_ce_args.lsa_schedule: how a launch with a window (tp_lsa_create) reads the shard once */
+enum { TP_LSA_AUTO = 0, TP_LSA_CHUNKED = 1, TP_LSA_RESIDENT = 2 };
+
 typedef struct tp_ws_header {
     float Wr[TP_MAX_RANKS]; /* per-shard weight sums (shard sizes without class weights) */
     float W;                /* their total */
@@ -189,12 +224,20 @@ static int tp_nsplit(int64_t shard_cols, lf_dtype dt)
     return (int)(n > 0 ? n : 1);
 }
 
-static size_t tp_ce_workspace_bytes(int64_t n_rows, int64_t shard_cols, lf_dtype dt)
+/* Where the resident schedule's cross-entropy workspace header (examples/cross_entropy.cu's
+ * ce_ws_header: its row counter and batch sums) starts: after the rest, 64-byte aligned. */
+static size_t tp_ce_ws_ce_offset(int64_t n_rows, int64_t shard_cols, lf_dtype dt)
 {
     const size_t n = (size_t)(n_rows > 0 ? n_rows : 0);
-    /* header, per-row loss and z, slice partials, hand-off counters; the read-once schedule's
-     * work counter and per-chunk counts (at most N chunks) */
-    return sizeof(tp_ws_header) + 2 * 4 * n + 12 * n * (size_t)tp_nsplit(shard_cols, dt) + 4 * n + 4 * (n + 1);
+    /* header, per-row loss and z, slice partials, hand-off counters; the chunked read-once
+     * schedule's work counter and per-chunk counts (at most N chunks) */
+    const size_t b = sizeof(tp_ws_header) + 2 * 4 * n + 12 * n * (size_t)tp_nsplit(shard_cols, dt) + 4 * n + 4 * (n + 1);
+    return (b + 63) & ~(size_t)63;
+}
+
+static size_t tp_ce_workspace_bytes(int64_t n_rows, int64_t shard_cols, lf_dtype dt)
+{
+    return tp_ce_ws_ce_offset(n_rows, shard_cols, dt) + sizeof(ce_ws_header);
 }
 
 static size_t tp_ce_shares_bytes(int64_t n_rows, int tp) { return sizeof(lf_tp_share) * (size_t)(n_rows > 0 ? n_rows : 0) * tp; }
@@ -362,47 +405,65 @@ static __device__ __forceinline__ unsigned tp_lsa_check(const tp_lsa &L, unsigne
     return TP_LSA_OK;
 }
 
+/* One spin of a wait of this launch: whether it must give up now. The failure word (another
+ * rank gave up) is read every 256 spins, the host's abort request and the timeout every 1024,
+ * both with relaxed loads (a give-up needs no ordering), and from the 16th spin on each spin
+ * sleeps a little. Polling hard is what a waiting kernel must not do: on two H200s (session 31)
+ * both read-once schedules, which then read the failure word with a system-scope acquire every
+ * spin (chunked) or every 8th (resident) and the host word every 64th, ran 8-30x slower in about
+ * half of the runs, their CTAs waiting 60-70% of the time (bench/RESULTS.md). */
+static __device__ __forceinline__ unsigned tp_lsa_spin(const tp_lsa &L, unsigned &spins, unsigned long long &t_start)
+{
+    ++spins;
+    if ((spins & 255u) == 0u && *reinterpret_cast<const volatile unsigned *>(L.local + L.fail_off) == L.gen)
+        return TP_LSA_PEER_FAILED;
+    if ((spins & 1023u) == 0u) return tp_lsa_check(L, t_start);
+    if (spins >= 16u) __nanosleep(64);
+    return TP_LSA_OK;
+}
+
+/* By one thread, once a wait of this launch gives up for `why` (tp_lsa_spin): the generation into
+ * every rank's failure word, so that every later wait of every rank gives up at once, and the
+ * reason into the host's record. The word after the failure word (this window only) says the
+ * cause was this rank's: set before the failure word is passed on (the release orders it), so
+ * that this rank's other waits, which then give up on the failure word, leave the record to the
+ * cause. */
+static __device__ void tp_lsa_give_up(const tp_lsa &L, int P, unsigned why)
+{
+    volatile unsigned *mine = reinterpret_cast<volatile unsigned *>(L.local + L.fail_off) + 1;
+    if (why != TP_LSA_PEER_FAILED) *mine = L.gen;
+    for (int q = 0; q < P; ++q) tp_st_release_sys(reinterpret_cast<unsigned *>(L.peers[q] + L.fail_off), L.gen);
+    if (L.report && (why != TP_LSA_PEER_FAILED || *mine != L.gen)) {
+        L.report[1] = why;
+        L.report[0] = L.gen;
+    }
+}
+
 /* By the 32 lanes of warp 0, before the row's shares are merged: lane q waits until the flags of
  * chunk k of ranks q, q + 32, ... (the ranks whose shares it then loads, lf_tp_merge_warp)
  * reach this launch's generation; the acquire orders its share loads after them. Returns false
  * where the launch gives up instead (the host's abort request, the timeout, or another rank's
  * failure word): then the caller makes the row's outputs NaN, and the first lane to give up has
- * stored the generation into every rank's failure word, so that every later wait of every rank
- * gives up at once, and the reason into the host's record. A rank that dies, or never launches,
- * thus costs its peers one timeout (or one abort request), not a hang. */
+ * stored the generation into every rank's failure word (tp_lsa_give_up). A rank that dies, or
+ * never launches, thus costs its peers one timeout (or one abort request), not a hang. */
 static __device__ __forceinline__ bool tp_lsa_wait(const tp_lsa &L, int64_t k, int P)
 {
     const unsigned *f = reinterpret_cast<const unsigned *>(L.local + L.flags_off) + k * P;
-    const unsigned *fw = reinterpret_cast<const unsigned *>(L.local + L.fail_off);
     unsigned long long t0 = 0, t_start = 0;
     bool waited = false;
     unsigned why = TP_LSA_OK;
     if (L.prof) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
     for (int q = (int)(threadIdx.x & 31); q < P && why == TP_LSA_OK; q += 32) {
         unsigned spins = 0;
-        while ((int)(tp_ld_acquire_sys(f + q) - L.gen) < 0) {
+        /* relaxed polls; the acquire once the flag is seen orders the share loads after it */
+        while ((int)(*reinterpret_cast<const volatile unsigned *>(f + q) - L.gen) < 0) {
             waited = true;
-            if (tp_ld_acquire_sys(fw) == L.gen) {
-                why = TP_LSA_PEER_FAILED;
-                break;
-            }
-            if ((++spins & 63u) == 0u && (why = tp_lsa_check(L, t_start)) != TP_LSA_OK) break;
-            __nanosleep(32);
+            if ((why = tp_lsa_spin(L, spins, t_start)) != TP_LSA_OK) break;
         }
+        if (why == TP_LSA_OK) (void)tp_ld_acquire_sys(f + q);
     }
     const unsigned gave_up = __ballot_sync(0xffffffffu, why != TP_LSA_OK);
-    if (gave_up && (int)(threadIdx.x & 31) == __ffs(gave_up) - 1) {
-        /* The word after the failure word (this window only) says the cause was this rank's:
-         * set before the failure word is passed on (the release orders it), so that this rank's
-         * other waits, which then give up on the failure word, leave the record to the cause. */
-        volatile unsigned *mine = reinterpret_cast<volatile unsigned *>(L.local + L.fail_off) + 1;
-        if (why != TP_LSA_PEER_FAILED) *mine = L.gen;
-        for (int q = 0; q < P; ++q) tp_st_release_sys(reinterpret_cast<unsigned *>(L.peers[q] + L.fail_off), L.gen);
-        if (L.report && (why != TP_LSA_PEER_FAILED || *mine != L.gen)) {
-            L.report[1] = why;
-            L.report[0] = L.gen;
-        }
-    }
+    if (gave_up && (int)(threadIdx.x & 31) == __ffs(gave_up) - 1) tp_lsa_give_up(L, P, why);
     if (L.prof && __any_sync(0xffffffffu, waited) && (threadIdx.x & 31) == 0) {
         unsigned long long t1;
         asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
@@ -411,6 +472,117 @@ static __device__ __forceinline__ bool tp_lsa_wait(const tp_lsa &L, int64_t k, i
     }
     return gave_up == 0u;
 }
+
+/* The resident read-once schedule's exchange (examples/cross_entropy.cu's ce_resident_kernel with
+ * this hook; section 3's tp_ce_launch_res): each rank runs the single-GPU row-resident kernel
+ * over its shard, and a row waits in its shared-memory stage, between its statistics and its
+ * gradient, for the other ranks' shares of that row. So the shard is read from HBM once and
+ * nothing is re-read from L2, whatever the row count.
+ *   Per row, one thread of this rank (the CTA holding the label's logit, else the cluster's rank
+ *   0) stores the row's 12-byte share into slot [row][rank] of EVERY rank's window (its own
+ *   included) as a flagged slot (lossfuse_cuda.cuh lf_tp_slot_put: three {value, generation}
+ *   words, no fence, no flag of its own); warp 0 of each group of each CTA of the row polls its
+ *   own window's P slots of the row (lf_tp_slot_get) and merges them in rank order
+ *   (lf_tp_merge_lanes): the same bits on every rank, and the bits of the two-pass schedules'
+ *   merge of the same shares.
+ *   Slots alternate between two sets by generation parity. A rank may store generation g into
+ *   the set of parity g & 1 only once every rank has finished generation need (the last launch
+ *   of this schedule to use that set): begin() waits for every rank's done word to reach it,
+ *   and the launch's last CTA stores the generation into every rank's done word (end()) once its
+ *   CTAs are past their rows. (Without it a rank that has nothing to wait for, e.g. a launch whose
+ *   rows are all ignored, could run two launches ahead and overwrite a slot a slower rank still
+ *   polls.)
+ *   Progress: each cluster takes its fixed share of the rows in increasing order, the same on
+ *   every rank (tp_res_dispatch), a row publishes its share before it waits, and a row waits
+ *   only for other ranks' shares of the same row: the lowest row any rank waits for is always
+ *   published or about to be, so no launch deadlocks as long as every rank's CTAs are resident
+ *   (the grid is sized to the device; max_ctas leaves room where two ranks share a GPU).
+ *   Giving up: as the chunked schedule (tp_lsa_spin, tp_lsa_give_up): the abort request, the
+ *   timeout, or another rank's failure word end a wait with NaN outputs. */
+#ifndef TP_RES_GROUPS
+#define TP_RES_GROUPS 4 /* warp groups of 128 threads per CTA of the resident schedule: rows in
+                         * flight per SM. Measured on two H200s (session 31): 4 instead of 2 took
+                         * 8192 x 32768 at tp = 2 from 1.00-1.03x the single GPU to 0.72x, the
+                         * same within 4% at 4096 x 151936 / 262144 */
+#endif
+struct tp_res_xchg {
+    static constexpr bool on = true;
+    static constexpr int groups = TP_RES_GROUPS;
+    int64_t V, v0;           /* the full vocabulary; this shard's first column */
+    int P, rank;
+    const float *class_w;    /* all V weights (every rank), or NULL */
+    const tp_ws_header *ws;  /* the shards' weight sums Wr and their total W (tp_prep_kernel) */
+    float eps;
+    tp_lsa L;                /* peers, local, gen, fail_off, abort_req, report, timeout_ns */
+    size_t slots_off;        /* this launch's set of slots [N][P] (lf_tp_slot) */
+    size_t done_off;         /* the done words [P] */
+    unsigned need;           /* begin(): the generation every rank must have finished (0: none) */
+
+    __device__ __forceinline__ float label_weight(int64_t y) const { return class_w ? __ldg(class_w + y) : 1.0f; }
+    __device__ __forceinline__ float wsum() const { return ws->W; }
+
+    /* By each group's thread 0 before its first row: every rank is done with the slot set. */
+    __device__ void begin() const
+    {
+        if (need == 0u) return;
+        unsigned long long t_start = 0;
+        for (int q = 0; q < P; ++q) {
+            const unsigned *d = reinterpret_cast<const unsigned *>(L.local + done_off) + q;
+            unsigned spins = 0, why = TP_LSA_OK;
+            while ((int)(tp_ld_acquire_sys(d) - need) < 0)
+                if ((why = tp_lsa_spin(L, spins, t_start)) != TP_LSA_OK) {
+                    tp_lsa_give_up(L, P, why); /* the rows then give up at their first wait */
+                    return;
+                }
+        }
+    }
+    /* By one thread: this rank's share of the row into every rank's slot [row][rank]. */
+    __device__ void publish(int64_t row, const lf_row_stats &st, bool has_y, float zy, float wy) const
+    {
+        const lf_tp_share sh = lf_tp_share_from(st.lse.m, st.lse.s, has_y, zy, wy, st.wz, ws->Wr[rank], V, eps);
+        for (int q = 0; q < P; ++q)
+            lf_tp_slot_put(reinterpret_cast<lf_tp_slot *>(L.peers[q] + slots_off) + (row * P + rank), sh, L.gen);
+    }
+    /* By the 32 lanes of one warp: lane q < P waits for rank q's share of the row in this
+     * rank's window; then the merge (every lane). False: the launch gave up (NaN outputs). */
+    __device__ bool collect(int64_t row, int64_t y, float wy, lf_tp_merged *mg) const
+    {
+        const int lane = (int)(threadIdx.x & 31);
+        lf_tp_share mine = {-LF_INF_F, 0.0f, 0.0f};
+        unsigned why = TP_LSA_OK;
+        unsigned long long t0 = 0;
+        bool waited = false;
+        if (L.prof) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+        if (lane < P) {
+            const lf_tp_slot *sl = reinterpret_cast<const lf_tp_slot *>(L.local + slots_off) + (row * P + lane);
+            unsigned spins = 0;
+            unsigned long long t_start = 0;
+            while (!lf_tp_slot_get(sl, L.gen, &mine)) {
+                waited = true;
+                if ((why = tp_lsa_spin(L, spins, t_start)) != TP_LSA_OK) break;
+            }
+        }
+        if (L.prof && __any_sync(0xffffffffu, waited) && lane == 0) { /* the time this group waited */
+            unsigned long long t1;
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+            atomicAdd(L.prof, t1 - t0);
+            atomicAdd(L.prof + 1, 1ull);
+        }
+        const unsigned gave_up = __ballot_sync(0xffffffffu, why != TP_LSA_OK);
+        if (gave_up) {
+            if (lane == __ffs(gave_up) - 1) tp_lsa_give_up(L, P, why);
+            return false;
+        }
+        *mg = lf_tp_merge_lanes(mine, P, y, wy, class_w ? ws->Wr : nullptr, V, eps);
+        return true;
+    }
+    /* By one thread of the launch's last CTA, every CTA past its rows: this rank is done. */
+    __device__ void end() const
+    {
+        __threadfence_system();
+        for (int q = 0; q < P; ++q) tp_st_release_sys(reinterpret_cast<unsigned *>(L.peers[q] + done_off) + rank, L.gen);
+    }
+};
 
 /* Statistics: this CTA takes slice `split` of row r0 + i of a chunk of C rows, staged in shared
  * memory; a row's CTAs leave their partial (m, s, sum w z), and the last of them merges the
@@ -724,6 +896,7 @@ typedef struct tp_exchange {
     char **peers;
     int64_t lsa_rows;          /* the most rows a launch may have */
     unsigned gen;              /* launches so far */
+    unsigned res_last[2];      /* per parity: the generation of the last resident launch (its slots) */
     unsigned long long *prof;  /* optional device [2]: waits of the read-once kernel (tp_lsa) */
     int grid;                  /* CTAs of the last read-once launch */
     unsigned *ctl, *ctl_dev;   /* tp_lsa_ctl_create: mapped host words, [0] the abort request,
@@ -736,14 +909,24 @@ typedef struct tp_exchange {
 
 /* The window's layout for lsa_rows rows and tp ranks: per parity, the shares [N tp], then per
  * parity the flags [K <= N][tp], then per parity the failure word and the word saying the
- * failure was this rank's own (128 bytes apart). */
+ * failure was this rank's own (128 bytes apart) (the chunked schedule); then per parity the
+ * resident schedule's flagged slots [N][tp] (32 bytes each) and the done words [tp]. About
+ * 96 N tp bytes in all: 0.75 MiB for 4096 rows at tp = 2. */
 static size_t tp_lsa_shares_bytes(int64_t rows, int tp) { return ((size_t)rows * tp * sizeof(lf_tp_share) + 255) & ~(size_t)255; }
 static size_t tp_lsa_flags_bytes(int64_t rows, int tp) { return ((size_t)rows * tp * 4 + 255) & ~(size_t)255; }
 static size_t tp_lsa_fail_offset(int64_t rows, int tp, int par)
 {
     return 2 * tp_lsa_shares_bytes(rows, tp) + 2 * tp_lsa_flags_bytes(rows, tp) + 128 * (size_t)par;
 }
-[[maybe_unused]] static size_t tp_lsa_window_bytes(int64_t rows, int tp) { return tp_lsa_fail_offset(rows, tp, 0) + 256; }
+static size_t tp_lsa_slots_offset(int64_t rows, int tp, int par)
+{
+    return tp_lsa_fail_offset(rows, tp, 0) + 256 + (size_t)par * (size_t)rows * tp * sizeof(lf_tp_slot);
+}
+static size_t tp_lsa_done_offset(int64_t rows, int tp) { return tp_lsa_slots_offset(rows, tp, 2); }
+[[maybe_unused]] static size_t tp_lsa_window_bytes(int64_t rows, int tp)
+{
+    return tp_lsa_done_offset(rows, tp) + (((size_t)tp * 4 + 255) & ~(size_t)255);
+}
 
 /* The read-once launches' host words (mapped, pinned: the kernel reads the abort request and
  * writes its failure record while it runs), zeroed. tp_lsa_alloc makes them; an exchange whose
@@ -786,6 +969,10 @@ typedef struct tp_run {
     bool grad, full, softcap, want_divisor;
     bool pdl;     /* programmatic dependent launch of the steps (sm_90+) */
     int64_t C, K; /* rows per chunk, chunks */
+    bool res;     /* the resident read-once schedule (tp_lsa_plan) */
+    int64_t max_ctas; /* the read-once kernels' CTAs at most (0: no cap) */
+    int64_t widest;   /* the widest shard's columns (every rank plans the resident ring for it) */
+    ce_ws_header *ce_ws; /* its cross-entropy workspace header */
 } tp_run;
 
 /* CUDA errors: CE_CHECK (examples/cross_entropy.cu) returns LF_ERR_DEVICE and sets *cuda_err */
@@ -847,6 +1034,8 @@ static lf_status tp_ce_plan(const tp_ce_args *a, tp_run *run, cudaError_t *cuda_
     p.ws_z = p.ws_loss + n;
     p.part = p.ws_z + n;
     p.cnt = (unsigned int *)(p.part + 3 * n * (size_t)p.nsplit);
+    run->ce_ws = (ce_ws_header *)((char *)a->workspace + tp_ce_ws_ce_offset(a->n_rows, vs, a->dtype));
+    run->max_ctas = a->max_ctas;
     run->dt = a->dtype;
     run->grad = a->grad != NULL;
     run->full = p.eps > 0.0f;
@@ -920,13 +1109,15 @@ static lf_status tp_step_dispatch(const tp_run &r, int64_t kg, int64_t ks, cudaS
     return r.softcap ? tp_step_launch<T, true, false, true>(r, kg, ks, s, e) : tp_step_launch<T, true, false, false>(r, kg, ks, s, e);
 }
 
-/* Prep: the hand-off counters, weight sums and the default divisor (a memset, one small kernel). */
+/* Prep: the hand-off counters (the resident schedule: its cross-entropy workspace header), weight
+ * sums and the default divisor (a memset, one small kernel). */
 static lf_status tp_ce_prep(const tp_run &r, cudaStream_t s, cudaError_t *cuda_err)
 {
     if (r.p.n_rows == 0) return LF_OK;
     /* the slices' hand-off counters start at zero every launch (their place in the workspace
      * depends on N and the slice count, so nothing left by another configuration can leak in) */
-    CE_CHECK(cudaMemsetAsync(r.p.cnt, 0, sizeof(unsigned int) * (size_t)r.p.n_rows, s));
+    if (r.res) CE_CHECK(cudaMemsetAsync(r.ce_ws, 0, sizeof(ce_ws_header), s));
+    else CE_CHECK(cudaMemsetAsync(r.p.cnt, 0, sizeof(unsigned int) * (size_t)r.p.n_rows, s));
     tp_prep_kernel<<<1, 1024, 0, s>>>(r.p, r.want_divisor ? 1 : 0);
     CE_CHECK(cudaGetLastError());
     return LF_OK;
@@ -1013,6 +1204,7 @@ static lf_status tp_persist_launch(const tp_run &r, const tp_lsa &L, int per_sm,
     const int64_t items = 2 * r.p.n_rows * (int64_t)r.p.nsplit;
     int64_t grid = (int64_t)(occ > 0 ? occ : 1) * sms;
     if (grid > items) grid = items;
+    if (r.max_ctas > 0 && grid > r.max_ctas) grid = r.max_ctas;
     *grid_out = (int)grid;
     kernel<<<(unsigned)grid, TP_THREADS, TP_SLICE_VECS * 16, s>>>(r.p, L);
     CE_CHECK(cudaGetLastError());
@@ -1030,26 +1222,121 @@ static lf_status tp_persist_dispatch(const tp_run &r, const tp_lsa &L, int n, cu
     return r.softcap ? tp_persist_launch<T, true, false, true>(r, L, n, s, g, e) : tp_persist_launch<T, true, false, false>(r, L, n, s, g, e);
 }
 
+/* The resident read-once schedule (tp_res_xchg): examples/cross_entropy.cu's row-resident kernel
+ * over this rank's shard (its parameters: the shard's width as the row, the shard's class
+ * weights, rank 0 counting bad labels, the divisor from tp_prep_kernel where the caller gives
+ * none) with the exchange hook; dry: plan only (ce_launch_resident).
+ * Rows in a FIXED share per cluster (static_rows), the ring planned for the widest shard: every
+ * rank's cluster c then takes the same rows in the same order, so a row's shares are made at about
+ * the same time on every rank. Measured on two H200s (bench/RESULTS.md), rows handed out by each
+ * rank's own counter were 10-20x slower: a CTA waiting for a row has already drawn its next one,
+ * which another rank may reach first and wait for in turn, and the waits chain. */
+static ce_kparams tp_res_params(const tp_run &r)
+{
+    const tp_kparams &p = r.p;
+    ce_kparams c;
+    memset(&c, 0, sizeof c);
+    c.logits = p.logits;
+    c.stride = p.stride;
+    c.n_rows = p.n_rows;
+    c.vocab = p.vs;
+    c.labels = p.labels;
+    c.labels_i64 = p.labels_i64;
+    c.ignore_index = p.ignore_index;
+    c.class_w = p.class_w ? p.class_w + p.v0 : nullptr;
+    c.eps = p.eps;
+    c.lam = p.lam;
+    c.xf = p.xf;
+    c.reduction = p.reduction;
+    c.divisor = p.divisor ? p.divisor : &p.ws->divisor;
+    c.dloss = p.dloss;
+    c.grad_scale = p.grad_scale;
+    c.grad = p.grad;
+    c.grad_stride = p.grad_stride;
+    c.loss = p.loss;
+    c.z_out = p.z_out;
+    c.lse = p.lse;
+    c.n_errors = p.rank == 0 ? p.n_errors : nullptr;
+    c.ws = r.ce_ws;
+    c.ws_loss = p.ws_loss;
+    c.ws_z = p.ws_z;
+    return c;
+}
+
+template <typename T>
+static lf_status tp_res_dispatch(const tp_run &r, const tp_res_xchg &xc, int64_t max_ctas, bool dry, ce_plan *pl,
+                                 cudaStream_t s, cudaError_t *cuda_err)
+{
+    const ce_kparams c = tp_res_params(r);
+    bool launched = false;
+    lf_status st;
+    /* forced: a refusal is an error, never a quiet fallback (the other ranks would wait) */
+    const int64_t w = r.widest;
+    if (r.full) st = r.softcap ? ce_launch_resident<T, true, true, true>(c, 0, 0, 1, true, false, pl, s, cuda_err, &launched, xc, max_ctas, dry, w)
+                               : ce_launch_resident<T, true, true, false>(c, 0, 0, 1, true, false, pl, s, cuda_err, &launched, xc, max_ctas, dry, w);
+    else st = r.softcap ? ce_launch_resident<T, true, false, true>(c, 0, 0, 1, true, false, pl, s, cuda_err, &launched, xc, max_ctas, dry, w)
+                        : ce_launch_resident<T, true, false, false>(c, 0, 0, 1, true, false, pl, s, cuda_err, &launched, xc, max_ctas, dry, w);
+    if (st == LF_OK && !launched) st = LF_ERR_SIZE;
+    return st;
+}
+
+static lf_status tp_res_run(const tp_run &r, const tp_res_xchg &xc, int64_t max_ctas, bool dry, ce_plan *pl, cudaStream_t s,
+                            cudaError_t *e)
+{
+    if (r.dt == LF_F32) return tp_res_dispatch<float>(r, xc, max_ctas, dry, pl, s, e);
+    if (r.dt == LF_BF16) return tp_res_dispatch<__nv_bfloat16>(r, xc, max_ctas, dry, pl, s, e);
+    return tp_res_dispatch<__half>(r, xc, max_ctas, dry, pl, s, e);
+}
+
 /* The read-once launch's plan and checks, with nothing launched (tp_ce_nccl checks every rank
  * before it launches any: a rank that fails after others have launched would leave them
- * waiting for its flags forever). Rows per chunk: a->chunk_rows, or an eighth of L2 over the
- * WIDEST shard's row, so that every rank picks the same chunks when V % tp != 0. */
+ * waiting for its flags forever). The schedule (r->res), from what is the same on every rank:
+ * resident where a->lsa_schedule allows and the gradient is asked for, tp <= 32 (one merging
+ * warp), the device has the resident ring (sm_90), no shard is empty and the widest shard's
+ * row is at least CE_RES_MIN_SLICE bytes (cross-entropy's own bound for the ring), and the
+ * ring plans; else chunked. Chunked rows: a->chunk_rows, or an eighth of L2 over the WIDEST
+ * shard's row, so that every rank picks the same chunks when V % tp != 0. */
 static lf_status tp_lsa_plan(const tp_ce_args *a, const tp_exchange *ex, tp_run *r, int64_t *C_out, cudaError_t *cuda_err)
 {
     TP_TRY(tp_ce_plan(a, r, cuda_err, false));
     if (!ex->peers || !ex->win_buf || a->lsa_timeout_ms < 0) return LF_ERR_ARG;
+    if (a->lsa_schedule < TP_LSA_AUTO || a->lsa_schedule > TP_LSA_RESIDENT || a->max_ctas < 0) return LF_ERR_ARG;
     if (a->n_rows > ex->lsa_rows) return LF_ERR_SIZE;
     const int64_t N = a->n_rows;
-    if (2 * N * (int64_t)r->p.nsplit >= ((int64_t)1 << 32) - 1) return LF_ERR_SIZE; /* 32-bit work counter */
-    int dev = 0, l2 = 0;
+    int dev = 0, l2 = 0, cc = 0;
     CE_CHECK(cudaGetDevice(&dev));
     CE_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
-    int64_t widest = 1;
+    CE_CHECK(cudaDeviceGetAttribute(&cc, cudaDevAttrComputeCapabilityMajor, dev));
+    int64_t widest = 1, narrowest = a->vocab;
     for (int q = 0; q < a->tp; ++q) {
         int64_t v0, v1;
         lf_tp_shard(a->vocab, a->tp, q, &v0, &v1);
         if (v1 - v0 > widest) widest = v1 - v0;
+        if (v1 - v0 < narrowest) narrowest = v1 - v0;
     }
+    r->res = false;
+    r->widest = widest;
+    /* automatic: chunk_rows > 0 asks for the chunked schedule */
+    if (a->lsa_schedule == TP_LSA_RESIDENT || (a->lsa_schedule == TP_LSA_AUTO && a->chunk_rows == 0)) {
+        const bool fits = a->grad && a->tp <= 32 && cc >= 9 && narrowest >= 1 &&
+                          widest * (int64_t)lf_dtype_size(a->dtype) >= CE_RES_MIN_SLICE;
+        if (fits && N > 0) { /* does the ring plan (host queries only)? */
+            tp_res_xchg xc;
+            memset(&xc, 0, sizeof xc);
+            r->res = true;
+            const lf_status st = tp_res_run(*r, xc, r->max_ctas, true, nullptr, 0, cuda_err);
+            if (st == LF_ERR_DEVICE) return st;
+            r->res = st == LF_OK;
+        } else {
+            r->res = fits;
+        }
+        if (a->lsa_schedule == TP_LSA_RESIDENT && !r->res) return LF_ERR_ARG;
+    }
+    if (r->res) {
+        *C_out = N > 0 ? N : 1;
+        return LF_OK;
+    }
+    if (2 * N * (int64_t)r->p.nsplit >= ((int64_t)1 << 32) - 1) return LF_ERR_SIZE; /* 32-bit work counter */
     int64_t C = a->chunk_rows > 0 ? a->chunk_rows : (int64_t)l2 / 8 / (widest * (int64_t)lf_dtype_size(a->dtype));
     if (C < 1) C = 1;
     if (C > N) C = N > 0 ? N : 1;
@@ -1064,6 +1351,7 @@ static lf_status tp_ce_launch_lsa(const tp_ce_args *a, tp_exchange *ex, cudaStre
     TP_TRY(tp_lsa_plan(a, ex, &r, &C, cuda_err));
     const int64_t N = a->n_rows;
     tp_lsa L;
+    memset(&L, 0, sizeof L);
     L.peers = ex->peers;
     L.local = ex->win_buf;
     /* A launch without rows runs no kernel, so it takes no generation: the parities of the
@@ -1087,6 +1375,36 @@ static lf_status tp_ce_launch_lsa(const tp_ce_args *a, tp_exchange *ex, cudaStre
     if (a->plan) {
         a->plan->chunk_rows = C;
         a->plan->chunks = L.K;
+        a->plan->resident = r.res;
+        a->plan->cluster = a->plan->stages = a->plan->ctas = 0;
+    }
+    if (r.res) { /* prep, then the row-resident kernel with the exchange hook (it sums the batch) */
+        tp_res_xchg xc;
+        memset(&xc, 0, sizeof xc);
+        xc.V = r.p.V;
+        xc.v0 = r.p.v0;
+        xc.P = a->tp;
+        xc.rank = a->rank;
+        xc.class_w = r.p.class_w;
+        xc.ws = r.p.ws;
+        xc.eps = r.p.eps;
+        xc.L = L;
+        xc.slots_off = tp_lsa_slots_offset(ex->lsa_rows, a->tp, par);
+        xc.done_off = tp_lsa_done_offset(ex->lsa_rows, a->tp);
+        xc.need = ex->res_last[par];
+        TP_TRY(tp_ce_prep(r, stream, cuda_err));
+        if (N == 0) return tp_ce_reduce(r, stream, cuda_err);
+        ce_plan pl;
+        memset(&pl, 0, sizeof pl);
+        TP_TRY(tp_res_run(r, xc, r.max_ctas, false, &pl, stream, cuda_err));
+        ex->res_last[par] = L.gen;
+        ex->grid = pl.ctas;
+        if (a->plan) {
+            a->plan->cluster = pl.cluster;
+            a->plan->stages = pl.stages;
+            a->plan->ctas = pl.ctas;
+        }
+        return LF_OK;
     }
     TP_TRY(tp_ce_prep(r, stream, cuda_err));
     if (N > 0) {
@@ -1227,6 +1545,7 @@ static lf_status tp_ce_nccl(const tp_ce_args *args, int tp, const int *devs, tp_
     ex->peers = nullptr;
     ex->lsa_rows = 0;
     ex->gen = 0;
+    ex->res_last[0] = ex->res_last[1] = 0;
     ex->prof = nullptr;
     ex->grid = 0;
     ex->ctl = ex->ctl_dev = nullptr;
@@ -1249,6 +1568,91 @@ static lf_status tp_ce_nccl(const tp_ce_args *args, int tp, const int *devs, tp_
     cudaEventDestroy(ex->ev_ag[1]);
     cudaStreamDestroy(ex->comm_stream);
 }
+
+/* The read-once schedules simulated on ONE GPU (the tests; no NCCL needed): tp ranks on the
+ * current device, each with its own window (plain device memory, which every rank addresses
+ * directly: the peers array is the same for all) and its own blocking stream (the inputs are
+ * written on the legacy default stream). run() plans every rank first, then launches each on
+ * its stream with at most max_ctas CTAs, so that every rank's CTAs are resident at once (their
+ * waits need each other), and waits for them all. */
+struct tp_sim_windows {
+    int P = 0;
+    int64_t max_ctas = 0;
+    std::vector<tp_exchange> ex;
+    std::vector<cudaStream_t> streams;
+    std::vector<char *> win;
+    char **peers = nullptr;
+
+    lf_status init(int tp, int64_t rows, cudaError_t *cuda_err)
+    {
+        int dev = 0, sms = 0;
+        CE_CHECK(cudaGetDevice(&dev));
+        CE_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+        /* a share of the SMs each, less a margin: a cluster needs its SMs in one GPC, and the
+         * ranks' clusters must all find room */
+        max_ctas = sms / tp - 8;
+        if (max_ctas < 1) max_ctas = 1;
+        ex.assign(tp, tp_exchange{});
+        streams.assign(tp, nullptr);
+        win.assign(tp, nullptr);
+        const size_t wb = tp_lsa_window_bytes(rows > 0 ? rows : 1, tp);
+        for (int r = 0; r < tp; ++r) {
+            CE_CHECK(cudaMalloc(&win[r], wb));
+            CE_CHECK(cudaMemset(win[r], 0, wb));
+        }
+        CE_CHECK(cudaMalloc(&peers, sizeof(char *) * (size_t)tp));
+        CE_CHECK(cudaMemcpy(peers, win.data(), sizeof(char *) * (size_t)tp, cudaMemcpyHostToDevice));
+        for (int r = 0; r < tp; ++r) {
+            CE_CHECK(cudaStreamCreate(&streams[r]));
+            TP_TRY(tp_exchange_create(&ex[r], cuda_err));
+            P = r + 1;
+            TP_TRY(tp_lsa_ctl_create(&ex[r], cuda_err));
+            ex[r].lsa = 1;
+            ex[r].lsa_rows = rows > 0 ? rows : 1;
+            ex[r].win_buf = win[r];
+            ex[r].peers = peers;
+        }
+        return LF_OK;
+    }
+    /* args: [P], rank r's at args[r]; their max_ctas (0) becomes the share of the SMs */
+    lf_status run(const tp_ce_args *args, cudaError_t *cuda_err)
+    {
+        std::vector<tp_ce_args> a(args, args + P);
+        for (int r = 0; r < P; ++r) {
+            if (a[r].tp != P || a[r].rank != r) return LF_ERR_ARG;
+            if (a[r].max_ctas == 0) a[r].max_ctas = max_ctas;
+            tp_run run;
+            int64_t C = 1;
+            TP_TRY(tp_lsa_plan(&a[r], &ex[r], &run, &C, cuda_err)); /* every rank, before any launches */
+        }
+        for (int r = 0; r < P; ++r) {
+            const lf_status st = tp_ce_launch_lsa(&a[r], &ex[r], streams[r], cuda_err);
+            if (st != LF_OK) { /* the ranks launched before wait for this one: end them */
+                for (int q = 0; q < r; ++q) tp_lsa_abort(&ex[q]);
+                return st;
+            }
+        }
+        lf_status st = LF_OK;
+        for (int r = 0; r < P; ++r) {
+            CE_CHECK(cudaStreamSynchronize(streams[r]));
+            unsigned g = 0;
+            if (tp_lsa_failure(&ex[r], &g) != TP_LSA_OK && g == ex[r].gen) st = LF_ERR_DEVICE;
+        }
+        CE_CHECK(cudaGetLastError());
+        return st;
+    }
+    ~tp_sim_windows()
+    {
+        for (int r = 0; r < P; ++r) {
+            cudaStreamSynchronize(streams[r]);
+            tp_exchange_destroy(&ex[r]);
+            cudaStreamDestroy(streams[r]);
+        }
+        for (char *w : win)
+            if (w) cudaFree(w);
+        if (peers) cudaFree(peers);
+    }
+};
 
 #ifdef TP_HAVE_LSA
 __global__ void tp_lsa_peers_kernel(ncclWindow_t w, int P, char **out)
@@ -1294,6 +1698,7 @@ static lf_status tp_lsa_finish(tp_exchange *ex, int tp, cudaError_t *cuda_err)
     if (ncclCommUserRank(ex->comm, &me) != ncclSuccess || me < 0 || me >= tp) return LF_ERR_DEVICE;
     CE_CHECK(cudaMemcpy(ex->peers + me, &ex->win_buf, sizeof(char *), cudaMemcpyHostToDevice));
     ex->gen = 0;
+    ex->res_last[0] = ex->res_last[1] = 0;
     ex->lsa = 1;
     return LF_OK;
 }
@@ -1589,7 +1994,7 @@ typedef struct tp_demo {
     int fmin_rows;        /* masks at the dtype's lowest finite value (torch.finfo(dtype).min): in
                            * every 13th row from row 3, alternately a whole shard of some rank or
                            * every 11th entry, the label's entry kept */
-    int repeat;           /* run twice: bit-identical loss and gradient */
+    int repeat;           /* run 1 + repeat times: every run bit-identical to the first (loss, gradient) */
     int launch_single;    /* tp = 1 only: run tp_ce_launch (the pipelined schedule) instead of
                            * the simulation driver */
     int64_t check_rows;   /* 0: every row; else this many rows (first, last, spread) */
@@ -1605,6 +2010,9 @@ typedef struct tp_demo {
     ncclComm_t mp_comm;
 #endif
     int lsa_lag, lsa_ctas_per_sm, lsa_hints; /* its knobs (tp_ce_args; 0: defaults) */
+    int lsa_schedule;     /* the read-once schedule (tp_ce_args; 0: automatic) */
+    int sim_lsa;          /* without use_nccl: the read-once schedules simulated on this GPU, every
+                           * rank with its own window and stream (tp_sim_windows) */
     int lsa_prof;         /* with time_iters: also measure the time its CTAs wait (lsa_wait_frac) */
     uint64_t seed;
     int report_memory;    /* opt-in: run the sharded step once more between two cudaMemGetInfo
@@ -1882,6 +2290,7 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
         a.lsa_lag = d->lsa_lag;
         a.lsa_ctas_per_sm = d->lsa_ctas_per_sm;
         a.lsa_hints = d->lsa_hints;
+        a.lsa_schedule = d->lsa_schedule;
         a.plan = r == r0 ? &res.plan : NULL;
     }
 #ifdef LF_HAVE_NCCL
@@ -1890,10 +2299,15 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
     tp_one_rank mpx; /* one: this process's exchange and stream */
     if (one && (res.st = mpx.init(d->mp_comm, P, d->lsa ? N : 0, &res.cuda)) != LF_OK) return res;
 #endif
+    tp_sim_windows simw; /* sim_lsa: the windows of every rank on this GPU */
+    if (!nccl && d->sim_lsa) {
+        TPD_TRY(cudaSetDevice(0));
+        if ((res.st = simw.init(P, N, &res.cuda)) != LF_OK) return res;
+    }
     /* poison every output (NaN in every dtype), then run (twice with repeat) */
     std::vector<std::vector<char>> first_grad(P);
     std::vector<float> first_loss;
-    for (int rep = 0; rep < (d->repeat ? 2 : 1); ++rep) {
+    for (int rep = 0; rep < 1 + (d->repeat > 0 ? d->repeat : 0); ++rep) {
         for (int r = 0; r < P; ++r) {
             if (!here(r)) continue;
             TPD_TRY(cudaSetDevice(dev_of(r)));
@@ -1923,13 +2337,14 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
 #endif
         } else {
             TPD_TRY(cudaSetDevice(0));
-            if (d->launch_single && P == 1) res.st = tp_ce_launch(&args[0], NULL, 0, &res.cuda);
+            if (d->sim_lsa) res.st = simw.run(args.data(), &res.cuda);
+            else if (d->launch_single && P == 1) res.st = tp_ce_launch(&args[0], NULL, 0, &res.cuda);
             else res.st = tp_ce_simulate(args.data(), P, 0, &res.cuda);
             if (res.st != LF_OK) return res;
             TPD_TRY(cudaGetLastError());
             TPD_TRY(cudaDeviceSynchronize());
         }
-        if (d->repeat) { /* keep rank r0's outputs of the first run, compare the second's bits */
+        if (d->repeat) { /* keep rank r0's outputs of the first run, compare the later runs' bits */
             TPD_TRY(cudaSetDevice(dev0));
             std::vector<float> lo(nout);
             TPD_TRY(cudaMemcpy(lo.data(), outs[r0], 4 * nout, cudaMemcpyDeviceToHost));
@@ -2059,7 +2474,7 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
         const size_t shard = (size_t)N * (v01 - v00 + d->pad) * esz;
         res.rank_buffers_bytes = shard * (d->in_place || d->forward_only ? 1 : 2) + res.ws_bytes + res.shares_bytes;
     }
-    if (d->time_iters > 0 && !nccl && N > 0) {
+    if (d->time_iters > 0 && !nccl && !d->sim_lsa && N > 0) {
         /* timings (the data is overwritten in place: the values no longer matter) */
         TPD_TRY(cudaSetDevice(0));
         auto time_it = [&](auto &&step, double *ms) { return ce_time_median(step, d->time_iters, ms); };
@@ -2124,7 +2539,8 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
                 TPD_TRY(cudaFree(prof[r]));
                 ranks.ex[r].prof = nullptr;
                 ns += (double)h[0];
-                cta_ns += (double)ranks.ex[r].grid * (d->time_iters + 2) * res.ms_tp * 1e6;
+                /* the waiters: each CTA (chunked), each warp group of a CTA (resident) */
+                cta_ns += (double)ranks.ex[r].grid * (res.plan.resident ? tp_res_xchg::groups : 1) * (d->time_iters + 2) * res.ms_tp * 1e6;
             }
             res.lsa_wait_frac = cta_ns > 0.0 ? ns / cta_ns : 0.0;
         }
@@ -2364,9 +2780,10 @@ int main(int argc, char **argv)
     const bool procs = !strcmp(mode, "mp") || !strcmp(mode, "mplsa");
     d.use_nccl = procs || !strcmp(mode, "nccl") || !strcmp(mode, "lsa");
     d.lsa = !strcmp(mode, "lsa") || !strcmp(mode, "mplsa");
+    d.sim_lsa = !strcmp(mode, "simlsa");
     d.report_memory = argc > 5 && !strcmp(argv[5], "mem");
-    if (strcmp(mode, "sim") && !d.use_nccl) {
-        fprintf(stderr, "usage: %s [tp] [N] [V] [sim|nccl|lsa|mp|mplsa] [mem]  (unknown mode '%s')\n", argv[0], mode);
+    if (strcmp(mode, "sim") && !d.sim_lsa && !d.use_nccl) {
+        fprintf(stderr, "usage: %s [tp] [N] [V] [sim|simlsa|nccl|lsa|mp|mplsa] [mem]  (unknown mode '%s')\n", argv[0], mode);
         return 2;
     }
     if (d.tp < 1 || d.N < 0 || d.V < 1) {
@@ -2385,7 +2802,7 @@ int main(int argc, char **argv)
     d.edge_labels = 1;
     d.check_rows = 64;
     d.seed = 20261123;
-    d.time_iters = d.use_nccl && !procs ? 0 : 10;
+    d.time_iters = (d.use_nccl && !procs) || d.sim_lsa ? 0 : 10;
     if (procs) { /* before any CUDA call in this process */
 #ifdef LF_HAVE_NCCL
         return tp_demo_procs(&d, mode, 300);
@@ -2409,15 +2826,21 @@ int main(int argc, char **argv)
     cudaDeviceProp prop;
     if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return 1;
     printf("device: %s  tp=%d (%s)  N=%lld  V=%lld bf16, smoothing 0.1, z-loss 1e-4, 10%% ignored, in place\n", prop.name, d.tp,
-           d.lsa ? "NCCL symmetric windows, read once, one GPU per rank" : d.use_nccl ? "NCCL all-gather, one GPU per rank" : "simulated on one GPU",
+           d.lsa       ? "NCCL symmetric windows, read once, one GPU per rank"
+           : d.use_nccl ? "NCCL all-gather, one GPU per rank"
+           : d.sim_lsa  ? "read once, every rank's window on one GPU"
+                        : "simulated on one GPU",
            (long long)d.N, (long long)d.V);
     const tp_demo_result r = tp_demo_run(&d);
     if (r.st != LF_OK) {
         fprintf(stderr, "tp_demo_run: %s (%s)\n", lf_status_str(r.st), cudaGetErrorString(r.cuda));
         return 1;
     }
-    printf("plan: %lld rows per chunk, %lld chunks, %d CTAs per row\n", (long long)r.plan.chunk_rows, (long long)r.plan.chunks,
-           r.plan.nsplit);
+    if (r.plan.resident)
+        printf("plan: resident, %d CTAs per row (a cluster), %d stages each, %d CTAs\n", r.plan.cluster, r.plan.stages, r.plan.ctas);
+    else
+        printf("plan: %lld rows per chunk, %lld chunks, %d CTAs per row\n", (long long)r.plan.chunk_rows, (long long)r.plan.chunks,
+               r.plan.nsplit);
     printf("loss %.7f, single GPU %.7f (%.3f of tolerance); lse worst %.3f, gradient worst %.3f of tolerance (%lld rows)\n",
            r.loss, r.loss_ref, r.loss_err, r.lse_err, r.grad_err, (long long)r.rows_checked);
     printf("every rank the same bits: %s; bad labels %u (single GPU %u)\n", r.rank_mismatch ? "NO" : "yes", r.errors, r.errors_ref);

@@ -2,10 +2,17 @@
  * cross-entropy), tp ranks simulated in one process, against the single-GPU cross-entropy of the
  * full vocabulary (examples/cross_entropy.cu, itself tested against the double reference).
  *
- *   test_tp_gpu            tp in {1, 2, 3, 4} x dtypes x options x layouts, and the large cases
+ *   test_tp_gpu            tp in {1, 2, 3, 4} x dtypes x options x layouts, and the large cases;
+ *                          the read-once schedules (resident, chunked) with every rank's window on
+ *                          this GPU (tp_sim_windows: the ranks' kernels run at once)
  *   test_tp_gpu --small    fewer, smaller cases (for compute-sanitizer)
  *   test_tp_gpu --seed S   reproduce a run
- *   test_tp_gpu --nccl     also the NCCL paths (all-gathers; read-once over symmetric windows), one
+ *   test_tp_gpu --no-sim-windows  without the cases whose ranks share one GPU (tp_sim_windows: the
+ *                          ranks' kernels must run at once; a tool that runs kernels one at a
+ *                          time would hang them. gpu_check.sh passes it to compute-sanitizer,
+ *                          which was not tried on them)
+ *   test_tp_gpu --nccl     also the NCCL paths (all-gathers; read-once over symmetric windows,
+ *                          chunked and resident), one
  *                          GPU per rank, for every tp <= the GPUs seen, over a matrix of options,
  *                          each driven both ways (one thread for every rank; a thread per rank
  *                          with its own communicator, as one process per GPU runs), and
@@ -76,9 +83,17 @@ static void run(const char *name, const tp_demo &d)
         EXPECT(r.out_hash == rs[0].out_hash, "rank %zu holds other loss / z / lse bits than rank 0", k);
     }
     const tp_demo_result &r = rs[0];
-    printf("%-4s %s%s (chunks %lld x %lld rows, %d CTAs/row; worst: loss %.2g lse %.2g grad %.2g of tol)\n",
-           g_fail == fails ? "ok" : "FAIL", g_case, d.one_rank ? ", a thread per rank" : "", (long long)r.plan.chunks,
-           (long long)r.plan.chunk_rows, r.plan.nsplit, r.loss_err, r.lse_err, r.grad_err);
+    /* a forced resident schedule ran resident (else tp_lsa_plan refused it: st above) */
+    if (r.st == LF_OK && (d.lsa || d.sim_lsa) && d.lsa_schedule == TP_LSA_RESIDENT && d.N > 0)
+        EXPECT(r.plan.resident == 1, "the resident schedule was asked for, the plan says %d", r.plan.resident);
+    char plan[96];
+    if (r.plan.resident)
+        snprintf(plan, sizeof plan, "resident: clusters of %d, %d stages, %d CTAs", r.plan.cluster, r.plan.stages, r.plan.ctas);
+    else
+        snprintf(plan, sizeof plan, "chunks %lld x %lld rows, %d CTAs/row", (long long)r.plan.chunks, (long long)r.plan.chunk_rows,
+                 r.plan.nsplit);
+    printf("%-4s %s%s (%s; worst: loss %.2g lse %.2g grad %.2g of tol)\n", g_fail == fails ? "ok" : "FAIL", g_case,
+           d.one_rank ? ", a thread per rank" : "", plan, r.loss_err, r.lse_err, r.grad_err);
     fflush(stdout);
 }
 
@@ -140,10 +155,13 @@ static void test_args(void)
  * test exits after 20 s: a hang), tp_lsa_failure gives the reason and the launch's generation,
  * the loss and every valid row's lse and gradient are NaN, ignored rows 0. (4) tp = 1 on a window
  * made the same way, with an abort request standing for earlier launches only: the launch
- * completes, finite, no failure recorded. */
-static void test_lsa_give_up(void)
+ * completes, finite, no failure recorded. Both read-once schedules (sched): the chunked one's
+ * gradient waits for a chunk's flags, the resident one's rows for their slots (and in (3), its
+ * launch of generation 3 first for rank 1's done word of generation 1, in begin()). */
+static void test_lsa_give_up(int sched)
 {
-    snprintf(g_case, sizeof g_case, "read-once launches give up: timeout, abort, a peer's failure");
+    snprintf(g_case, sizeof g_case, "read-once launches give up (%s): timeout, abort, a peer's failure",
+             sched == TP_LSA_RESIDENT ? "resident" : "chunked");
     const int fails = g_fail;
     const int64_t N = g_small ? 64 : 300, V = 20000;
     int64_t v0, v1;
@@ -191,6 +209,7 @@ static void test_lsa_give_up(void)
         a.workspace = ws.p;
         a.workspace_bytes = ws.bytes;
         a.lsa_timeout_ms = timeout_ms;
+        a.lsa_schedule = sched;
         return a;
     };
     /* the launch on `st`; `during` runs once it has been seen still running after 30 ms */
@@ -353,11 +372,12 @@ static void test_ranks_abort(int lsa)
 
 int main(int argc, char **argv)
 {
-    bool with_nccl = false;
+    bool with_nccl = false, sim_windows = true;
     for (int i = 1; i < argc; ++i) {
         if (!strcmp(argv[i], "--small")) g_small = 1;
         else if (!strcmp(argv[i], "--seed") && i + 1 < argc) g_seed = strtoull(argv[++i], NULL, 0);
         else if (!strcmp(argv[i], "--nccl")) with_nccl = true;
+        else if (!strcmp(argv[i], "--no-sim-windows")) sim_windows = false;
     }
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
@@ -371,7 +391,8 @@ int main(int argc, char **argv)
            (unsigned long long)g_seed, g_small ? ", small sizes" : "");
 
     test_args();
-    test_lsa_give_up();
+    test_lsa_give_up(TP_LSA_CHUNKED);
+    test_lsa_give_up(TP_LSA_RESIDENT);
 
     tp_demo b;
     memset(&b, 0, sizeof b);
@@ -466,6 +487,82 @@ int main(int argc, char **argv)
         d.all_ignored = 1;
         run("all rows ignored", d);
 
+        /* The read-once schedules with every rank's window on this GPU (tp_sim_windows: the
+         * ranks' kernels run at once, each on its share of the SMs). Resident: the shard rows
+         * wide enough for the ring (V = 16411 at --small), split over clusters where they are
+         * wider than a stage (V = 100003: 100 KB bf16 / 200 KB fp32 shards at tp = 2). */
+        const int64_t Vr = g_small ? 16411 : 32771;
+        if (sim_windows) {
+            d = b;
+            d.tp = tp;
+            d.V = Vr;
+            d.seed = g_seed * 41 + (uint64_t)tp;
+            d.sim_lsa = 1;
+            d.lsa_schedule = TP_LSA_RESIDENT;
+            d.repeat = 3; /* four launches: each set of slots reused (begin() waits for the done words) */
+            run("read-once resident, simulated windows, 3 repeats", d);
+            d.dt = dts[tp % 3];
+            d.opts.label_smoothing = 0.1f;
+            d.opts.z_loss = 1e-4f;
+            d.opts.class_weights = (const float *)1;
+            d.opts.softcap = 25.0f;
+            d.opts.logit_scale = 0.8f;
+            d.in_place = 0;
+            d.pad = 3; /* rows off the 16-byte grid: head and tail elements */
+            d.labels_i64 = 0;
+            d.seed += 7;
+            run("read-once resident, simulated, smoothing + z-loss + weights + softcap + scale, padded", d);
+            d = b;
+            d.tp = tp;
+            d.V = Vr;
+            d.seed = g_seed * 43 + (uint64_t)tp;
+            d.sim_lsa = 1;
+            d.lsa_schedule = TP_LSA_RESIDENT;
+            d.dt = dts[(tp + 1) % 3];
+            d.reduction = LF_REDUCE_NONE;
+            d.use_dloss = 1;
+            d.neg_inf = 1;
+            d.nan_rows = 1;
+            d.fmin_rows = 1;
+            run("read-once resident, simulated, none, upstream, -inf, NaN, finfo.min", d);
+            d.reduction = LF_REDUCE_MEAN;
+            d.use_dloss = 0;
+            d.use_divisor = 1;
+            d.divisor_value = 321.0f;
+            d.all_ignored = 1;
+            d.repeat = 3; /* no row waits: only the done words keep the launches in step */
+            run("read-once resident, simulated, all ignored, device divisor, 3 repeats", d);
+            if (!g_small || tp == 2) {
+                d = b;
+                d.tp = tp;
+                d.V = 100003;
+                d.N = g_small ? 29 : 257;
+                d.seed = g_seed * 47 + (uint64_t)tp;
+                d.sim_lsa = 1;
+                d.lsa_schedule = TP_LSA_RESIDENT;
+                d.dt = tp == 2 ? LF_F32 : LF_BF16;
+                d.opts.label_smoothing = 0.05f;
+                d.repeat = 1;
+                run("read-once resident, simulated, wide shards (clusters), repeat", d);
+            }
+            d = b;
+            d.tp = tp;
+            d.V = Vr;
+            d.seed = g_seed * 53 + (uint64_t)tp;
+            d.sim_lsa = 1;
+            d.lsa_schedule = TP_LSA_CHUNKED;
+            d.chunk_rows = 16;
+            d.lsa_lag = 2;
+            d.opts.label_smoothing = 0.1f;
+            d.repeat = 1;
+            run("read-once chunked, simulated windows, 16-row chunks, repeat", d);
+            d.lsa_schedule = TP_LSA_AUTO;
+            d.chunk_rows = 0;
+            d.forward_only = 1;
+            d.repeat = 0;
+            run("read-once automatic, simulated, forward only (chunked)", d);
+        }
+
         for (int64_t V : {(int64_t)1, (int64_t)3, (int64_t)7, (int64_t)100}) {
             d = b;
             d.tp = tp;
@@ -552,41 +649,46 @@ int main(int argc, char **argv)
         }
     if (with_nccl)
         for (int tp = 1; tp <= ndev && tp <= 8; tp *= 2) {
-            /* both exchanges (the all-gathers; the read-once schedule over symmetric windows)
-             * over the options and layouts that change what crosses between the ranks, driven
-             * both ways: one thread for every rank (tp_nccl_ranks, tp_ce_nccl), and a thread per
-             * rank with its own communicator through tp_ce_launch (one_rank: one process per GPU) */
+            /* the exchanges (the all-gathers; the read-once schedules over symmetric windows,
+             * chunked and resident) over the options and layouts that change what crosses between
+             * the ranks, driven both ways: one thread for every rank (tp_nccl_ranks, tp_ce_nccl),
+             * and a thread per rank with its own communicator through tp_ce_launch (one_rank: one
+             * process per GPU) */
             for (int thr = 0; thr <= 1; ++thr)
-            for (int lsa = 0; lsa <= 1; ++lsa) {
+            for (int lsa = 0; lsa <= 2; ++lsa) {
 #ifndef TP_HAVE_LSA
                 if (lsa) {
                     printf("skip NCCL read-once cases: this NCCL has no symmetric windows\n");
                     break;
                 }
 #endif
-                const char *nm = lsa ? "NCCL read-once" : "NCCL all-gather";
+                const char *nm = lsa == 2 ? "NCCL read-once resident" : lsa ? "NCCL read-once" : "NCCL all-gather";
                 char name[96];
                 auto nccl_case = [&](uint64_t seed_off) { /* b over NCCL with this exchange and driver */
                     tp_demo c = b;
                     c.tp = tp;
                     c.use_nccl = 1;
-                    c.lsa = lsa;
+                    c.lsa = lsa > 0;
+                    c.lsa_schedule = lsa == 2 ? TP_LSA_RESIDENT : TP_LSA_CHUNKED;
+                    if (lsa == 2 && c.V < 16411) c.V = 16411; /* --small: shard rows wide enough for the ring */
                     c.one_rank = thr;
-                    c.seed = g_seed + seed_off + (uint64_t)(16 * tp + 2 * lsa + thr);
+                    c.seed = g_seed + seed_off + (uint64_t)(16 * tp + 3 * lsa + thr);
                     return c;
                 };
                 tp_demo d = nccl_case(1000);
                 d.opts.label_smoothing = 0.1f;
                 d.opts.z_loss = 1e-4f;
-                d.repeat = 1; /* two launches: both parities of the window */
+                d.repeat = lsa == 2 ? 3 : 1; /* both parities of the window (resident: each reused) */
                 snprintf(name, sizeof name, "%s, smoothing, z-loss, repeat", nm);
                 run(name, d);
-                d.chunk_rows = 16;
-                d.lsa_lag = 3;
-                d.seed += 100;
-                snprintf(name, sizeof name, "%s, 16-row chunks, lag 3", nm);
-                run(name, d);
-                if (lsa) { /* the most waiting: the gradient right behind its statistics, few CTAs */
+                if (lsa != 2) { /* chunks: the all-gathers' and the chunked schedule's */
+                    d.chunk_rows = 16;
+                    d.lsa_lag = 3;
+                    d.seed += 100;
+                    snprintf(name, sizeof name, "%s, 16-row chunks, lag 3", nm);
+                    run(name, d);
+                }
+                if (lsa == 1) { /* the most waiting: the gradient right behind its statistics, few CTAs */
                     d.chunk_rows = 5;
                     d.lsa_lag = 1;
                     d.lsa_ctas_per_sm = 1;
@@ -612,10 +714,18 @@ int main(int argc, char **argv)
                 d.use_dloss = 1;
                 d.in_place = 0;
                 d.pad = 3;
-                d.chunk_rows = 1;
+                d.chunk_rows = lsa == 2 ? 0 : 1;
                 d.labels_i64 = 0;
-                snprintf(name, sizeof name, "%s, fp32, none, upstream, padded, 1-row chunks", nm);
+                snprintf(name, sizeof name, "%s, fp32, none, upstream, padded%s", nm, lsa == 2 ? "" : ", 1-row chunks");
                 run(name, d);
+                if (lsa == 2) { /* V % tp != 0: shards of 16385 and 16384 (every rank the same plan) */
+                    d = nccl_case(2500);
+                    d.N = 600;
+                    d.V = 32769;
+                    d.repeat = 1;
+                    snprintf(name, sizeof name, "%s, V %% tp != 0, repeat", nm);
+                    run(name, d);
+                }
                 d = nccl_case(3000);
                 d.dt = LF_F16;
                 d.opts.softcap = 30.0f;
@@ -630,6 +740,7 @@ int main(int argc, char **argv)
                 snprintf(name, sizeof name, "%s, finfo.min entries (whole shards)", nm);
                 run(name, d);
                 d = nccl_case(4000);
+                if (lsa == 2) d.lsa_schedule = TP_LSA_AUTO; /* forward only: the chunked schedule */
                 d.forward_only = 1;
                 d.use_divisor = 1;
                 d.divisor_value = 123.0f;
@@ -637,7 +748,9 @@ int main(int argc, char **argv)
                 run(name, d);
                 d = nccl_case(5000);
                 d.all_ignored = 1;
-                d.repeat = 1; /* two launches that wait on no row's shares (read-once: the end-of-launch wait) */
+                /* launches that wait on no row's shares (chunked: the end-of-launch wait; resident:
+                 * the done words, each set of slots reused) */
+                d.repeat = lsa == 2 ? 3 : 1;
                 snprintf(name, sizeof name, "%s, all ignored, repeat", nm);
                 run(name, d);
                 d.all_ignored = 0;
