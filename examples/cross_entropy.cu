@@ -903,8 +903,8 @@ static __device__ __forceinline__ int64_t ce_next_label(const ce_kparams &p, int
  *     and hands the row's lse and loss to the group through shared memory and its barrier;
  *   - the gradient and the outputs use the merged lse and loss, the label's global weight
  *     xc.label_weight(y) and the global weight sum xc.wsum();
- * and each group's thread 0 calls xc.begin() before its first row, the launch's last CTA
- * xc.end() after its batch sum (the hook's own protocol for reusing its slots). X::groups: the
+ * and the launch's last CTA calls xc.end() after its batch sum (the hook's own end-of-launch
+ * protocol, e.g. a barrier with the other ranks before its slots are reused). X::groups: the
  * warp groups of a CTA (the CTA keeps CE_RES_THREADS threads: more groups, smaller ones, more
  * rows in flight to hide what a row waits for). */
 struct ce_xchg_none {
@@ -998,9 +998,6 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
         stage_y[threadIdx.x] = ce_label(p, row_of(threadIdx.x));
     __syncthreads();
     if (nranks > 1) lf_cluster_sync(); /* every CTA's mbarriers exist before any post */
-    if constexpr (X::on) {
-        if (threadIdx.x == 0) xc.begin(); /* each group's publishing thread */
-    }
 
     /* 1 / the mean's divisor: read at the first row that needs it (the divisor kernel may still be
      * running: programmatic dependent launch, see ce_launch_resident) */
@@ -1254,13 +1251,15 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
             const int rpar = par;
             par = par == CE_SLOTS - 1 ? 0 : par + 1;
             if (GRAD) {
-                float lse = lf_lse_final(st.lse);
-                float w_y = p.class_w ? __ldg(p.class_w + y) : 1.0f;
-                float wsum = (FULL && p.class_w) ? st.w : (float)V;
-                if constexpr (X::on) {
+                float lse, w_y, wsum;
+                if constexpr (X::on) { /* (p.class_w is the shard's: y is global) */
                     lse = x_lse;
                     w_y = xc.label_weight(y);
                     wsum = xc.wsum();
+                } else {
+                    lse = lf_lse_final(st.lse);
+                    w_y = p.class_w ? __ldg(p.class_w + y) : 1.0f;
+                    wsum = (FULL && p.class_w) ? st.w : (float)V;
                 }
                 const float g = p.grad_scale * (p.reduction == LF_REDUCE_NONE ? dl : dl_all);
                 if (inv_div < 0.0f) {

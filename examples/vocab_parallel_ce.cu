@@ -59,7 +59,7 @@
  *   kernel runs, and no [N, V] or L2 capacity condition applies. Each cluster takes a fixed share
  *   of the rows, the same on every rank, so the ranks make a row's shares at about the same
  *   time (rows handed out by each rank's own counter, as the single-GPU kernel does, made the
- *   waits chain: 10-20x slower, bench/RESULTS.md); four warp groups of 128 threads per CTA
+ *   waits chain: 23-28x slower, bench/RESULTS.md); four warp groups of 128 threads per CTA
  *   (TP_RES_GROUPS) keep four rows in flight per SM while rows wait. Measured on two H200s
  *   (session 31, bench/RESULTS.md): a tp = 2 rank's step, exchange included, takes 0.67-0.68x
  *   the single-GPU kernel on the full V at 4096 x 151936, 0.74x at 8192 x 32768 and 0.66-0.67x
@@ -82,6 +82,8 @@
  *   on two H200s it then took 8.5 ms instead of ~0.58 at 4096 x 151936 in every run of session
  *   31's first calls, and once 78 ms at 4096 x 262144. With the gentle polls of tp_lsa_spin it
  *   ran at 0.59 ms there (the two passes: 0.56 ms): no faster than the all-gather.
+ *   Neither read-once schedule can be replayed from a CUDA graph: each launch's generation is a
+ *   kernel argument, and a replay would repeat it (the all-gather exchange can).
  *   Failures: a launch waiting for a rank that died, or never launched, gives up on the host's
  *   request (tp_lsa_abort, e.g. from a watchdog thread) or after tp_ce_args.lsa_timeout_ms, with
  *   NaN loss, lse and gradient rows, and tells every rank through the windows (they give up
@@ -89,9 +91,10 @@
  *   failed registration group or a failed step, so nothing frees a window NCCL still holds and
  *   no stream is left waiting on a collective that a peer never enqueued.
  *
- * Memory: tp_ce_workspace_bytes (12 B per row + 12 B per row and 32 KB slice) and the shares,
- *   tp_ce_shares_bytes = 12 tp N bytes; nothing of size [N, V]. Gathering the logits to run the
- *   loss on one rank would take N V bytes times the element size.
+ * Memory: tp_ce_workspace_bytes (16 B per row + 12 B per row and 32 KB slice + ~1 KB) and the
+ *   shares, tp_ce_shares_bytes = 12 tp N bytes; with a window (tp_lsa_create) ~96 tp N bytes of
+ *   NCCL symmetric memory; nothing of size [N, V]. Gathering the logits to run the loss on one
+ *   rank would take N V bytes times the element size.
  *
  * Sections: 1. API   2. kernels   3. the run: plan, prep, chunks, exchange, reduce
  *           4. simulation and NCCL drivers   5. demo / check (tp_demo_run, used by the tests)
@@ -328,7 +331,8 @@ __global__ void __launch_bounds__(1024) tp_prep_kernel(const tp_kparams p, int w
  * rank, reach the generation. No collective kernel runs: NCCL maps the memory, the kernel moves
  * 12 bytes per row and rank, and the gradient reads the chunk while it is still in L2.
  * Two parities: rank q can be one launch ahead (its next launch's shares land in the other
- * half), never two (its launch after that needs this rank's shares of the next launch). */
+ * half), never two (its launch after that needs this rank's shares of the next launch; a
+ * resident launch between them ends with a barrier of the ranks, tp_res_xchg::end). */
 typedef struct tp_lsa {
     char *const *peers;  /* [tp] device array: each rank's window base, as this GPU maps it */
     char *local;         /* this rank's window base */
@@ -387,8 +391,8 @@ static __device__ __forceinline__ void tp_st_release_sys(unsigned *a, unsigned v
     asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(a), "r"(v) : "memory");
 }
 
-/* Whether this launch must give up, checked every 64 spins of a wait (reading mapped host
- * memory costs a bus round trip): the host's abort request, or a wait that began at t_start
+/* Whether this launch must give up, checked every 1024 spins of a wait (tp_lsa_spin; reading
+ * mapped host memory costs a bus round trip): the host's abort request, or a wait that began at t_start
  * (set here on the first call) and outlasted the timeout. */
 static __device__ __forceinline__ unsigned tp_lsa_check(const tp_lsa &L, unsigned long long &t_start)
 {
@@ -474,7 +478,7 @@ static __device__ __forceinline__ bool tp_lsa_wait(const tp_lsa &L, int64_t k, i
 }
 
 /* The resident read-once schedule's exchange (examples/cross_entropy.cu's ce_resident_kernel with
- * this hook; section 3's tp_ce_launch_res): each rank runs the single-GPU row-resident kernel
+ * this hook; section 3's tp_ce_launch_lsa): each rank runs the single-GPU row-resident kernel
  * over its shard, and a row waits in its shared-memory stage, between its statistics and its
  * gradient, for the other ranks' shares of that row. So the shard is read from HBM once and
  * nothing is re-read from L2, whatever the row count.
@@ -485,20 +489,24 @@ static __device__ __forceinline__ bool tp_lsa_wait(const tp_lsa &L, int64_t k, i
  *   own window's P slots of the row (lf_tp_slot_get) and merges them in rank order
  *   (lf_tp_merge_lanes): the same bits on every rank, and the bits of the two-pass schedules'
  *   merge of the same shares.
- *   Slots alternate between two sets by generation parity. A rank may store generation g into
- *   the set of parity g & 1 only once every rank has finished generation need (the last launch
- *   of this schedule to use that set): begin() waits for every rank's done word to reach it,
- *   and the launch's last CTA stores the generation into every rank's done word (end()) once its
- *   CTAs are past their rows. (Without it a rank that has nothing to wait for, e.g. a launch whose
- *   rows are all ignored, could run two launches ahead and overwrite a slot a slower rank still
- *   polls.)
+ *   Slots alternate between two sets by generation parity. The launch ends with a barrier of the
+ *   ranks (end(), by its last CTA once every CTA is past its rows): it stores its generation
+ *   into every rank's done word, then waits until every rank's done word in its own window has
+ *   it. So no rank starts a later launch while another still polls this one's slots, even where
+ *   a launch has nothing else to wait for (every row ignored), and a rank is never more than one
+ *   launch ahead of another, which the chunked schedule's shares (no generation in them) rely
+ *   on where the two schedules take turns on one exchange (e.g. forward-only evaluation steps,
+ *   chunked, between training steps, resident).
  *   Progress: each cluster takes its fixed share of the rows in increasing order, the same on
  *   every rank (tp_res_dispatch), a row publishes its share before it waits, and a row waits
  *   only for other ranks' shares of the same row: the lowest row any rank waits for is always
  *   published or about to be, so no launch deadlocks as long as every rank's CTAs are resident
  *   (the grid is sized to the device; max_ctas leaves room where two ranks share a GPU).
  *   Giving up: as the chunked schedule (tp_lsa_spin, tp_lsa_give_up): the abort request, the
- *   timeout, or another rank's failure word end a wait with NaN outputs. */
+ *   timeout, or another rank's failure word end a wait; a row that gave up has NaN outputs, and
+ *   an end() that gave up leaves the outputs as they are but records the failure (tp_lsa_failure).
+ *   Not capturable in a CUDA graph: the generation is a kernel argument, which a replay would
+ *   repeat (the same holds for the chunked schedule; the all-gather exchange is capturable). */
 #ifndef TP_RES_GROUPS
 #define TP_RES_GROUPS 4 /* warp groups of 128 threads per CTA of the resident schedule: rows in
                          * flight per SM. Measured on two H200s (session 31): 4 instead of 2 took
@@ -516,26 +524,10 @@ struct tp_res_xchg {
     tp_lsa L;                /* peers, local, gen, fail_off, abort_req, report, timeout_ns */
     size_t slots_off;        /* this launch's set of slots [N][P] (lf_tp_slot) */
     size_t done_off;         /* the done words [P] */
-    unsigned need;           /* begin(): the generation every rank must have finished (0: none) */
 
     __device__ __forceinline__ float label_weight(int64_t y) const { return class_w ? __ldg(class_w + y) : 1.0f; }
     __device__ __forceinline__ float wsum() const { return ws->W; }
 
-    /* By each group's thread 0 before its first row: every rank is done with the slot set. */
-    __device__ void begin() const
-    {
-        if (need == 0u) return;
-        unsigned long long t_start = 0;
-        for (int q = 0; q < P; ++q) {
-            const unsigned *d = reinterpret_cast<const unsigned *>(L.local + done_off) + q;
-            unsigned spins = 0, why = TP_LSA_OK;
-            while ((int)(tp_ld_acquire_sys(d) - need) < 0)
-                if ((why = tp_lsa_spin(L, spins, t_start)) != TP_LSA_OK) {
-                    tp_lsa_give_up(L, P, why); /* the rows then give up at their first wait */
-                    return;
-                }
-        }
-    }
     /* By one thread: this rank's share of the row into every rank's slot [row][rank]. */
     __device__ void publish(int64_t row, const lf_row_stats &st, bool has_y, float zy, float wy) const
     {
@@ -576,11 +568,22 @@ struct tp_res_xchg {
         *mg = lf_tp_merge_lanes(mine, P, y, wy, class_w ? ws->Wr : nullptr, V, eps);
         return true;
     }
-    /* By one thread of the launch's last CTA, every CTA past its rows: this rank is done. */
+    /* By one thread of the launch's last CTA, every CTA past its rows: this rank is done; then
+     * the barrier: every rank is. */
     __device__ void end() const
     {
         __threadfence_system();
         for (int q = 0; q < P; ++q) tp_st_release_sys(reinterpret_cast<unsigned *>(L.peers[q] + done_off) + rank, L.gen);
+        unsigned long long t_start = 0;
+        for (int q = 0; q < P; ++q) {
+            const unsigned *d = reinterpret_cast<const unsigned *>(L.local + done_off) + q;
+            unsigned spins = 0, why = TP_LSA_OK;
+            while ((int)(*reinterpret_cast<const volatile unsigned *>(d) - L.gen) < 0)
+                if ((why = tp_lsa_spin(L, spins, t_start)) != TP_LSA_OK) {
+                    tp_lsa_give_up(L, P, why);
+                    return;
+                }
+        }
     }
 };
 
@@ -896,7 +899,6 @@ typedef struct tp_exchange {
     char **peers;
     int64_t lsa_rows;          /* the most rows a launch may have */
     unsigned gen;              /* launches so far */
-    unsigned res_last[2];      /* per parity: the generation of the last resident launch (its slots) */
     unsigned long long *prof;  /* optional device [2]: waits of the read-once kernel (tp_lsa) */
     int grid;                  /* CTAs of the last read-once launch */
     unsigned *ctl, *ctl_dev;   /* tp_lsa_ctl_create: mapped host words, [0] the abort request,
@@ -940,7 +942,8 @@ static size_t tp_lsa_done_offset(int64_t rows, int tp) { return tp_lsa_slots_off
 }
 
 /* Ends this rank's read-once launches so far (any thread, any time, no CUDA call): a launch
- * still waiting for another rank's shares gives up within ~64 of its spins, with NaN outputs,
+ * still waiting for another rank's shares gives up within ~1024 of its spins (tp_lsa_spin: about
+ * a millisecond), with NaN outputs,
  * and stores its generation into every rank's failure word, so the other ranks' launches of the
  * same generation give up too. For a watchdog: a rank that died or hangs elsewhere. Launches
  * made after the call are not affected. */
@@ -1229,7 +1232,7 @@ static lf_status tp_persist_dispatch(const tp_run &r, const tp_lsa &L, int n, cu
  * Rows in a FIXED share per cluster (static_rows), the ring planned for the widest shard: every
  * rank's cluster c then takes the same rows in the same order, so a row's shares are made at about
  * the same time on every rank. Measured on two H200s (bench/RESULTS.md), rows handed out by each
- * rank's own counter were 10-20x slower: a CTA waiting for a row has already drawn its next one,
+ * rank's own counter were 23-28x slower: a CTA waiting for a row has already drawn its next one,
  * which another rank may reach first and wait for in turn, and the waits chain. */
 static ce_kparams tp_res_params(const tp_run &r)
 {
@@ -1391,13 +1394,11 @@ static lf_status tp_ce_launch_lsa(const tp_ce_args *a, tp_exchange *ex, cudaStre
         xc.L = L;
         xc.slots_off = tp_lsa_slots_offset(ex->lsa_rows, a->tp, par);
         xc.done_off = tp_lsa_done_offset(ex->lsa_rows, a->tp);
-        xc.need = ex->res_last[par];
         TP_TRY(tp_ce_prep(r, stream, cuda_err));
         if (N == 0) return tp_ce_reduce(r, stream, cuda_err);
         ce_plan pl;
         memset(&pl, 0, sizeof pl);
         TP_TRY(tp_res_run(r, xc, r.max_ctas, false, &pl, stream, cuda_err));
-        ex->res_last[par] = L.gen;
         ex->grid = pl.ctas;
         if (a->plan) {
             a->plan->cluster = pl.cluster;
@@ -1422,7 +1423,8 @@ static lf_status tp_ce_launch_lsa(const tp_ce_args *a, tp_exchange *ex, cudaStre
  * (gradient of chunk j - 2, statistics of chunk j) with, around it, the wait for the exchange
  * of chunk j - 2 and the exchange of chunk j on ex->comm_stream; then the reduction. The chunk
  * whose gradient is written was read two steps ago and is still in L2. No host
- * synchronisation; capturable in a CUDA graph (with NCCL, as far as NCCL allows). Returns LF_OK,
+ * synchronisation; capturable in a CUDA graph (with NCCL, as far as NCCL allows; not with a window:
+ * a read-once launch's generation is a kernel argument, which a replay would repeat). Returns LF_OK,
  * LF_ERR_* for bad arguments (nothing launched), or LF_ERR_DEVICE with *cuda_err set. */
 static lf_status tp_ce_launch(const tp_ce_args *a, tp_exchange *ex, cudaStream_t stream, cudaError_t *cuda_err)
 {
@@ -1478,7 +1480,8 @@ static lf_status tp_ce_nccl(const tp_ce_args *args, int tp, const int *devs, tp_
     std::vector<tp_run> runs(tp);
     for (int r = 0; r < tp; ++r) /* mismatched collectives would hang: check the ranks agree */
         if (args[r].tp != tp || args[r].rank != r || args[r].n_rows != args[0].n_rows || args[r].vocab != args[0].vocab ||
-            args[r].chunk_rows != args[0].chunk_rows || ex[r].lsa != ex[0].lsa)
+            args[r].chunk_rows != args[0].chunk_rows || ex[r].lsa != ex[0].lsa ||
+            args[r].lsa_schedule != args[0].lsa_schedule || args[r].max_ctas != args[0].max_ctas)
             return LF_ERR_ARG;
     if (ex[0].lsa) { /* no collective to group: each rank's launches, one GPU after the other,
                       * once every rank's arguments have passed (a rank that failed after the
@@ -1488,6 +1491,8 @@ static lf_status tp_ce_nccl(const tp_ce_args *args, int tp, const int *devs, tp_
             tp_run run;
             int64_t C = 1;
             TP_TRY(tp_lsa_plan(&args[r], &ex[r], &run, &C, cuda_err));
+            runs[r] = run;
+            if (run.res != runs[0].res) return LF_ERR_ARG; /* one schedule for all (e.g. unlike GPUs) */
         }
         for (int r = 0; r < tp; ++r) {
             const cudaError_t e = cudaSetDevice(devs[r]);
@@ -1545,7 +1550,6 @@ static lf_status tp_ce_nccl(const tp_ce_args *args, int tp, const int *devs, tp_
     ex->peers = nullptr;
     ex->lsa_rows = 0;
     ex->gen = 0;
-    ex->res_last[0] = ex->res_last[1] = 0;
     ex->prof = nullptr;
     ex->grid = 0;
     ex->ctl = ex->ctl_dev = nullptr;
@@ -1604,8 +1608,8 @@ struct tp_sim_windows {
         CE_CHECK(cudaMemcpy(peers, win.data(), sizeof(char *) * (size_t)tp, cudaMemcpyHostToDevice));
         for (int r = 0; r < tp; ++r) {
             CE_CHECK(cudaStreamCreate(&streams[r]));
+            P = r + 1; /* the destructor frees rank r's stream and exchange from here on */
             TP_TRY(tp_exchange_create(&ex[r], cuda_err));
-            P = r + 1;
             TP_TRY(tp_lsa_ctl_create(&ex[r], cuda_err));
             ex[r].lsa = 1;
             ex[r].lsa_rows = rows > 0 ? rows : 1;
@@ -1614,21 +1618,29 @@ struct tp_sim_windows {
         }
         return LF_OK;
     }
-    /* args: [P], rank r's at args[r]; their max_ctas (0) becomes the share of the SMs */
+    /* args: [P], rank r's at args[r]; their max_ctas (0) becomes the share of the SMs. After a
+     * failed launch the ranks' generations disagree: every later run() refuses (LF_ERR_DEVICE). */
+    bool failed = false;
     lf_status run(const tp_ce_args *args, cudaError_t *cuda_err)
     {
+        if (failed) return LF_ERR_DEVICE;
         std::vector<tp_ce_args> a(args, args + P);
+        bool res0 = false;
         for (int r = 0; r < P; ++r) {
-            if (a[r].tp != P || a[r].rank != r) return LF_ERR_ARG;
+            if (a[r].tp != P || a[r].rank != r || a[r].lsa_schedule != a[0].lsa_schedule || a[r].max_ctas != a[0].max_ctas)
+                return LF_ERR_ARG;
             if (a[r].max_ctas == 0) a[r].max_ctas = max_ctas;
             tp_run run;
             int64_t C = 1;
             TP_TRY(tp_lsa_plan(&a[r], &ex[r], &run, &C, cuda_err)); /* every rank, before any launches */
+            if (r == 0) res0 = run.res;
+            if (run.res != res0) return LF_ERR_ARG;
         }
         for (int r = 0; r < P; ++r) {
             const lf_status st = tp_ce_launch_lsa(&a[r], &ex[r], streams[r], cuda_err);
             if (st != LF_OK) { /* the ranks launched before wait for this one: end them */
                 for (int q = 0; q < r; ++q) tp_lsa_abort(&ex[q]);
+                failed = true;
                 return st;
             }
         }
@@ -1698,7 +1710,6 @@ static lf_status tp_lsa_finish(tp_exchange *ex, int tp, cudaError_t *cuda_err)
     if (ncclCommUserRank(ex->comm, &me) != ncclSuccess || me < 0 || me >= tp) return LF_ERR_DEVICE;
     CE_CHECK(cudaMemcpy(ex->peers + me, &ex->win_buf, sizeof(char *), cudaMemcpyHostToDevice));
     ex->gen = 0;
-    ex->res_last[0] = ex->res_last[1] = 0;
     ex->lsa = 1;
     return LF_OK;
 }

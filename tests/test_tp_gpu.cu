@@ -39,6 +39,11 @@
 #include <functional>
 #include <thread>
 
+/* Whether this device runs the resident read-once schedule (sm_90: the row-resident ring). Where
+ * it does not, the cases that ask for it ask for the automatic choice instead (chunked there). */
+static int g_resident = 0;
+static int res_sched(void) { return g_resident ? TP_LSA_RESIDENT : TP_LSA_AUTO; }
+
 /* The case's results: one (the simulation, or one thread driving every rank), or with
  * d.one_rank one per rank, each from its own thread on GPU r over its own communicator
  * (ncclCommInitRank) through tp_ce_launch: what one process per GPU runs (tp_one_rank). */
@@ -156,8 +161,8 @@ static void test_args(void)
  * the loss and every valid row's lse and gradient are NaN, ignored rows 0. (4) tp = 1 on a window
  * made the same way, with an abort request standing for earlier launches only: the launch
  * completes, finite, no failure recorded. Both read-once schedules (sched): the chunked one's
- * gradient waits for a chunk's flags, the resident one's rows for their slots (and in (3), its
- * launch of generation 3 first for rank 1's done word of generation 1, in begin()). */
+ * gradient waits for a chunk's flags, the resident one's rows for their slots, and its end for
+ * rank 1's done word (the end-of-launch barrier gives up too). */
 static void test_lsa_give_up(int sched)
 {
     snprintf(g_case, sizeof g_case, "read-once launches give up (%s): timeout, abort, a peer's failure",
@@ -390,9 +395,11 @@ int main(int argc, char **argv)
     printf("test_tp_gpu on %s (sm_%d%d), %d device(s), seed %llu%s\n", prop.name, prop.major, prop.minor, ndev,
            (unsigned long long)g_seed, g_small ? ", small sizes" : "");
 
+    g_resident = prop.major >= 9;
     test_args();
     test_lsa_give_up(TP_LSA_CHUNKED);
-    test_lsa_give_up(TP_LSA_RESIDENT);
+    if (g_resident) test_lsa_give_up(TP_LSA_RESIDENT);
+    else printf("skip read-once resident give-up: sm_%d%d has no row-resident ring\n", prop.major, prop.minor);
 
     tp_demo b;
     memset(&b, 0, sizeof b);
@@ -498,8 +505,8 @@ int main(int argc, char **argv)
             d.V = Vr;
             d.seed = g_seed * 41 + (uint64_t)tp;
             d.sim_lsa = 1;
-            d.lsa_schedule = TP_LSA_RESIDENT;
-            d.repeat = 3; /* four launches: each set of slots reused (begin() waits for the done words) */
+            d.lsa_schedule = res_sched();
+            d.repeat = 3; /* four launches: each set of slots reused (after the end-of-launch barriers) */
             run("read-once resident, simulated windows, 3 repeats", d);
             d.dt = dts[tp % 3];
             d.opts.label_smoothing = 0.1f;
@@ -517,7 +524,7 @@ int main(int argc, char **argv)
             d.V = Vr;
             d.seed = g_seed * 43 + (uint64_t)tp;
             d.sim_lsa = 1;
-            d.lsa_schedule = TP_LSA_RESIDENT;
+            d.lsa_schedule = res_sched();
             d.dt = dts[(tp + 1) % 3];
             d.reduction = LF_REDUCE_NONE;
             d.use_dloss = 1;
@@ -539,7 +546,7 @@ int main(int argc, char **argv)
                 d.N = g_small ? 29 : 257;
                 d.seed = g_seed * 47 + (uint64_t)tp;
                 d.sim_lsa = 1;
-                d.lsa_schedule = TP_LSA_RESIDENT;
+                d.lsa_schedule = res_sched();
                 d.dt = tp == 2 ? LF_F32 : LF_BF16;
                 d.opts.label_smoothing = 0.05f;
                 d.repeat = 1;
@@ -669,8 +676,9 @@ int main(int argc, char **argv)
                     c.tp = tp;
                     c.use_nccl = 1;
                     c.lsa = lsa > 0;
-                    c.lsa_schedule = lsa == 2 ? TP_LSA_RESIDENT : TP_LSA_CHUNKED;
-                    if (lsa == 2 && c.V < 16411) c.V = 16411; /* --small: shard rows wide enough for the ring */
+                    c.lsa_schedule = lsa == 2 ? res_sched() : TP_LSA_CHUNKED;
+                    /* --small: shard rows wide enough for the ring (8 KB of bf16 at least) */
+                    if (lsa == 2 && c.V < 4104 * (int64_t)tp + 7) c.V = 4104 * (int64_t)tp + 7;
                     c.one_rank = thr;
                     c.seed = g_seed + seed_off + (uint64_t)(16 * tp + 3 * lsa + thr);
                     return c;
