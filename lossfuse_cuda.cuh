@@ -3155,7 +3155,7 @@ static __device__ __forceinline__ void lf_cp_local_labels_grid(const int32_t *cu
  *     memory (the writer stores into it), so a wait costs the reader an L2 round trip per try.
  *     Reuse of a slot is the caller's protocol: a slot may be written with generation g + k only
  *     once every reader is done with generation g (examples/vocab_parallel_ce.cu alternates two
- *     sets of slots by generation parity and waits for the peers' "done" words).
+ *     sets of slots by generation parity and ends each launch with a barrier of the ranks).
  *         // sender, one thread:  lf_tp_slot_put(peer_slots + (row * P + rank), sh, gen);
  *         // receiver, lane q < P: while (!lf_tp_slot_get(my_slots + (row * P + q), gen, &sh)) {}
  * ========================================================================================== */

@@ -1475,7 +1475,9 @@ static lf_status ce_launch_resident(const ce_kparams &p, int max_cluster, int st
                                     const X &xc = X(), int64_t max_ctas = 0, bool dry = false, int64_t plan_cols = 0)
 {
     auto kernel = ce_resident_kernel<T, GRAD, FULL, SOFTCAP, false, X>;
-    auto kernel_dyn = ce_resident_kernel<T, GRAD, FULL, SOFTCAP, true, X>;
+    /* with an exchange hook rows are never handed out dynamically (each rank would draw its own,
+     * and the waits chain: vocab_parallel_ce.cu, tp_res_dispatch): no dynamic kernel compiled */
+    auto kernel_dyn = ce_resident_kernel<T, GRAD, FULL, SOFTCAP, !X::on, X>;
     static lf_ring_device ring_d[CE_MAX_DEVICES], ring_dyn_d[CE_MAX_DEVICES]; /* per instantiation and device: set up once */
     *launched = false;
     int dev = 0;
@@ -1501,7 +1503,7 @@ static lf_status ce_launch_resident(const ce_kparams &p, int max_cluster, int st
      * cluster's peers): every streaming cluster (lf_ring_plan) starts, and the ones on faster
      * SMs take more rows. Measured on an H200 (bench/RESULTS.md): with a fixed share each, the
      * CTAs of one launch finished up to 17% apart. */
-    bool dyn = !static_rows && X::groups <= 2 && (pl.cluster == 1 || !CE_RES_PROBE_NOXCHG);
+    bool dyn = !X::on && !static_rows && X::groups <= 2 && (pl.cluster == 1 || !CE_RES_PROBE_NOXCHG);
     if (dyn) { /* the dynamic kernel's own shared-memory opt-in; the plan's stages must fit it too */
         CE_CHECK(lf_ring_setup(kernel_dyn, dev, &ring_dyn_d[dev]));
         dyn = ring_dyn_d[dev].dyn_max >= (int)pl.dyn_bytes;
