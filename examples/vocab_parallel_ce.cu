@@ -427,7 +427,7 @@ static __device__ __forceinline__ unsigned tp_lsa_spin(const tp_lsa &L, unsigned
 }
 
 /* By one thread, once a wait of this launch gives up for `why` (tp_lsa_spin): the generation into
- * every rank's failure word, so that every later wait of every rank gives up at once, and the
+ * every rank's failure word, so that every later wait of every rank gives up (within 256 spins), and the
  * reason into the host's record. The word after the failure word (this window only) says the
  * cause was this rank's: set before the failure word is passed on (the release orders it), so
  * that this rank's other waits, which then give up on the failure word, leave the record to the
