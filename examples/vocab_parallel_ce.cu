@@ -511,11 +511,21 @@ static __device__ __forceinline__ bool tp_lsa_wait(const tp_lsa &L, int64_t k, i
 #define TP_RES_GROUPS 4 /* warp groups of 128 threads per CTA of the resident schedule: rows in
                          * flight per SM. Measured on two H200s (session 31): 4 instead of 2 took
                          * 8192 x 32768 at tp = 2 from 1.00-1.03x the single GPU to 0.72x, the
-                         * same within 4% at 4096 x 151936 / 262144 */
+                         * same within 4% at 4096 x 151936 / 262144; 8 groups of 64 (session
+                         * 32, with 16 stages allowed: clusters of 2-16) 4-8% slower than 4 */
+#endif
+#ifndef TP_RES_MIN_STAGES
+#define TP_RES_MIN_STAGES CE_RES_MIN_STAGES /* the least ring the plan takes. Measured on two H200s
+                                             * (session 32; CE_RES_MAX_STAGES 16): 8 or 12 stages,
+                                             * i.e. clusters of 8-16 at V = 151936, 2 at 32768,
+                                             * were 1.5-2.7x SLOWER than the default plan's 5-6
+                                             * stages in clusters of 1-8: a larger cluster couples
+                                             * more CTAs to each row's waits */
 #endif
 struct tp_res_xchg {
     static constexpr bool on = true;
     static constexpr int groups = TP_RES_GROUPS;
+    static constexpr int min_stages = TP_RES_MIN_STAGES;
     int64_t V, v0;           /* the full vocabulary; this shard's first column */
     int P, rank;
     const float *class_w;    /* all V weights (every rank), or NULL */
@@ -1626,9 +1636,10 @@ struct tp_sim_windows {
         if (failed) return LF_ERR_DEVICE;
         std::vector<tp_ce_args> a(args, args + P);
         bool res0 = false;
-        for (int r = 0; r < P; ++r) {
+        for (int r = 0; r < P; ++r) /* all checked before any rank's max_ctas is filled in */
             if (a[r].tp != P || a[r].rank != r || a[r].lsa_schedule != a[0].lsa_schedule || a[r].max_ctas != a[0].max_ctas)
                 return LF_ERR_ARG;
+        for (int r = 0; r < P; ++r) {
             if (a[r].max_ctas == 0) a[r].max_ctas = max_ctas;
             tp_run run;
             int64_t C = 1;

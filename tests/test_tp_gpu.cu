@@ -152,6 +152,36 @@ static void test_args(void)
     printf("%-4s %s\n", g_fail == fails ? "ok" : "FAIL", g_case);
 }
 
+/* tp_sim_windows::run refuses ranks that disagree on the read-once schedule or on the CTA cap
+ * (they would wait for each other forever), before anything is launched; ranks that agree on a
+ * cap of 0 (each then gets its share of the SMs) are not refused on that account (every
+ * simulated case below runs so; this once failed all of them at tp >= 2). */
+static void test_sim_args(void)
+{
+    snprintf(g_case, sizeof g_case, "simulated windows: ranks that disagree are refused");
+    const int fails = g_fail;
+    tp_sim_windows sim;
+    cudaError_t e = cudaSuccess;
+    EXPECT(sim.init(2, 4, &e) == LF_OK, "tp_sim_windows init failed");
+    tp_ce_args a[2] = {tp_ce_args_default(), tp_ce_args_default()};
+    for (int r = 0; r < 2; ++r) {
+        a[r].tp = 2;
+        a[r].rank = r;
+        a[r].n_rows = 4;
+        a[r].vocab = 100;
+        a[r].stride = 50;
+    }
+    a[1].lsa_schedule = TP_LSA_CHUNKED;
+    EXPECT(sim.run(a, &e) == LF_ERR_ARG, "ranks with different schedules");
+    a[1].lsa_schedule = a[0].lsa_schedule;
+    a[1].max_ctas = 7;
+    EXPECT(sim.run(a, &e) == LF_ERR_ARG, "ranks with different CTA caps");
+    a[0].max_ctas = 7;
+    /* the same fields now: refused later, by the plan (no logits), not as a mismatch */
+    EXPECT(sim.run(a, &e) == LF_ERR_NULL, "agreeing ranks not planned (no logits: LF_ERR_NULL)");
+    printf("%-4s %s\n", g_fail == fails ? "ok" : "FAIL", g_case);
+}
+
 /* The read-once schedule giving up (no NCCL needed: the windows are plain device buffers, so
  * rank 1 of tp = 2 is a rank that never launches). Rank 0 alone, in place, its gradient waiting
  * for rank 1's shares: (1) lsa_timeout_ms = 100 ends it; (2) without a timeout, tp_lsa_abort from
@@ -397,6 +427,7 @@ int main(int argc, char **argv)
 
     g_resident = prop.major >= 9;
     test_args();
+    if (sim_windows) test_sim_args();
     test_lsa_give_up(TP_LSA_CHUNKED);
     if (g_resident) test_lsa_give_up(TP_LSA_RESIDENT);
     else printf("skip read-once resident give-up: sm_%d%d has no row-resident ring\n", prop.major, prop.minor);
