@@ -73,6 +73,52 @@ static tp_demo bench_tp_demo(int P, int64_t N, int64_t V, int iters)
     return d;
 }
 
+#ifdef CE_RES_TRACE
+/* A diagnostic build (bench/prebuild.sh EXTRA=-DCE_RES_TRACE): the resident schedule's phases
+ * on GPU dev (the last rank's: GPU 0 also runs the single-GPU kernel, which adds to the same
+ * counters), as bench_ce's TRACE / TIMES lines; the "xchg" phase holds the cluster exchange AND
+ * the wait for the other ranks' shares. */
+static void bench_trace_zero(int dev)
+{
+    int cur = 0;
+    CK(cudaGetDevice(&cur));
+    CK(cudaSetDevice(dev));
+    const unsigned long long z[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    CK(cudaMemcpyToSymbol(ce_res_trace, z, sizeof z));
+    std::vector<unsigned long long> tz(1024 * 4, 0ull);
+    CK(cudaMemcpyToSymbol(ce_res_times, tz.data(), tz.size() * 8));
+    CK(cudaSetDevice(cur));
+}
+static void bench_trace_print(int dev, const char *impl, int64_t N, int64_t V, int ctas)
+{
+    int cur = 0;
+    CK(cudaGetDevice(&cur));
+    CK(cudaSetDevice(dev));
+    unsigned long long tr[8];
+    CK(cudaMemcpyFromSymbol(tr, ce_res_trace, sizeof tr));
+    const double tot = (double)(tr[7] ? tr[7] : 1);
+    printf("TRACE impl=%s gpu=%d N=%lld V=%lld rows=%llu cycles_per_row=%.0f wait=%.3f stats=%.3f merge=%.3f xchg=%.3f "
+           "grad=%.3f bar=%.3f\n", impl, dev, (long long)N, (long long)V, tr[6], tot / (double)(tr[6] ? tr[6] : 1), tr[0] / tot,
+           tr[1] / tot, tr[2] / tot, tr[3] / tot, tr[4] / tot, tr[5] / tot);
+    const int nb = ctas < 1024 ? ctas : 1024;
+    std::vector<unsigned long long> tm((size_t)nb * 4);
+    CK(cudaMemcpyFromSymbol(tm.data(), ce_res_times, tm.size() * 8));
+    unsigned long long t0 = ~0ull;
+    for (int b = 0; b < nb; ++b) t0 = std::min(t0, tm[4 * b]);
+    for (int j = 1; j < 3; ++j) {
+        std::vector<double> v;
+        for (int b = 0; b < nb; ++b)
+            if (tm[4 * b + j] >= t0) v.push_back((double)(tm[4 * b + j] - t0) * 1e-3);
+        std::sort(v.begin(), v.end());
+        if (!v.empty())
+            printf("TIMES impl=%s gpu=%d N=%lld V=%lld %s min=%.1f p10=%.1f med=%.1f p90=%.1f max=%.1f us\n", impl, dev,
+                   (long long)N, (long long)V, j == 1 ? "first_stage" : "loop_end", v[0], v[v.size() / 10], v[v.size() / 2],
+                   v[v.size() * 9 / 10], v.back());
+    }
+    CK(cudaSetDevice(cur));
+}
+#endif
+
 int main(int argc, char **argv)
 {
     std::string shapes = "4096x151936,8192x32768,4096x262144", tps = "2,4", cps = "2,4", chunks = "0", lsa_cfgs = "0:0:0:0,0:0:0:0:1";
@@ -157,6 +203,9 @@ int main(int argc, char **argv)
                     e.lsa_schedule = sched;
                     e.chunk_rows = mb > 0 ? (int64_t)(mb * 1048576.0 / (double)((v1 - v0) * 2)) : 0;
                     if (mb > 0 && e.chunk_rows < 1) e.chunk_rows = 1;
+#ifdef CE_RES_TRACE
+                    bench_trace_zero(P - 1);
+#endif
                     const tp_demo_result q = tp_demo_run(&e);
                     if (q.st != LF_OK || !q.ok) {
                         fprintf(stderr, "tp_demo_run N=%lld V=%lld tp=%d read-once %g:%d:%d:%d: %s (%s), ok=%d\n", (long long)N,
@@ -171,6 +220,9 @@ int main(int argc, char **argv)
                            "chunk_rows=%lld chunks=%lld grid=%d cluster=%d wait_frac=%.3f single_ms=%.4f\n", impl, P, (long long)N,
                            (long long)V, q.ms_tp, shard_bytes, q.ms_tp / q.ms_single, (long long)q.plan.chunk_rows,
                            (long long)q.plan.chunks, q.lsa_grid, q.plan.cluster, q.lsa_wait_frac, q.ms_single);
+#ifdef CE_RES_TRACE
+                    if (q.plan.resident) bench_trace_print(P - 1, impl, N, V, q.lsa_grid);
+#endif
                     fflush(stdout);
                 }
 #endif

@@ -428,11 +428,10 @@ static __device__ __forceinline__ void ce_batch_reduce_xsum(const ce_kparams &p,
     if (!*is_last) return;
     __threadfence();
     constexpr int W = (int)(sizeof(lf_xsum) / 8);
-    static_assert(THREADS >= 2 * W, "a thread per 8-byte word of the two sums");
     const bool red = p.reduction != LF_REDUCE_NONE;
-    if (red && threadIdx.x < 2 * W) { /* read (from L2, where the atomics landed) and clear */
-        unsigned long long *g = reinterpret_cast<unsigned long long *>(p.ws->xs) + threadIdx.x;
-        reinterpret_cast<unsigned long long *>(xf)[threadIdx.x] = __ldcg(g);
+    for (int i = (int)threadIdx.x; red && i < 2 * W; i += THREADS) { /* read (from L2, where the atomics landed) and clear */
+        unsigned long long *g = reinterpret_cast<unsigned long long *>(p.ws->xs) + i;
+        reinterpret_cast<unsigned long long *>(xf)[i] = __ldcg(g);
         *g = 0ull;
     }
     lf_block_bar<THREADS>(bar);
@@ -832,7 +831,9 @@ __global__ void __launch_bounds__(CE_THREADS, CE_CTAS_PER_SM) ce_kernel(const ce
 #ifndef CE_RES_MIN_SLICE
 #define CE_RES_MIN_SLICE 8192 /* bytes: smaller rows stay with the streaming schedule */
 #endif
-#define CE_RES_MAX_STAGES 8
+#ifndef CE_RES_MAX_STAGES
+#define CE_RES_MAX_STAGES 8 /* the ring's stages at most (static arrays of this size per CTA) */
+#endif
 #ifndef CE_RES_PREFETCH
 #define CE_RES_PREFETCH 1 /* rows beyond the ring prefetched into L2 (0: none; measured: 1 best) */
 #endif
@@ -906,10 +907,12 @@ static __device__ __forceinline__ int64_t ce_next_label(const ce_kparams &p, int
  * and the launch's last CTA calls xc.end() after its batch sum (the hook's own end-of-launch
  * protocol, e.g. a barrier with the other ranks before its slots are reused). X::groups: the
  * warp groups of a CTA (the CTA keeps CE_RES_THREADS threads: more groups, smaller ones, more
- * rows in flight to hide what a row waits for). */
+ * rows in flight to hide what a row waits for); X::min_stages: the least ring the automatic plan
+ * takes (deeper rings keep loads in flight while rows wait). */
 struct ce_xchg_none {
     static constexpr bool on = false;
     static constexpr int groups = CE_RES_GROUPS;
+    static constexpr int min_stages = CE_RES_MIN_STAGES; /* the automatic plan's least ring */
 };
 
 template <typename T, bool GRAD, bool FULL, bool SOFTCAP, bool DYN, class X = ce_xchg_none>
@@ -1490,7 +1493,7 @@ static lf_status ce_launch_resident(const ce_kparams &p, int max_cluster, int st
     lf_ring_req r = lf_ring_req_make((cols + lf_elem<T>::per_vec - 1) / lf_elem<T>::per_vec, 16, p.n_rows);
     r.max_cluster = max_cluster;
     r.stages = stages;
-    r.min_stages = CE_RES_MIN_STAGES;
+    r.min_stages = X::min_stages;
     r.max_stages = CE_RES_MAX_STAGES;
     r.groups_per_cta = X::groups;
     r.min_slice = forced ? 0 : CE_RES_MIN_SLICE; /* short rows: streamed */
