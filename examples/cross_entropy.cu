@@ -897,11 +897,15 @@ static __device__ __forceinline__ int64_t ce_next_label(const ce_kparams &p, int
  * examples/vocab_parallel_ce.cu's tp_res_xchg (X::on) runs the vocabulary-parallel exchange:
  * the kernel's rows are then one rank's SHARDS of wider rows (p.vocab their width), the labels
  * are global (valid in [0, xc.V), the shard holding [xc.v0, xc.v0 + p.vocab)), and per row
- *   - one thread of the CTA that holds the label's logit (else of the cluster's rank 0) sends
- *     the shard's statistics to every rank: xc.publish(row, stats, has_y, z_y, w_y);
- *   - warp 0 of the group takes the ranks' shares back and merges them, the same bits
- *     everywhere: xc.collect(row, y, w_y, &merged) (false: the launch gave up: NaN outputs),
- *     and hands the row's lse and loss to the group through shared memory and its barrier;
+ *   - every CTA makes this rank's share of the row from the cluster-merged statistics,
+ *     xc.share(stats, has_y, z_y, w_y) (has_y only in the CTA that holds the label's logit,
+ *     else the cluster's rank 0: the publisher, which also writes the row's outputs), and one
+ *     thread of the publisher sends it to the other ranks: xc.publish(row, share);
+ *   - warp 0 of the group takes the other ranks' shares and merges them with its own, the same
+ *     bits everywhere: xc.collect(row, y, w_y, share, &merged) (false: the launch gave up: NaN
+ *     outputs), and hands the row's lse and loss to the group through shared memory and its
+ *     barrier (the lse, from the shares' m and s, is whole in every CTA; the loss only in the
+ *     publisher);
  *   - the gradient and the outputs use the merged lse and loss, the label's global weight
  *     xc.label_weight(y) and the global weight sum xc.wsum();
  * and the launch's last CTA calls xc.end() after its batch sum (the hook's own end-of-launch
@@ -1227,18 +1231,25 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
              * while the row stays staged. The label's logit (xy_s, written before the block merge's
              * barrier) goes out from the CTA that holds it. */
             float x_lse = 0.0f, x_loss = 0.0f;
+            int pub = 0; /* X::on: the CTA that holds the label's logit (or rank 0) publishes and writes the outputs */
             if constexpr (X::on) {
                 const float wy = xc.label_weight(y);
-                const int pub = y_here ? lf_row_owner_rank<T>(yl, sp, nranks) : 0;
-                if (threadIdx.x == 0 && rank == pub)
-                    xc.publish(row, st, y_here, y_here ? lf_xform_apply<SOFTCAP>(xy_s[grp][par], p.xf) : 0.0f, wy);
-                /* warp 0 waits for the ranks' shares and merges them; the group takes the result
-                 * after its barrier from the next slot's block-merge scratch (written again only
-                 * by the group's next row, after the row-end barrier) */
+                pub = y_here ? lf_row_owner_rank<T>(yl, sp, nranks) : 0;
+                /* This rank's share: the cluster-merged statistics are the same bits in every CTA
+                 * of the cluster, so each uses its own copy instead of polling it back; only the
+                 * publishing CTA has the label's logit, so only its share's t (and the loss) is
+                 * whole: it writes the row's outputs. The lse, which the gradient needs, comes
+                 * from the shares' (m, s) alone. */
+                const bool has_y = y_here && rank == pub;
+                const lf_tp_share own = xc.share(st, has_y, has_y ? lf_xform_apply<SOFTCAP>(xy_s[grp][par], p.xf) : 0.0f, wy);
+                if (threadIdx.x == 0 && rank == pub) xc.publish(row, own);
+                /* warp 0 waits for the other ranks' shares and merges them; the group takes the
+                 * result after its barrier from the next slot's block-merge scratch (written
+                 * again only by the group's next row, after the row-end barrier) */
                 float *xr = reinterpret_cast<float *>(red[grp][par == CE_SLOTS - 1 ? 0 : par + 1]);
                 if (threadIdx.x < 32) {
                     lf_tp_merged mg = {0.0f, 0.0f, 0.0f, 0.0f};
-                    const bool ok = xc.collect(row, y, wy, &mg);
+                    const bool ok = xc.collect(row, y, wy, own, &mg);
                     float e, l = lf_tp_loss(mg, p.lam, &e);
                     if (!ok) e = l = NAN;
                     if (threadIdx.x == 0) {
@@ -1284,7 +1295,7 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
             }
             /* the CTA that writes the row's outputs: the label's (its logit is there); with an
              * exchange every CTA has them, the cluster's rank 0 writes */
-            if ((int)threadIdx.x == out_t && rank == (X::on ? 0 : lf_row_owner_rank<T>(y, sp, nranks))) {
+            if ((int)threadIdx.x == out_t && rank == (X::on ? pub : lf_row_owner_rank<T>(y, sp, nranks))) {
                 st_out = st;
                 out_slot = rpar;
                 o_lse = x_lse;

@@ -544,24 +544,30 @@ struct tp_res_xchg {
     __device__ __forceinline__ float label_weight(int64_t y) const { return class_w ? __ldg(class_w + y) : 1.0f; }
     __device__ __forceinline__ float wsum() const { return ws->W; }
 
-    /* By one thread: this rank's share of the row into every rank's slot [row][rank]. */
-    __device__ void publish(int64_t row, const lf_row_stats &st, bool has_y, float zy, float wy) const
+    /* This rank's share of the row from the shard's (cluster-merged) statistics. */
+    __device__ lf_tp_share share(const lf_row_stats &st, bool has_y, float zy, float wy) const
     {
-        const lf_tp_share sh = lf_tp_share_from(st.lse.m, st.lse.s, has_y, zy, wy, st.wz, ws->Wr[rank], V, eps);
-        for (int q = 0; q < P; ++q)
-            lf_tp_slot_put(reinterpret_cast<lf_tp_slot *>(L.peers[q] + slots_off) + (row * P + rank), sh, L.gen);
+        return lf_tp_share_from(st.lse.m, st.lse.s, has_y, zy, wy, st.wz, ws->Wr[rank], V, eps);
     }
-    /* By the 32 lanes of one warp: lane q < P waits for rank q's share of the row in this
-     * rank's window; then the merge (every lane). False: the launch gave up (NaN outputs). */
-    __device__ bool collect(int64_t row, int64_t y, float wy, lf_tp_merged *mg) const
+    /* By one thread: this rank's share of the row into the other ranks' slots [row][rank] (no
+     * one polls its own: collect takes it from the caller). */
+    __device__ void publish(int64_t row, const lf_tp_share &sh) const
+    {
+        for (int q = 0; q < P; ++q)
+            if (q != rank) lf_tp_slot_put(reinterpret_cast<lf_tp_slot *>(L.peers[q] + slots_off) + (row * P + rank), sh, L.gen);
+    }
+    /* By the 32 lanes of one warp: lane q < P, q != rank, waits for rank q's share of the row in
+     * this rank's window, lane `rank` takes `own`; then the merge (every lane). False: the launch
+     * gave up (NaN outputs). */
+    __device__ bool collect(int64_t row, int64_t y, float wy, const lf_tp_share &own, lf_tp_merged *mg) const
     {
         const int lane = (int)(threadIdx.x & 31);
-        lf_tp_share mine = {-LF_INF_F, 0.0f, 0.0f};
+        lf_tp_share mine = own;
         unsigned why = TP_LSA_OK;
         unsigned long long t0 = 0;
         bool waited = false;
         if (L.prof) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-        if (lane < P) {
+        if (lane < P && lane != rank) {
             const lf_tp_slot *sl = reinterpret_cast<const lf_tp_slot *>(L.local + slots_off) + (row * P + lane);
             unsigned spins = 0;
             unsigned long long t_start = 0;
