@@ -901,11 +901,10 @@ static __device__ __forceinline__ int64_t ce_next_label(const ce_kparams &p, int
  *     xc.share(stats, has_y, z_y, w_y) (has_y only in the CTA that holds the label's logit,
  *     else the cluster's rank 0: the publisher, which also writes the row's outputs), and one
  *     thread of the publisher sends it to the other ranks: xc.publish(row, share);
- *   - warp 0 of the group takes the other ranks' shares and merges them with its own, the same
- *     bits everywhere: xc.collect(row, y, w_y, share, &merged) (false: the launch gave up: NaN
- *     outputs), and hands the row's lse and loss to the group through shared memory and its
- *     barrier (the lse, from the shares' m and s, is whole in every CTA; the loss only in the
- *     publisher);
+ *   - every warp of the group takes the other ranks' shares and merges them with its own, the
+ *     same bits everywhere: xc.collect(row, y, w_y, share, &merged) (false: the launch gave up:
+ *     NaN outputs; the lse, from the shares' m and s, is whole in every CTA, the loss only in
+ *     the publisher);
  *   - the gradient and the outputs use the merged lse and loss, the label's global weight
  *     xc.label_weight(y) and the global weight sum xc.wsum();
  * and the launch's last CTA calls xc.end() after its batch sum (the hook's own end-of-launch
@@ -1243,23 +1242,16 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
                 const bool has_y = y_here && rank == pub;
                 const lf_tp_share own = xc.share(st, has_y, has_y ? lf_xform_apply<SOFTCAP>(xy_s[grp][par], p.xf) : 0.0f, wy);
                 if (threadIdx.x == 0 && rank == pub) xc.publish(row, own);
-                /* warp 0 waits for the other ranks' shares and merges them; the group takes the
-                 * result after its barrier from the next slot's block-merge scratch (written
-                 * again only by the group's next row, after the row-end barrier) */
-                float *xr = reinterpret_cast<float *>(red[grp][par == CE_SLOTS - 1 ? 0 : par + 1]);
-                if (threadIdx.x < 32) {
-                    lf_tp_merged mg = {0.0f, 0.0f, 0.0f, 0.0f};
-                    const bool ok = xc.collect(row, y, wy, own, &mg);
-                    float e, l = lf_tp_loss(mg, p.lam, &e);
-                    if (!ok) e = l = NAN;
-                    if (threadIdx.x == 0) {
-                        xr[0] = e;
-                        xr[1] = l;
-                    }
-                }
-                lf_block_bar<TH>(bar);
-                x_lse = xr[0];
-                x_loss = xr[1];
+                /* Every warp waits for the other ranks' shares and merges them itself (the same
+                 * bits in each), then goes on to its part of the gradient: no barrier of the
+                 * group on the row's path (measured on two H200s, session 32, against warp 0
+                 * collecting for the group, which then took the result from shared memory after a
+                 * barrier: 2-3% faster at tp = 2 and 4096 x 151936, the same within noise at the
+                 * other shapes; bench/RESULTS.md). */
+                lf_tp_merged mg = {0.0f, 0.0f, 0.0f, 0.0f};
+                const bool ok = xc.collect(row, y, wy, own, &mg);
+                x_loss = lf_tp_loss(mg, p.lam, &x_lse);
+                if (!ok) x_lse = x_loss = NAN;
             }
             CE_TR(3);
             const int rpar = par;

@@ -556,9 +556,11 @@ struct tp_res_xchg {
         for (int q = 0; q < P; ++q)
             if (q != rank) lf_tp_slot_put(reinterpret_cast<lf_tp_slot *>(L.peers[q] + slots_off) + (row * P + rank), sh, L.gen);
     }
-    /* By the 32 lanes of one warp: lane q < P, q != rank, waits for rank q's share of the row in
-     * this rank's window, lane `rank` takes `own`; then the merge (every lane). False: the launch
-     * gave up (NaN outputs). */
+    /* By the 32 lanes of one warp (each warp of a group, independently): lane q < P, q != rank,
+     * waits for rank q's share of the row in this rank's window, lane `rank` takes `own`; then
+     * the merge (every lane). False: the launch gave up (NaN outputs; a warp that gives up tells
+     * every rank, so the group's other warps give up too, within 256 polls, unless the share
+     * had already reached them: then a row of a failed launch may be NaN only in part). */
     __device__ bool collect(int64_t row, int64_t y, float wy, const lf_tp_share &own, lf_tp_merged *mg) const
     {
         const int lane = (int)(threadIdx.x & 31);
@@ -576,7 +578,7 @@ struct tp_res_xchg {
                 if ((why = tp_lsa_spin(L, spins, t_start)) != TP_LSA_OK) break;
             }
         }
-        if (L.prof && __any_sync(0xffffffffu, waited) && lane == 0) { /* the time this group waited */
+        if (L.prof && __any_sync(0xffffffffu, waited) && threadIdx.x == 0) { /* the time this group's warp 0 waited */
             unsigned long long t1;
             asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
             atomicAdd(L.prof, t1 - t0);
