@@ -63,14 +63,16 @@
  *   (TP_RES_GROUPS) keep four rows in flight per SM while rows wait. Measured on two H200s
  *   (session 31, bench/RESULTS.md): a tp = 2 rank's step, exchange included, takes 0.67-0.68x
  *   the single-GPU kernel on the full V at 4096 x 151936, 0.74x at 8192 x 32768 and 0.66-0.67x
- *   at 4096 x 262144 (the two passes with the all-gather: 0.90x, 0.95x, 0.79x; session 32:
- *   0.66-0.68x, 0.75-0.76x, 0.65-0.67x). The issue's 0.55x is not reached. Where the time goes
- *   (session 32): with ONE rank, no NVLink, the hook alone makes the kernel 17-31% slower than
- *   the single-GPU kernel, each warp group spending 24-33% of its row loop in the exchange
- *   (the publish and the polls are on the row's path, its stage held meanwhile); at tp = 2,
- *   33-39%. More groups, deeper rings (larger clusters) and longer L2 prefetch were no faster.
- *   At 8192 x 32768 even a free exchange would not do: the single-GPU kernel on the shard's
- *   shape (8192 x 16384) takes 0.57x of the full V's time.
+ *   at 4096 x 262144 (the two passes with the all-gather: 0.90x, 0.95x, 0.79x). Session 32:
+ *   a rank's own share is no longer polled back from its window, and every warp collects the
+ *   shares itself (no group barrier on the row's path): 0.65x, 0.74-0.75x, 0.65x. The issue's
+ *   0.55x is not reached. Where the time goes (session 32): with ONE rank, no NVLink, the hook
+ *   made the kernel 17-31% slower than the single-GPU kernel (now 10-23%), each warp group
+ *   spending 24-33% of its row loop in the exchange (the publish and the polls on the row's
+ *   path, its stage held meanwhile); at tp = 2, 33-39%. More groups, deeper rings (larger
+ *   clusters) and longer L2 prefetch were no faster. At 8192 x 32768 even a free exchange
+ *   would not do: the single-GPU kernel on the shard's shape (8192 x 16384) takes 0.57x of
+ *   the full V's time.
  * Read once, chunked (chunk_rows > 0, lsa_schedule = TP_LSA_CHUNKED, or forward only): one
  *   persistent kernel takes the chunks' statistics and gradient items in a pipelined order; each row's share is stored straight
  *   into every rank's NCCL symmetric window over NVLink and a chunk's gradient waits on per-chunk
