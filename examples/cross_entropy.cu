@@ -938,6 +938,7 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
      * (xy_s) relies on */
     static_assert(G >= 1 && G <= 8 && TH % 32 == 0 && TH >= 64 && TH * G == CE_RES_THREADS,
                   "CE_RES_GROUPS in 1..8, CE_RES_GROUP a multiple of 32, >= 64");
+    static_assert(CE_RES_MAX_STAGES + CE_RES_PREFETCH <= TH, "the first rows' labels: a thread of one group each");
     /* A row's outputs (ce_row_outputs: a log, the order-free sums) are written by out_t, lane 0
      * of warp 1, after the barrier that ends the row, while thread 0 (of warp 0) reloads the
      * stage: the reload does not wait for them (measured on an H200: 0.3-1.2% faster at every
@@ -1286,7 +1287,7 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
                 if (y_here) ce_label_grad_patch<TH, T, FULL, SOFTCAP>(out, b, sp, sb, se, edge, rank == 0, yl, coef, p);
             }
             /* the CTA that writes the row's outputs: the label's (its logit is there); with an
-             * exchange every CTA has them, the cluster's rank 0 writes */
+             * exchange the publisher (the label's CTA, else rank 0: only its loss is whole) */
             if ((int)threadIdx.x == out_t && rank == (X::on ? pub : lf_row_owner_rank<T>(y, sp, nranks))) {
                 st_out = st;
                 out_slot = rpar;

@@ -171,6 +171,19 @@ static void test_sim_args(void)
         a[r].vocab = 100;
         a[r].stride = 50;
     }
+    /* both caps 0 (each then gets the share of the SMs), rank 0 plannable (no gradient: the
+     * chunked plan, host work only), rank 1 without logits: refused by rank 1's plan, not as
+     * a mismatch (the defect refused it with LF_ERR_ARG); nothing launches */
+    const int64_t vs = 50;
+    DevBuf x(4 * vs * 2), lab(4 * 8), loss(4 * 4), ws(tp_ce_workspace_bytes(4, vs, LF_BF16));
+    a[0].logits = x.p;
+    a[0].labels = lab.p;
+    a[0].loss = (float *)loss.p;
+    a[0].workspace = ws.p;
+    a[0].workspace_bytes = tp_ce_workspace_bytes(4, vs, LF_BF16);
+    EXPECT(sim.run(a, &e) == LF_ERR_NULL, "ranks agreeing on a cap of 0 (rank 1 has no logits: LF_ERR_NULL)");
+    a[0] = a[1];
+    a[0].rank = 0;
     a[1].lsa_schedule = TP_LSA_CHUNKED;
     EXPECT(sim.run(a, &e) == LF_ERR_ARG, "ranks with different schedules");
     a[1].lsa_schedule = a[0].lsa_schedule;
