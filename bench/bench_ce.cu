@@ -231,28 +231,10 @@ int main(int argc, char **argv)
                 if (plan.schedule == CE_SCHED_RESIDENT) { /* the shares of the row loop's cycles (thread 0 of each group) */
                     unsigned long long tr[8];
                     CK(cudaMemcpyFromSymbol(tr, ce_res_trace, sizeof tr));
-                    const double tot = (double)tr[7];
-                    printf("TRACE impl=%s mode=%s N=%lld V=%lld rows=%llu cycles_per_row=%.0f wait=%.3f stats=%.3f merge=%.3f "
-                           "xchg=%.3f grad=%.3f bar=%.3f\n", impl.c_str(), fwd ? "fwd" : "fwdbwd", (long long)N, (long long)V, tr[6],
-                           tot / (double)(tr[6] ? tr[6] : 1), tr[0] / tot, tr[1] / tot, tr[2] / tot, tr[3] / tot, tr[4] / tot,
-                           tr[5] / tot);
-                    /* the last launch's CTAs, us after the first one's entry: when each got its
-                     * first stage, ended its row loop, exited */
                     const int nb = plan.ctas < 1024 ? plan.ctas : 1024;
                     std::vector<unsigned long long> tm((size_t)nb * 4);
                     CK(cudaMemcpyFromSymbol(tm.data(), ce_res_times, tm.size() * 8));
-                    unsigned long long t0 = ~0ull;
-                    for (int b = 0; b < nb; ++b) t0 = std::min(t0, tm[4 * b]);
-                    for (int j = 1; j < 4; ++j) {
-                        std::vector<double> v;
-                        for (int b = 0; b < nb; ++b)
-                            if (tm[4 * b + j] >= t0) v.push_back((double)(tm[4 * b + j] - t0) * 1e-3);
-                        std::sort(v.begin(), v.end());
-                        if (!v.empty())
-                            printf("TIMES impl=%s N=%lld V=%lld %s min=%.1f p10=%.1f med=%.1f p90=%.1f max=%.1f us\n", impl.c_str(),
-                                   (long long)N, (long long)V, j == 1 ? "first_stage" : j == 2 ? "loop_end" : "exit", v[0],
-                                   v[v.size() / 10], v[v.size() / 2], v[v.size() * 9 / 10], v.back());
-                    }
+                    bench_res_trace_lines(impl.c_str(), fwd ? "mode=fwd" : "mode=fwdbwd", N, V, tr, tm, nb, 3);
                 }
 #endif
                 printf("RESULT impl=%s%s mode=%s N=%lld V=%lld dtype=bf16 ms=%.4f bytes=%zu extra_bytes=%zu status=ok "

@@ -96,25 +96,12 @@ static void bench_trace_print(int dev, const char *impl, int64_t N, int64_t V, i
     CK(cudaSetDevice(dev));
     unsigned long long tr[8];
     CK(cudaMemcpyFromSymbol(tr, ce_res_trace, sizeof tr));
-    const double tot = (double)(tr[7] ? tr[7] : 1);
-    printf("TRACE impl=%s gpu=%d N=%lld V=%lld rows=%llu cycles_per_row=%.0f wait=%.3f stats=%.3f merge=%.3f xchg=%.3f "
-           "grad=%.3f bar=%.3f\n", impl, dev, (long long)N, (long long)V, tr[6], tot / (double)(tr[6] ? tr[6] : 1), tr[0] / tot,
-           tr[1] / tot, tr[2] / tot, tr[3] / tot, tr[4] / tot, tr[5] / tot);
     const int nb = ctas < 1024 ? ctas : 1024;
     std::vector<unsigned long long> tm((size_t)nb * 4);
     CK(cudaMemcpyFromSymbol(tm.data(), ce_res_times, tm.size() * 8));
-    unsigned long long t0 = ~0ull;
-    for (int b = 0; b < nb; ++b) t0 = std::min(t0, tm[4 * b]);
-    for (int j = 1; j < 3; ++j) {
-        std::vector<double> v;
-        for (int b = 0; b < nb; ++b)
-            if (tm[4 * b + j] >= t0) v.push_back((double)(tm[4 * b + j] - t0) * 1e-3);
-        std::sort(v.begin(), v.end());
-        if (!v.empty())
-            printf("TIMES impl=%s gpu=%d N=%lld V=%lld %s min=%.1f p10=%.1f med=%.1f p90=%.1f max=%.1f us\n", impl, dev,
-                   (long long)N, (long long)V, j == 1 ? "first_stage" : "loop_end", v[0], v[v.size() / 10], v[v.size() / 2],
-                   v[v.size() * 9 / 10], v.back());
-    }
+    char tag[16];
+    snprintf(tag, sizeof tag, "gpu=%d", dev);
+    bench_res_trace_lines(impl, tag, N, V, tr, tm, nb, 3);
     CK(cudaSetDevice(cur));
 }
 #endif
