@@ -543,13 +543,18 @@ int main(int argc, char **argv)
          * wide enough for the ring (V = 16411 at --small), split over clusters where they are
          * wider than a stage (V = 100003: 100 KB bf16 / 200 KB fp32 shards at tp = 2). */
         const int64_t Vr = g_small ? 16411 : 32771;
+        /* a simulated read-once case: the base case at tp, rows Vr wide, its own seed */
+        auto sim_case = [&](uint64_t seed_mul, int sched) {
+            tp_demo e = b;
+            e.tp = tp;
+            e.V = Vr;
+            e.seed = g_seed * seed_mul + (uint64_t)tp;
+            e.sim_lsa = 1;
+            e.lsa_schedule = sched;
+            return e;
+        };
         if (sim_windows) {
-            d = b;
-            d.tp = tp;
-            d.V = Vr;
-            d.seed = g_seed * 41 + (uint64_t)tp;
-            d.sim_lsa = 1;
-            d.lsa_schedule = res_sched();
+            d = sim_case(41, res_sched());
             d.repeat = 3; /* four launches: each set of slots reused (after the end-of-launch barriers) */
             run("read-once resident, simulated windows, 3 repeats", d);
             d.dt = dts[tp % 3];
@@ -563,12 +568,7 @@ int main(int argc, char **argv)
             d.labels_i64 = 0;
             d.seed += 7;
             run("read-once resident, simulated, smoothing + z-loss + weights + softcap + scale, padded", d);
-            d = b;
-            d.tp = tp;
-            d.V = Vr;
-            d.seed = g_seed * 43 + (uint64_t)tp;
-            d.sim_lsa = 1;
-            d.lsa_schedule = res_sched();
+            d = sim_case(43, res_sched());
             d.dt = dts[(tp + 1) % 3];
             d.reduction = LF_REDUCE_NONE;
             d.use_dloss = 1;
@@ -584,24 +584,15 @@ int main(int argc, char **argv)
             d.repeat = 3; /* no row waits: only the done words keep the launches in step */
             run("read-once resident, simulated, all ignored, device divisor, 3 repeats", d);
             if (!g_small || tp == 2) {
-                d = b;
-                d.tp = tp;
+                d = sim_case(47, res_sched());
                 d.V = 100003;
                 d.N = g_small ? 29 : 257;
-                d.seed = g_seed * 47 + (uint64_t)tp;
-                d.sim_lsa = 1;
-                d.lsa_schedule = res_sched();
                 d.dt = tp == 2 ? LF_F32 : LF_BF16;
                 d.opts.label_smoothing = 0.05f;
                 d.repeat = 1;
                 run("read-once resident, simulated, wide shards (clusters), repeat", d);
             }
-            d = b;
-            d.tp = tp;
-            d.V = Vr;
-            d.seed = g_seed * 53 + (uint64_t)tp;
-            d.sim_lsa = 1;
-            d.lsa_schedule = TP_LSA_CHUNKED;
+            d = sim_case(53, TP_LSA_CHUNKED);
             d.chunk_rows = 16;
             d.lsa_lag = 2;
             d.opts.label_smoothing = 0.1f;
