@@ -91,7 +91,7 @@ static void bench_copy_line(cudaEvent_t e0, cudaEvent_t e1)
  * cycles per phase, and TIMES lines, over the nb CTAs of the last launch, when each got its
  * first stage, ended its row loop and (last = 3) exited, in us after the earliest entry. tag:
  * the key=value text that says which run (e.g. "mode=fwdbwd", "gpu=1"). */
-static void bench_res_trace_lines(const char *impl, const char *tag, int64_t N, int64_t V, const unsigned long long *tr,
+static inline void bench_res_trace_lines(const char *impl, const char *tag, int64_t N, int64_t V, const unsigned long long *tr,
                                   const std::vector<unsigned long long> &tm, int nb, int last)
 {
     const double tot = (double)(tr[7] ? tr[7] : 1);
