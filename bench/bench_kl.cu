@@ -1,7 +1,7 @@
 /* bench/bench_kl.cu — times examples/kl_distill.cu against the bytes-moved floor.
  *
  *   bench_kl [--shapes 4096x32768,...] [--iters 20] [--kinds kl_fwd,kl_rev,jsd,softce,tvd] [--tag _name]
- *            [--forward-only] [--topk K] [--variants] [--jsd-keep -1]
+ *            [--forward-only] [--topk K] [--variants] [--jsd-keep -1] [--stages S] [--max-cluster C]
  *
  * Each mode is the fused forward+backward of one loss, bf16 student and teacher logits, the
  * gradient written in place over the student, reduction mean (the floor: read the student and
@@ -17,7 +17,10 @@
  * RESULT line says the plan); --variants also times each schedule forced (impl=lossfuse_streamed,
  * and where it applies lossfuse_resident, its rows handed out by the counter with the automatic
  * side CTAs, lossfuse_resident_static, a fixed share per cluster, and lossfuse_resident_noside,
- * the counter without side CTAs), so the automatic plan's rules stay measured.
+ * the counter without side CTAs), so the automatic plan's rules stay measured. --stages S and
+ * --max-cluster C set kl_args.stages / max_cluster for every launch (the resident ring's stages,
+ * which with a row slice per stage chooses the cluster; the largest cluster): e.g. what larger
+ * clusters cost a kind (RESULTS.md, "What is left for the 85% distillation target").
  * A benchmark, not a test: it checks nothing but CUDA errors.
  */
 #define KL_NO_MAIN
@@ -35,6 +38,7 @@ int main(int argc, char **argv)
     int64_t topk = -1;
     bool variants = false;
     std::string jsd_keep; /* --jsd-keep -1: JSD also timed with each kl_args.jsd_keep listed (impl=lossfuse_keep<k>) */
+    int stages = 0, max_cluster = 0; /* kl_args.stages / max_cluster (0: automatic) */
     for (int i = 1; i < argc; ++i) {
         if (!strcmp(argv[i], "--forward-only")) fwd_only = true;
         else if (!strcmp(argv[i], "--variants")) variants = true;
@@ -44,6 +48,8 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--tag") && i + 1 < argc) tag = argv[++i];
         else if (!strcmp(argv[i], "--topk") && i + 1 < argc) topk = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--jsd-keep") && i + 1 < argc) jsd_keep = argv[++i];
+        else if (!strcmp(argv[i], "--stages") && i + 1 < argc) stages = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--max-cluster") && i + 1 < argc) max_cluster = atoi(argv[++i]);
     }
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
@@ -107,6 +113,8 @@ int main(int argc, char **argv)
         a.loss = loss;
         a.workspace = ws;
         a.workspace_bytes = wsb;
+        a.stages = stages;
+        a.max_cluster = max_cluster;
         if (topk >= 0) {
             a.teacher = NULL;
             a.topk_idx = kidx;
