@@ -637,6 +637,15 @@ __global__ void __launch_bounds__(KL_THREADS, KL_CTAS_PER_SM) kl_kernel(const kl
  * elements (from global memory) and writes the row's outputs. 16-bit sides only: a bulk copy
  * cannot split an fp32 side's units into the two halves that the unit loops read (section 8's
  * piece layout).
+ *   Why two groups taking alternate rows: a row's merges are a chain of waits (its block
+ * barrier, the peers' records) during which its group has nothing else to do, and the other
+ * group's row fills the SM meanwhile. Measured on an H200 and not kept (bench/RESULTS.md,
+ * design logs 75-78): one group of 512 threads, even with the next row's pass 1 run ahead of
+ * the exchange (1.4-1.6x the time: nothing covers its own stage waits); the two groups
+ * splitting each row, pass 1 in one and the rest in the other (21-27% slower); larger groups
+ * (fewer registers); every warp posting its record to the cluster instead of a block merge
+ * first (slower on clusters of 8-16). More rows in flight need more stages, hence larger
+ * clusters.
  *   Which rows a CTA takes: static, a fixed share per cluster (cid, cid + nclusters, ...; the
  * next row's status read when a row starts). Dynamic (DYN, the default) as cross_entropy.cu's
  * ring: the first nstages rows that share, then rows drawn from the workspace's counter
