@@ -491,8 +491,8 @@ static __device__ __forceinline__ bool tp_lsa_wait(const tp_lsa &L, int64_t k, i
  * gradient, for the other ranks' shares of that row. So the shard is read from HBM once and
  * nothing is re-read from L2, whatever the row count.
  *   Per row, one thread of this rank (the CTA holding the label's logit, else the cluster's rank
- *   0: the publisher) stores the row's 12-byte share into slot [row][rank] of every OTHER rank's
- *   window as a flagged slot (lossfuse_cuda.cuh lf_tp_slot_put: three {value, generation}
+ *   0: the publisher) stores the row's 12-byte share into every OTHER rank's window as a flagged
+ *   slot [row][j], j the sender's rank among the receiver's P - 1 peers (tp_res_peer_slot) (lossfuse_cuda.cuh lf_tp_slot_put: three {value, generation}
  *   words, no fence, no flag of its own); every warp of each group of each CTA of the row polls
  *   its own window's P - 1 slots of the row (lf_tp_slot_get), takes this rank's share from the
  *   cluster-merged statistics it already holds (the same bits in every CTA; session 32: 1.5-3.5%
@@ -533,6 +533,12 @@ static __device__ __forceinline__ bool tp_lsa_wait(const tp_lsa &L, int64_t k, i
                                              * stages in clusters of 1-8: a larger cluster couples
                                              * more CTAs to each row's waits */
 #endif
+/* Receiver `to`'s slot for sender `from`'s share of a row (from != to): the P - 1 senders in rank
+ * order, `to` left out. */
+static __host__ __device__ __forceinline__ int64_t tp_res_peer_slot(int64_t row, int P, int to, int from)
+{
+    return row * (P - 1) + (from < to ? from : from - 1);
+}
 struct tp_res_xchg {
     static constexpr bool on = true;
     static constexpr int groups = TP_RES_GROUPS;
@@ -543,7 +549,8 @@ struct tp_res_xchg {
     const tp_ws_header *ws;  /* the shards' weight sums Wr and their total W (tp_prep_kernel) */
     float eps;
     tp_lsa L;                /* peers, local, gen, fail_off, abort_req, report, timeout_ns */
-    size_t slots_off;        /* this launch's set of slots [N][P] (lf_tp_slot) */
+    size_t slots_off;        /* this launch's set of slots [N][P - 1] (lf_tp_slot; no rank has a
+                              * slot for its own share, tp_res_peer_slot) */
     size_t done_off;         /* the done words [P] */
 
     __device__ __forceinline__ float label_weight(int64_t y) const { return class_w ? __ldg(class_w + y) : 1.0f; }
@@ -554,12 +561,13 @@ struct tp_res_xchg {
     {
         return lf_tp_share_from(st.lse.m, st.lse.s, has_y, zy, wy, st.wz, ws->Wr[rank], V, eps);
     }
-    /* By one thread: this rank's share of the row into the other ranks' slots [row][rank] (no
-     * one polls its own: collect takes it from the caller). */
+    /* By one thread: this rank's share of the row into the other ranks' slots (no one polls its
+     * own: collect takes it from the caller, so no window holds a slot for it). */
     __device__ void publish(int64_t row, const lf_tp_share &sh) const
     {
         for (int q = 0; q < P; ++q)
-            if (q != rank) lf_tp_slot_put(reinterpret_cast<lf_tp_slot *>(L.peers[q] + slots_off) + (row * P + rank), sh, L.gen);
+            if (q != rank)
+                lf_tp_slot_put(reinterpret_cast<lf_tp_slot *>(L.peers[q] + slots_off) + tp_res_peer_slot(row, P, q, rank), sh, L.gen);
     }
     /* By the 32 lanes of one warp (each warp of a group, independently): lane q < P, q != rank,
      * waits for rank q's share of the row in this rank's window, lane `rank` takes `own`; then
@@ -575,7 +583,7 @@ struct tp_res_xchg {
         bool waited = false;
         if (L.prof) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
         if (lane < P && lane != rank) {
-            const lf_tp_slot *sl = reinterpret_cast<const lf_tp_slot *>(L.local + slots_off) + (row * P + lane);
+            const lf_tp_slot *sl = reinterpret_cast<const lf_tp_slot *>(L.local + slots_off) + tp_res_peer_slot(row, P, rank, lane);
             unsigned spins = 0;
             unsigned long long t_start = 0;
             while (!lf_tp_slot_get(sl, L.gen, &mine)) {
@@ -941,8 +949,9 @@ typedef struct tp_exchange {
 /* The window's layout for lsa_rows rows and tp ranks: per parity, the shares [N tp], then per
  * parity the flags [K <= N][tp], then per parity the failure word and the word saying the
  * failure was this rank's own (128 bytes apart) (the chunked schedule); then per parity the
- * resident schedule's flagged slots [N][tp] (32 bytes each) and the done words [tp]. About
- * 96 N tp bytes in all: 0.75 MiB for 4096 rows at tp = 2. */
+ * resident schedule's flagged slots [N][tp - 1] (32 bytes each: a rank has none for its own
+ * share) and the done words [tp]. About (32 tp + 64 (tp - 1)) N bytes in all: 0.5 MiB for 4096
+ * rows at tp = 2. */
 static size_t tp_lsa_shares_bytes(int64_t rows, int tp) { return ((size_t)rows * tp * sizeof(lf_tp_share) + 255) & ~(size_t)255; }
 static size_t tp_lsa_flags_bytes(int64_t rows, int tp) { return ((size_t)rows * tp * 4 + 255) & ~(size_t)255; }
 static size_t tp_lsa_fail_offset(int64_t rows, int tp, int par)
@@ -951,7 +960,7 @@ static size_t tp_lsa_fail_offset(int64_t rows, int tp, int par)
 }
 static size_t tp_lsa_slots_offset(int64_t rows, int tp, int par)
 {
-    return tp_lsa_fail_offset(rows, tp, 0) + 256 + (size_t)par * (size_t)rows * tp * sizeof(lf_tp_slot);
+    return tp_lsa_fail_offset(rows, tp, 0) + 256 + (size_t)par * (size_t)rows * (size_t)(tp - 1) * sizeof(lf_tp_slot);
 }
 static size_t tp_lsa_done_offset(int64_t rows, int tp) { return tp_lsa_slots_offset(rows, tp, 2); }
 [[maybe_unused]] static size_t tp_lsa_window_bytes(int64_t rows, int tp)
