@@ -1,7 +1,8 @@
 /* tests/test_dpo_gpu.cu — GPU tests of examples/dpo_packed.cu against the double host
  * reference lf_ref_dpo_packed (lossfuse.h section 9b).
  *
- *   test_dpo_gpu [--small] [--seed S]      exit 0 passed, 1 failed, 77 no device
+ *   test_dpo_gpu [--small] [--seed S] [--only W]   exit 0 passed, 1 failed, 77 no device
+ *   (--only W: only the cases whose name contains W, e.g. "2^31")
  *
  * Random packings with an empty sequence, a sequence of one token, an all-prompt (unlabelled)
  * sequence and sequences reused by several pairs; every kind and option; bf16 / fp16 / fp32;
@@ -10,7 +11,9 @@
  * cu_seqlens counted (never an out-of-bounds access); bit-identical reruns, and the same bits
  * with the tail as one cooperative launch or as six kernels (dpo_args.separate_launches, on a
  * re-poisoned workspace); logits masked with
- * the dtype's lowest finite value (torch.finfo(dtype).min); a launch with no tokens.
+ * the dtype's lowest finite value (torch.finfo(dtype).min); a launch with no tokens; tokens x V
+ * above 2^31 (12 sequences of ~1550 tokens at V = 151936, in place: 64-bit offsets in the row
+ * pass, the gradient pass and the reference; not with --small).
  * Tolerances: per-token log-probabilities carry ~2^-22 (|x| + |lse|) each in fp32, sums of a
  * few hundred and float pair losses: the loss within 1e-4 (1 + |loss|), per-sequence log-
  * probabilities within 1e-5 (1 + |logp|) + 2^-20 n; each gradient entry within the dtype's
@@ -29,6 +32,8 @@
 struct DCase {
     const char *name = "";
     int64_t npairs = 5, V = 1000, pad = 0, gpad = 0;
+    int64_t len_min = 3, len_span = 0; /* sequence lengths len_min + [0, len_span) (0: 20, 60 full) */
+    bool big = false;                  /* the case must have T x V > 2^31 (checked) */
     lf_dtype dt = LF_BF16;
     lf_dpo_kind kind = LF_DPO_SIGMOID;
     float eps = 0.0f, nll = 0.0f, beta = 0.1f;
@@ -79,8 +84,11 @@ static void dpo_launch_sync(dpo_args &a, const DevBuf &seq, const DevBuf &pm, co
     CK(cudaDeviceSynchronize());
 }
 
+static const char *g_only = NULL;
+
 static void run_dcase(const DCase &c)
 {
+    if (g_only && !strstr(c.name, g_only)) return;
     const char *kn[4] = {"sigmoid", "hinge", "ipo", "simpo"};
     snprintf(g_case, sizeof g_case, "%s%s %s V=%lld %s", c.deferred ? "deferred scale, " : "", c.name, kn[c.kind], (long long)c.V,
              dt_name(c.dt));
@@ -91,12 +99,13 @@ static void run_dcase(const DCase &c)
     const int64_t nseq = 2 * c.npairs + 2;
     std::vector<int32_t> cu(nseq + 1, 0);
     for (int64_t k = 0; k < nseq; ++k) {
-        int64_t len = 3 + (int64_t)(rng_u(&rs) * (g_small ? 20 : 60));
+        int64_t len = c.len_min + (int64_t)(rng_u(&rs) * (double)(c.len_span ? c.len_span : g_small ? 20 : 60));
         if (k == 2) len = 0;
         if (k == 5) len = 1;
         cu[k + 1] = cu[k] + (int32_t)len;
     }
     const int64_t T = cu[nseq];
+    if (c.big) EXPECT(T * V > ((int64_t)1 << 31), "T x V = %lld, not above 2^31", (long long)(T * V));
     std::vector<int64_t> lab(T), ids(T);
     for (int64_t t = 0; t < T; ++t) ids[t] = (int64_t)(rng_u(&rs) * V) % V;
     for (int64_t k = 0; k < nseq; ++k)
@@ -497,6 +506,7 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; ++i) {
         if (!strcmp(argv[i], "--small")) g_small = 1;
         else if (!strcmp(argv[i], "--seed") && i + 1 < argc) g_seed = strtoull(argv[++i], NULL, 0);
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc) g_only = argv[++i];
     }
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
@@ -551,8 +561,24 @@ int main(int argc, char **argv)
             c = b; c.name = "finfo.min entries, in place"; c.plant_fmin = true; c.grad = 2; run_dcase(c);
             c = b; c.deferred = true; c.name = "finfo.min entries, input ids"; c.plant_fmin = true; c.ids = true; run_dcase(c);
         }
-    dpo_arg_checks();
-    dpo_empty_checks();
+    /* tokens x V > 2^31: the packing of issue 4's report (16K tokens at V = 152K made a 12.25 GiB
+     * fp32 logits tensor): 12 sequences, 10 of 1500-1599 tokens (with the empty and the one-token
+     * sequence), bf16, in place; 4.7 GB on the device, ~40 GB of host memory for the reference */
+    if (!g_small) {
+        DCase c;
+        c.name = "T*V > 2^31, in place";
+        c.V = 151936;
+        c.dt = LF_BF16;
+        c.grad = 2;
+        c.len_min = 1500;
+        c.len_span = 100;
+        c.big = true;
+        run_dcase(c);
+    }
+    if (!g_only) {
+        dpo_arg_checks();
+        dpo_empty_checks();
+    }
     printf("test_dpo_gpu: %d checks, %d failed\n", g_checks, g_fail);
     return g_fail ? 1 : 0;
 }
