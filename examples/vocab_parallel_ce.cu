@@ -492,8 +492,9 @@ static __device__ __forceinline__ bool tp_lsa_wait(const tp_lsa &L, int64_t k, i
  * nothing is re-read from L2, whatever the row count.
  *   Per row, one thread of this rank (the CTA holding the label's logit, else the cluster's rank
  *   0: the publisher) stores the row's 12-byte share into every OTHER rank's window as a flagged
- *   slot [row][j], j the sender's rank among the receiver's P - 1 peers (tp_res_peer_slot) (lossfuse_cuda.cuh lf_tp_slot_put: three {value, generation}
- *   words, no fence, no flag of its own); every warp of each group of each CTA of the row polls
+ *   slot [row][j], j the sender's place among the receiver's P - 1 peers (tp_res_peer_slot;
+ *   lossfuse_cuda.cuh lf_tp_slot_put: three {value, generation} words, no fence, no flag of its
+ *   own); every warp of each group of each CTA of the row polls
  *   its own window's P - 1 slots of the row (lf_tp_slot_get), takes this rank's share from the
  *   cluster-merged statistics it already holds (the same bits in every CTA; session 32: 1.5-3.5%
  *   faster at tp = 2 than polling it back), and merges the P shares in rank order
