@@ -3158,6 +3158,8 @@ static __device__ __forceinline__ void lf_cp_local_labels_grid(const int32_t *cu
  *     sets of slots by generation parity and ends each launch with a barrier of the ranks).
  *         // sender, one thread:  lf_tp_slot_put(peer_slots + (row * P + rank), sh, gen);
  *         // receiver, lane q < P: while (!lf_tp_slot_get(my_slots + (row * P + q), gen, &sh)) {}
+ *     (A rank that already holds its own share needs no slot for it: vocab_parallel_ce.cu's
+ *     windows hold P - 1 slots a row, the senders in rank order without the receiver.)
  * ========================================================================================== */
 
 /* The lse states of ranks base .. base + n - 1, held by lanes 0 .. n - 1 (mine), merged into st
