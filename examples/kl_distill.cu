@@ -645,7 +645,9 @@ __global__ void __launch_bounds__(KL_THREADS, KL_CTAS_PER_SM) kl_kernel(const kl
  * splitting each row, pass 1 in one and the rest in the other (21-27% slower); larger groups
  * (fewer registers); every warp posting its record to the cluster instead of a block merge
  * first (slower on clusters of 8-16). More rows in flight need more stages, hence larger
- * clusters.
+ * clusters, and those cost more than they hide (design log 79: five stages 19-33 points of
+ * copy slower, the look-ahead on them no gain); smaller clusters bought by reading the teacher
+ * from L2 instead of staging it cost more still (design log 80: 1.5-1.9x the time).
  *   Which rows a CTA takes: static, a fixed share per cluster (cid, cid + nclusters, ...; the
  * next row's status read when a row starts). Dynamic (DYN, the default) as cross_entropy.cu's
  * ring: the first nstages rows that share, then rows drawn from the workspace's counter
