@@ -896,18 +896,20 @@ static __device__ __forceinline__ int64_t ce_next_label(const ce_kparams &p, int
  * still read from HBM once. Cross-entropy waits for nothing: ce_xchg_none, compiled out.
  * examples/vocab_parallel_ce.cu's tp_res_xchg (X::on) runs the vocabulary-parallel exchange:
  * the kernel's rows are then one rank's SHARDS of wider rows (p.vocab their width), the labels
- * are global (valid in [0, xc.V), the shard holding [xc.v0, xc.v0 + p.vocab)), and per row
+ * are global (valid in [0, xc.V), the shard holding [xc.v0, xc.v0 + p.vocab)), every thread
+ *   reads the launch's generation once, g = xc.generation() (a replay of a captured launch
+ *   takes a new one on the device), and per row
  *   - every CTA makes this rank's share of the row from the cluster-merged statistics,
  *     xc.share(stats, has_y, z_y, w_y) (has_y only in the CTA that holds the label's logit,
  *     else the cluster's rank 0: the publisher, which also writes the row's outputs), and one
- *     thread of the publisher sends it to the other ranks: xc.publish(row, share);
+ *     thread of the publisher sends it to the other ranks: xc.publish(row, share, g);
  *   - every warp of the group takes the other ranks' shares and merges them with its own, the
- *     same bits everywhere: xc.collect(row, y, w_y, share, &merged) (false: the launch gave up:
+ *     same bits everywhere: xc.collect(row, y, w_y, share, &merged, g) (false: the launch gave up:
  *     NaN outputs; the lse, from the shares' m and s, is whole in every CTA, the loss only in
  *     the publisher);
  *   - the gradient and the outputs use the merged lse and loss, the label's global weight
  *     xc.label_weight(y) and the global weight sum xc.wsum();
- * and the launch's last CTA calls xc.end() after its batch sum (the hook's own end-of-launch
+ * and the launch's last CTA calls xc.end(g) after its batch sum (the hook's own end-of-launch
  * protocol, e.g. a barrier with the other ranks before its slots are reused). X::groups: the
  * warp groups of a CTA (the CTA keeps CE_RES_THREADS threads: more groups, smaller ones, more
  * rows in flight to hide what a row waits for); X::min_stages: the least ring the automatic plan
@@ -968,7 +970,11 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
     const int rank = (int)(blockIdx.x % nranks);
     const int64_t cid = blockIdx.x / nranks, N = p.n_rows, V = p.vocab;
     int64_t YV = V; /* labels are valid in [0, YV): the row's width, or with an exchange the full row's */
-    if constexpr (X::on) YV = xc.V;
+    [[maybe_unused]] unsigned xgen = 0u; /* the exchange's launch generation, read once (xc.generation) */
+    if constexpr (X::on) {
+        YV = xc.V;
+        xgen = xc.generation();
+    }
     /* Rows: static, this cluster's cid, cid + nclusters, ... (local row k is the k-th); dynamic
      * (dyn, at most two groups), the first nstages the same, then whichever row the workspace's
      * counter hands out (from nclusters * nstages on) when a stage is reloaded, until it passes N.
@@ -1242,7 +1248,7 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
                  * from the shares' (m, s) alone. */
                 const bool has_y = y_here && rank == pub;
                 const lf_tp_share own = xc.share(st, has_y, has_y ? lf_xform_apply<SOFTCAP>(xy_s[grp][par], p.xf) : 0.0f, wy);
-                if (threadIdx.x == 0 && rank == pub) xc.publish(row, own);
+                if (threadIdx.x == 0 && rank == pub) xc.publish(row, own, xgen);
                 /* Every warp waits for the other ranks' shares and merges them itself (the same
                  * bits in each), then goes on to its part of the gradient: no barrier of the
                  * group on the row's path (measured on two H200s, session 32, against warp 0
@@ -1250,7 +1256,7 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
                  * barrier: 2-3% faster at tp = 2 and 4096 x 151936, the same within noise at the
                  * other shapes; bench/RESULTS.md). */
                 lf_tp_merged mg = {0.0f, 0.0f, 0.0f, 0.0f};
-                const bool ok = xc.collect(row, y, wy, own, &mg);
+                const bool ok = xc.collect(row, y, wy, own, &mg, xgen);
                 x_loss = lf_tp_loss(mg, p.lam, &x_lse);
                 if (!ok) x_lse = x_loss = NAN;
             }
@@ -1351,7 +1357,7 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
     static_assert(sizeof red >= 2 * sizeof(lf_xsum), "red holds two lf_xsum (it is 16-byte aligned)");
     ce_batch_reduce_xsum<TH>(p, (unsigned long long)gridDim.x, reinterpret_cast<lf_xsum *>(&red[0][0][0]), &is_last, bar);
     if constexpr (X::on) {
-        if (is_last && threadIdx.x == 0) xc.end(); /* every CTA is past its rows */
+        if (is_last && threadIdx.x == 0) xc.end(xgen); /* every CTA is past its rows */
     }
 #ifdef CE_RES_TRACE
     if (threadIdx.x == 0 && blockIdx.x < 1024) ce_res_times[blockIdx.x][3] = ce_gtime();

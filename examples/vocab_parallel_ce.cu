@@ -90,8 +90,12 @@
  *   on two H200s it then took 8.5 ms instead of ~0.58 at 4096 x 151936 in every run of session
  *   31's first calls, and once 78 ms at 4096 x 262144. With the gentle polls of tp_lsa_spin it
  *   ran at 0.59 ms there (the two passes: 0.56 ms): no faster than the all-gather.
- *   Neither read-once schedule can be replayed from a CUDA graph: each launch's generation is a
- *   kernel argument, and a replay would repeat it (the all-gather exchange can).
+ *   CUDA graphs: both read-once schedules can be captured and replayed (tp_ce_capture), as the
+ *   all-gather exchange can: a launch's generation (which set of slots and flags it uses, and
+ *   what a wait waits for) is not a kernel argument but a word in the rank's own window that
+ *   the launch's prep kernel advances, so each replay takes the next one; the host
+ *   follows it through a mapped word (tp_lsa_generation). Tested: replays alternating with plain
+ *   launches, the windows cleared in between, on one GPU and over NCCL.
  *   Failures: a launch waiting for a rank that died, or never launched, gives up on the host's
  *   request (tp_lsa_abort, e.g. from a watchdog thread) or after tp_ce_args.lsa_timeout_ms, with
  *   NaN loss, lse and gradient rows, and tells every rank through the windows (they give up
@@ -112,6 +116,7 @@
 #include "examples/cross_entropy.cu"
 
 #include <algorithm>
+#include <functional>
 #include <vector>
 #if defined(LF_HAVE_NCCL) && !defined(TP_NO_MAIN)
 #include <signal.h> /* modes mp / mplsa: one forked process per GPU */
@@ -293,9 +298,15 @@ static __device__ __forceinline__ int tp_status(const tp_kparams &p, int64_t y)
 
 /* Per-shard weight sums (double, fixed order: the same bits on every rank) and the default mean
  * divisor. One CTA. */
-__global__ void __launch_bounds__(1024) tp_prep_kernel(const tp_kparams p, int want_divisor)
+__global__ void __launch_bounds__(1024) tp_prep_kernel(const tp_kparams p, int want_divisor, unsigned *gen_word,
+                                                       volatile unsigned *gen_mirror)
 {
     __shared__ double scratch[32];
+    if (gen_word && threadIdx.x == 0) { /* a read-once launch: its generation (tp_lsa_now) */
+        const unsigned g = *gen_word + 1u;
+        *gen_word = g;
+        if (gen_mirror) *gen_mirror = g; /* for the host (tp_lsa_generation) */
+    }
     double W = 0.0;
     for (int r = 0; r < p.tp; ++r) {
         int64_t a, b;
@@ -329,6 +340,34 @@ __global__ void __launch_bounds__(1024) tp_prep_kernel(const tp_kparams p, int w
  * lf_pdl_trigger / lf_pdl_wait. */
 
 
+/* The window's layout for lsa_rows rows and tp ranks: per parity, the shares [N tp], then per
+ * parity the flags [K <= N][tp], then per parity the failure word and the word saying the
+ * failure was this rank's own (128 bytes apart) (the chunked schedule); then per parity the
+ * resident schedule's flagged slots [N][tp - 1] (32 bytes each: a rank has none for its own
+ * share), the done words [tp], and the generation word (this rank's launches so far: advanced by
+ * tp_prep_kernel, read by the read-once kernels, tp_lsa_now). About (32 tp + 64 (tp - 1)) N
+ * bytes in all: 0.5 MiB for 4096 rows at tp = 2. The kernels find a launch's parity here too. */
+static __host__ __device__ size_t tp_lsa_shares_bytes(int64_t rows, int tp)
+{
+    return ((size_t)rows * tp * sizeof(lf_tp_share) + 255) & ~(size_t)255;
+}
+static __host__ __device__ size_t tp_lsa_flags_bytes(int64_t rows, int tp) { return ((size_t)rows * tp * 4 + 255) & ~(size_t)255; }
+#define TP_LSA_FAIL_STRIDE 128 /* from parity 0's failure words to parity 1's */
+static __host__ __device__ size_t tp_lsa_fail_offset(int64_t rows, int tp, int par)
+{
+    return 2 * tp_lsa_shares_bytes(rows, tp) + 2 * tp_lsa_flags_bytes(rows, tp) + TP_LSA_FAIL_STRIDE * (size_t)par;
+}
+static __host__ __device__ size_t tp_lsa_slots_offset(int64_t rows, int tp, int par)
+{
+    return tp_lsa_fail_offset(rows, tp, 0) + 256 + (size_t)par * (size_t)rows * (size_t)(tp - 1) * sizeof(lf_tp_slot);
+}
+static __host__ __device__ size_t tp_lsa_done_offset(int64_t rows, int tp) { return tp_lsa_slots_offset(rows, tp, 2); }
+static __host__ __device__ size_t tp_lsa_gen_offset(int64_t rows, int tp)
+{
+    return tp_lsa_done_offset(rows, tp) + (((size_t)tp * 4 + 255) & ~(size_t)255);
+}
+[[maybe_unused]] static size_t tp_lsa_window_bytes(int64_t rows, int tp) { return tp_lsa_gen_offset(rows, tp) + 256; }
+
 /* The read-once schedule over NCCL's symmetric memory (tp_persist_kernel, section 3's
  * tp_ce_launch_lsa). Every rank registers one window (ncclCommWindowRegister, symmetric: the
  * same layout on every rank) holding, for each of two launch parities, the all-gathered shares
@@ -344,9 +383,15 @@ __global__ void __launch_bounds__(1024) tp_prep_kernel(const tp_kparams p, int w
 typedef struct tp_lsa {
     char *const *peers;  /* [tp] device array: each rank's window base, as this GPU maps it */
     char *local;         /* this rank's window base */
+    int64_t rows;        /* the window's rows (its layout, tp_lsa_window_bytes) */
+    size_t gen_off;      /* the generation word (tp_lsa_gen_offset) */
+    /* This launch's generation (>= 1) and the offsets of its parity: filled in on the device
+     * from the generation word (the chunked kernel: tp_lsa_now at its start; the resident
+     * hook: tp_res_xchg::at; the host leaves them 0), so that a launch replayed from a CUDA
+     * graph takes a new generation */
+    unsigned gen;
     size_t shares_off;   /* this launch's shares [N tp] (of this parity) */
     size_t flags_off;    /* this launch's flags [K tp] (of this parity) */
-    unsigned gen;        /* this launch's generation (>= 1) */
     int64_t C, K;        /* rows per chunk, chunks */
     int lag;             /* a chunk's gradient items come after the statistics of chunk k + lag */
     unsigned *ticket;    /* work counter (zeroed before the launch) */
@@ -359,7 +404,7 @@ typedef struct tp_lsa {
      * it any longer); the host's abort request (mapped host memory, or NULL: launches with a
      * generation <= its value give up); the host's failure record ([2]: generation, reason;
      * or NULL); the longest a wait may last in nanoseconds (0: no limit). */
-    size_t fail_off;
+    size_t fail_off;     /* (of this launch's parity, as gen) */
     const volatile unsigned *abort_req;
     volatile unsigned *report;
     unsigned long long timeout_ns;
@@ -368,6 +413,18 @@ typedef struct tp_lsa {
 /* Why a read-once launch gave up (tp_lsa_failure): the host asked (tp_lsa_abort), a wait
  * outlasted tp_ce_args.lsa_timeout_ms, or another rank gave up first. */
 enum { TP_LSA_OK = 0, TP_LSA_ABORTED = 1, TP_LSA_TIMED_OUT = 2, TP_LSA_PEER_FAILED = 3 };
+
+/* This launch's generation and the offsets of its parity, from the generation word that
+ * tp_prep_kernel advanced just before the launch (the kernel before it on the stream: nothing
+ * writes the word while a read-once kernel runs, so the read may go through the read-only path). */
+static __device__ __forceinline__ void tp_lsa_now(tp_lsa &L, int P)
+{
+    L.gen = __ldg(reinterpret_cast<const unsigned *>(L.local + L.gen_off));
+    const int par = (int)(L.gen & 1u);
+    L.shares_off = (size_t)par * tp_lsa_shares_bytes(L.rows, P);
+    L.flags_off = 2 * tp_lsa_shares_bytes(L.rows, P) + (size_t)par * tp_lsa_flags_bytes(L.rows, P);
+    L.fail_off = tp_lsa_fail_offset(L.rows, P, par);
+}
 
 /* A slice into shared memory like lf_piece_load, with an L2 eviction policy on every copy. */
 static __device__ __forceinline__ uint64_t tp_policy(bool keep)
@@ -517,8 +574,9 @@ static __device__ __forceinline__ bool tp_lsa_wait(const tp_lsa &L, int64_t k, i
  *   Giving up: as the chunked schedule (tp_lsa_spin, tp_lsa_give_up): the abort request, the
  *   timeout, or another rank's failure word end a wait; a row that gave up has NaN outputs, and
  *   an end() that gave up leaves the outputs as they are but records the failure (tp_lsa_failure).
- *   Not capturable in a CUDA graph: the generation is a kernel argument, which a replay would
- *   repeat (the same holds for the chunked schedule; the all-gather exchange is capturable). */
+ *   Capturable in a CUDA graph: the generation comes from the window's generation word, which
+ *   the launch's prep kernel advances (each thread reads it once: generation(); the chunked
+ *   schedule likewise, tp_lsa_now). */
 #ifndef TP_RES_GROUPS
 #define TP_RES_GROUPS 4 /* warp groups of 128 threads per CTA of the resident schedule: rows in
                          * flight per SM. Measured on two H200s (session 31): 4 instead of 2 took
@@ -549,10 +607,26 @@ struct tp_res_xchg {
     const float *class_w;    /* all V weights (every rank), or NULL */
     const tp_ws_header *ws;  /* the shards' weight sums Wr and their total W (tp_prep_kernel) */
     float eps;
-    tp_lsa L;                /* peers, local, gen, fail_off, abort_req, report, timeout_ns */
-    size_t slots_off;        /* this launch's set of slots [N][P - 1] (lf_tp_slot; no rank has a
-                              * slot for its own share, tp_res_peer_slot) */
+    tp_lsa L;                /* peers, local, gen_off, fail_off (parity 0), abort_req, report,
+                              * timeout_ns; the generation: at() */
+    size_t slots_off;        /* the slots [N][P - 1] of parity 0 (lf_tp_slot; no rank has a slot
+                              * for its own share, tp_res_peer_slot), */
+    size_t slots_stride;     /* and the step to parity 1 */
     size_t done_off;         /* the done words [P] */
+
+    /* This launch's generation, read once by each thread at the kernel's start (the window's
+     * generation word, which tp_prep_kernel advanced before the launch), and L at it: its
+     * parity's failure word. Measured on two H200s (session 35): reading the word in each row's
+     * publish and collect instead (tp_lsa_now) made the schedule 2-3% slower. */
+    __device__ __forceinline__ unsigned generation() const { return __ldg(reinterpret_cast<const unsigned *>(L.local + L.gen_off)); }
+    __device__ __forceinline__ tp_lsa at(unsigned gen) const
+    {
+        tp_lsa n = L;
+        n.gen = gen;
+        n.fail_off = L.fail_off + (gen & 1u) * TP_LSA_FAIL_STRIDE;
+        return n;
+    }
+    __device__ __forceinline__ size_t slots(unsigned gen) const { return slots_off + (gen & 1u) * slots_stride; }
 
     __device__ __forceinline__ float label_weight(int64_t y) const { return class_w ? __ldg(class_w + y) : 1.0f; }
     __device__ __forceinline__ float wsum() const { return ws->W; }
@@ -564,43 +638,45 @@ struct tp_res_xchg {
     }
     /* By one thread: this rank's share of the row into the other ranks' slots (no one polls its
      * own: collect takes it from the caller, so no window holds a slot for it). */
-    __device__ void publish(int64_t row, const lf_tp_share &sh) const
+    __device__ void publish(int64_t row, const lf_tp_share &sh, unsigned gen) const
     {
+        const size_t so = slots(gen);
         for (int q = 0; q < P; ++q)
             if (q != rank)
-                lf_tp_slot_put(reinterpret_cast<lf_tp_slot *>(L.peers[q] + slots_off) + tp_res_peer_slot(row, P, q, rank), sh, L.gen);
+                lf_tp_slot_put(reinterpret_cast<lf_tp_slot *>(L.peers[q] + so) + tp_res_peer_slot(row, P, q, rank), sh, gen);
     }
     /* By the 32 lanes of one warp (each warp of a group, independently): lane q < P, q != rank,
      * waits for rank q's share of the row in this rank's window, lane `rank` takes `own`; then
      * the merge (every lane). False: the launch gave up (NaN outputs; a warp that gives up tells
      * every rank, so the group's other warps give up too, within 256 polls, unless the share
      * had already reached them: then a row of a failed launch may be NaN only in part). */
-    __device__ bool collect(int64_t row, int64_t y, float wy, const lf_tp_share &own, lf_tp_merged *mg) const
+    __device__ bool collect(int64_t row, int64_t y, float wy, const lf_tp_share &own, lf_tp_merged *mg, unsigned gen) const
     {
+        const tp_lsa n = at(gen);
         const int lane = (int)(threadIdx.x & 31);
         lf_tp_share mine = own;
         unsigned why = TP_LSA_OK;
         unsigned long long t0 = 0;
         bool waited = false;
-        if (L.prof) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+        if (n.prof) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
         if (lane < P && lane != rank) {
-            const lf_tp_slot *sl = reinterpret_cast<const lf_tp_slot *>(L.local + slots_off) + tp_res_peer_slot(row, P, rank, lane);
+            const lf_tp_slot *sl = reinterpret_cast<const lf_tp_slot *>(n.local + slots(gen)) + tp_res_peer_slot(row, P, rank, lane);
             unsigned spins = 0;
             unsigned long long t_start = 0;
-            while (!lf_tp_slot_get(sl, L.gen, &mine)) {
+            while (!lf_tp_slot_get(sl, n.gen, &mine)) {
                 waited = true;
-                if ((why = tp_lsa_spin(L, spins, t_start)) != TP_LSA_OK) break;
+                if ((why = tp_lsa_spin(n, spins, t_start)) != TP_LSA_OK) break;
             }
         }
-        if (L.prof && __any_sync(0xffffffffu, waited) && threadIdx.x == 0) { /* the time this group's warp 0 waited */
+        if (n.prof && __any_sync(0xffffffffu, waited) && threadIdx.x == 0) { /* the time this group's warp 0 waited */
             unsigned long long t1;
             asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
-            atomicAdd(L.prof, t1 - t0);
-            atomicAdd(L.prof + 1, 1ull);
+            atomicAdd(n.prof, t1 - t0);
+            atomicAdd(n.prof + 1, 1ull);
         }
         const unsigned gave_up = __ballot_sync(0xffffffffu, why != TP_LSA_OK);
         if (gave_up) {
-            if (lane == __ffs(gave_up) - 1) tp_lsa_give_up(L, P, why);
+            if (lane == __ffs(gave_up) - 1) tp_lsa_give_up(n, P, why);
             return false;
         }
         *mg = lf_tp_merge_lanes(mine, P, y, wy, class_w ? ws->Wr : nullptr, V, eps);
@@ -608,17 +684,18 @@ struct tp_res_xchg {
     }
     /* By one thread of the launch's last CTA, every CTA past its rows: this rank is done; then
      * the barrier: every rank is. */
-    __device__ void end() const
+    __device__ void end(unsigned gen) const
     {
+        const tp_lsa n = at(gen);
         __threadfence_system();
-        for (int q = 0; q < P; ++q) tp_st_release_sys(reinterpret_cast<unsigned *>(L.peers[q] + done_off) + rank, L.gen);
+        for (int q = 0; q < P; ++q) tp_st_release_sys(reinterpret_cast<unsigned *>(n.peers[q] + done_off) + rank, n.gen);
         unsigned long long t_start = 0;
         for (int q = 0; q < P; ++q) {
-            const unsigned *d = reinterpret_cast<const unsigned *>(L.local + done_off) + q;
+            const unsigned *d = reinterpret_cast<const unsigned *>(n.local + done_off) + q;
             unsigned spins = 0, why = TP_LSA_OK;
-            while ((int)(*reinterpret_cast<const volatile unsigned *>(d) - L.gen) < 0)
-                if ((why = tp_lsa_spin(L, spins, t_start)) != TP_LSA_OK) {
-                    tp_lsa_give_up(L, P, why);
+            while ((int)(*reinterpret_cast<const volatile unsigned *>(d) - n.gen) < 0)
+                if ((why = tp_lsa_spin(n, spins, t_start)) != TP_LSA_OK) {
+                    tp_lsa_give_up(n, P, why);
                     return;
                 }
         }
@@ -843,8 +920,12 @@ __global__ void __launch_bounds__(TP_THREADS) tp_step_kernel(const tp_kparams p,
  * and for the other ranks' statistics, which never wait: no deadlock, whatever the grid and
  * whatever else runs on the GPU. The last statistics item of a chunk publishes the chunk. */
 template <typename T, bool GRAD, bool FULL, bool SOFTCAP>
-__global__ void __launch_bounds__(TP_THREADS) tp_persist_kernel(const tp_kparams p, const tp_lsa L)
+__global__ void __launch_bounds__(TP_THREADS) tp_persist_kernel(const tp_kparams p_, const tp_lsa L_)
 {
+    tp_lsa L = L_; /* this launch's generation and parity (tp_lsa_now), */
+    tp_lsa_now(L, p_.tp);
+    tp_kparams p = p_; /* and its parity's shares, which the gradient reads */
+    p.shares = reinterpret_cast<lf_tp_share *>(L.local + L.shares_off);
     extern __shared__ uint4 tp_smem[];
     __shared__ lf_row_stats red[TP_THREADS / 32];
     __shared__ lf_grad_coef coef_s;
@@ -936,38 +1017,17 @@ typedef struct tp_exchange {
     char *win_buf;
     char **peers;
     int64_t lsa_rows;          /* the most rows a launch may have */
-    unsigned gen;              /* launches so far */
+    unsigned gen;              /* the generation of the last read-once launch made here (the device
+                                * holds the real count: tp_lsa_generation) */
     unsigned long long *prof;  /* optional device [2]: waits of the read-once kernel (tp_lsa) */
     int grid;                  /* CTAs of the last read-once launch */
     unsigned *ctl, *ctl_dev;   /* tp_lsa_ctl_create: mapped host words, [0] the abort request,
-                                * [1] [2] the last failure's generation and reason; the device's
-                                * address of them */
+                                * [1] [2] the last failure's generation and reason, [3] the
+                                * generation of the last launch to begin; the device's address of them */
 #ifdef TP_HAVE_LSA
     ncclWindow_t win;
 #endif
 } tp_exchange;
-
-/* The window's layout for lsa_rows rows and tp ranks: per parity, the shares [N tp], then per
- * parity the flags [K <= N][tp], then per parity the failure word and the word saying the
- * failure was this rank's own (128 bytes apart) (the chunked schedule); then per parity the
- * resident schedule's flagged slots [N][tp - 1] (32 bytes each: a rank has none for its own
- * share) and the done words [tp]. About (32 tp + 64 (tp - 1)) N bytes in all: 0.5 MiB for 4096
- * rows at tp = 2. */
-static size_t tp_lsa_shares_bytes(int64_t rows, int tp) { return ((size_t)rows * tp * sizeof(lf_tp_share) + 255) & ~(size_t)255; }
-static size_t tp_lsa_flags_bytes(int64_t rows, int tp) { return ((size_t)rows * tp * 4 + 255) & ~(size_t)255; }
-static size_t tp_lsa_fail_offset(int64_t rows, int tp, int par)
-{
-    return 2 * tp_lsa_shares_bytes(rows, tp) + 2 * tp_lsa_flags_bytes(rows, tp) + 128 * (size_t)par;
-}
-static size_t tp_lsa_slots_offset(int64_t rows, int tp, int par)
-{
-    return tp_lsa_fail_offset(rows, tp, 0) + 256 + (size_t)par * (size_t)rows * (size_t)(tp - 1) * sizeof(lf_tp_slot);
-}
-static size_t tp_lsa_done_offset(int64_t rows, int tp) { return tp_lsa_slots_offset(rows, tp, 2); }
-[[maybe_unused]] static size_t tp_lsa_window_bytes(int64_t rows, int tp)
-{
-    return tp_lsa_done_offset(rows, tp) + (((size_t)tp * 4 + 255) & ~(size_t)255);
-}
 
 /* The read-once launches' host words (mapped, pinned: the kernel reads the abort request and
  * writes its failure record while it runs), zeroed. tp_lsa_alloc makes them; an exchange whose
@@ -980,6 +1040,20 @@ static size_t tp_lsa_done_offset(int64_t rows, int tp) { return tp_lsa_slots_off
     return LF_OK;
 }
 
+/* The latest generation of this rank's read-once launches that the host knows of: that of the
+ * last launch made by tp_ce_launch, or, where replays of a captured launch (a CUDA graph) have
+ * begun since, the generation the last of them took (tp_prep_kernel's copy into the mapped word
+ * ctl[3]). Once the stream is synchronised it is the last launch's. */
+[[maybe_unused]] static unsigned tp_lsa_generation(const tp_exchange *ex)
+{
+    unsigned g = ex->gen;
+    if (ex->ctl) {
+        const unsigned m = ((const volatile unsigned *)ex->ctl)[3];
+        if ((int)(m - g) > 0) g = m;
+    }
+    return g;
+}
+
 /* Ends this rank's read-once launches so far (any thread, any time, no CUDA call): a launch
  * still waiting for another rank's shares gives up within ~1024 of its spins (tp_lsa_spin: about
  * a millisecond), with NaN outputs,
@@ -988,12 +1062,12 @@ static size_t tp_lsa_done_offset(int64_t rows, int tp) { return tp_lsa_slots_off
  * made after the call are not affected. */
 [[maybe_unused]] static void tp_lsa_abort(tp_exchange *ex)
 {
-    if (ex->ctl) *(volatile unsigned *)&ex->ctl[0] = ex->gen;
+    if (ex->ctl) *(volatile unsigned *)&ex->ctl[0] = tp_lsa_generation(ex);
 }
 
 /* The last read-once launch of this rank that gave up: returns its reason (TP_LSA_ABORTED,
- * _TIMED_OUT, _PEER_FAILED; TP_LSA_OK if none ever did) and *gen its generation (ex->gen is that
- * of the latest launch). Read after the launch's stream is synchronised. */
+ * _TIMED_OUT, _PEER_FAILED; TP_LSA_OK if none ever did) and *gen its generation (that of the
+ * latest launch: tp_lsa_generation). Read after the launch's stream is synchronised. */
 [[maybe_unused]] static unsigned tp_lsa_failure(const tp_exchange *ex, unsigned *gen)
 {
     if (!ex->ctl) {
@@ -1003,6 +1077,14 @@ static size_t tp_lsa_done_offset(int64_t rows, int tp) { return tp_lsa_slots_off
     const volatile unsigned *c = ex->ctl;
     if (gen) *gen = c[1];
     return c[2];
+}
+
+/* Whether the last read-once launch of this rank gave up (its outputs are NaN; tp_lsa_failure
+ * says why). Read after its stream is synchronised. */
+[[maybe_unused]] static bool tp_lsa_last_failed(const tp_exchange *ex)
+{
+    unsigned g = 0;
+    return ex->lsa && tp_lsa_failure(ex, &g) != TP_LSA_OK && g == tp_lsa_generation(ex);
 }
 
 typedef struct tp_run {
@@ -1153,14 +1235,15 @@ static lf_status tp_step_dispatch(const tp_run &r, int64_t kg, int64_t ks, cudaS
 
 /* Prep: the hand-off counters (the resident schedule: its cross-entropy workspace header), weight
  * sums and the default divisor (a memset, one small kernel). */
-static lf_status tp_ce_prep(const tp_run &r, cudaStream_t s, cudaError_t *cuda_err)
+static lf_status tp_ce_prep(const tp_run &r, cudaStream_t s, cudaError_t *cuda_err, unsigned *gen_word = nullptr,
+                            unsigned *gen_mirror = nullptr)
 {
     if (r.p.n_rows == 0) return LF_OK;
     /* the slices' hand-off counters start at zero every launch (their place in the workspace
      * depends on N and the slice count, so nothing left by another configuration can leak in) */
     if (r.res) CE_CHECK(cudaMemsetAsync(r.ce_ws, 0, sizeof(ce_ws_header), s));
     else CE_CHECK(cudaMemsetAsync(r.p.cnt, 0, sizeof(unsigned int) * (size_t)r.p.n_rows, s));
-    tp_prep_kernel<<<1, 1024, 0, s>>>(r.p, r.want_divisor ? 1 : 0);
+    tp_prep_kernel<<<1, 1024, 0, s>>>(r.p, r.want_divisor ? 1 : 0, gen_word, gen_mirror);
     CE_CHECK(cudaGetLastError());
     return LF_OK;
 }
@@ -1396,12 +1479,19 @@ static lf_status tp_ce_launch_lsa(const tp_ce_args *a, tp_exchange *ex, cudaStre
     memset(&L, 0, sizeof L);
     L.peers = ex->peers;
     L.local = ex->win_buf;
-    /* A launch without rows runs no kernel, so it takes no generation: the parities of the
+    L.rows = ex->lsa_rows;
+    L.gen_off = tp_lsa_gen_offset(ex->lsa_rows, a->tp);
+    /* The generation is the device's: tp_prep_kernel advances this rank's generation word before
+     * the launch's kernels (tp_lsa_now, tp_res_xchg::generation), so a replay of a captured
+     * launch takes the next one.
+     * ex->gen follows it for the launches made here (not while capturing: nothing runs then).
+     * A launch without rows runs no kernel, so it takes no generation: the parities of the
      * ranks' next launches stay in step with launches that synchronise them. */
-    L.gen = N > 0 ? ++ex->gen : ex->gen + 1;
-    const int par = (int)(L.gen & 1u);
-    L.shares_off = par * tp_lsa_shares_bytes(ex->lsa_rows, a->tp);
-    L.flags_off = 2 * tp_lsa_shares_bytes(ex->lsa_rows, a->tp) + par * tp_lsa_flags_bytes(ex->lsa_rows, a->tp);
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    CE_CHECK(cudaStreamIsCapturing(stream, &cap));
+    if (N > 0 && cap == cudaStreamCaptureStatusNone) ex->gen = tp_lsa_generation(ex) + 1u;
+    unsigned *const gen_word = reinterpret_cast<unsigned *>(ex->win_buf + L.gen_off);
+    unsigned *const gen_mirror = ex->ctl_dev ? ex->ctl_dev + 3 : nullptr;
     L.C = C;
     L.K = (N + C - 1) / C;
     L.lag = a->lsa_lag > 0 ? a->lsa_lag : 6; /* H200 x2, 8 MB chunks: lag 2 / 4 / 6 waited 27 / 5 / 2% */
@@ -1409,11 +1499,10 @@ static lf_status tp_ce_launch_lsa(const tp_ce_args *a, tp_exchange *ex, cudaStre
     L.done = L.ticket + 1;
     L.hints = a->lsa_hints > 0 ? 1 : a->lsa_hints < 0 ? 0 : TP_LSA_HINTS;
     L.prof = ex->prof;
-    L.fail_off = tp_lsa_fail_offset(ex->lsa_rows, a->tp, par);
     L.abort_req = ex->ctl_dev;
     L.report = ex->ctl_dev ? ex->ctl_dev + 1 : nullptr;
     L.timeout_ns = (unsigned long long)a->lsa_timeout_ms * 1000000ull;
-    r.p.shares = reinterpret_cast<lf_tp_share *>(ex->win_buf + L.shares_off); /* the gradient reads them here */
+    r.p.shares = reinterpret_cast<lf_tp_share *>(ex->win_buf); /* (the kernel takes its parity's, tp_lsa_now) */
     if (a->plan) {
         a->plan->chunk_rows = C;
         a->plan->chunks = L.K;
@@ -1431,9 +1520,11 @@ static lf_status tp_ce_launch_lsa(const tp_ce_args *a, tp_exchange *ex, cudaStre
         xc.ws = r.p.ws;
         xc.eps = r.p.eps;
         xc.L = L;
-        xc.slots_off = tp_lsa_slots_offset(ex->lsa_rows, a->tp, par);
+        xc.L.fail_off = tp_lsa_fail_offset(ex->lsa_rows, a->tp, 0);
+        xc.slots_off = tp_lsa_slots_offset(ex->lsa_rows, a->tp, 0);
+        xc.slots_stride = tp_lsa_slots_offset(ex->lsa_rows, a->tp, 1) - xc.slots_off;
         xc.done_off = tp_lsa_done_offset(ex->lsa_rows, a->tp);
-        TP_TRY(tp_ce_prep(r, stream, cuda_err));
+        TP_TRY(tp_ce_prep(r, stream, cuda_err, gen_word, gen_mirror));
         if (N == 0) return tp_ce_reduce(r, stream, cuda_err);
         ce_plan pl;
         memset(&pl, 0, sizeof pl);
@@ -1446,7 +1537,7 @@ static lf_status tp_ce_launch_lsa(const tp_ce_args *a, tp_exchange *ex, cudaStre
         }
         return LF_OK;
     }
-    TP_TRY(tp_ce_prep(r, stream, cuda_err));
+    TP_TRY(tp_ce_prep(r, stream, cuda_err, gen_word, gen_mirror));
     if (N > 0) {
         CE_CHECK(cudaMemsetAsync(L.ticket, 0, sizeof(unsigned) * (size_t)(L.K + 1), stream));
         const int n = a->lsa_ctas_per_sm;
@@ -1462,8 +1553,8 @@ static lf_status tp_ce_launch_lsa(const tp_ce_args *a, tp_exchange *ex, cudaStre
  * (gradient of chunk j - 2, statistics of chunk j) with, around it, the wait for the exchange
  * of chunk j - 2 and the exchange of chunk j on ex->comm_stream; then the reduction. The chunk
  * whose gradient is written was read two steps ago and is still in L2. No host
- * synchronisation; capturable in a CUDA graph (with NCCL, as far as NCCL allows; not with a window:
- * a read-once launch's generation is a kernel argument, which a replay would repeat). Returns LF_OK,
+ * synchronisation; capturable in a CUDA graph (tp_ce_capture), the read-once launches too (each
+ * launch, replays included, takes its generation from the device: tp_prep_kernel). Returns LF_OK,
  * LF_ERR_* for bad arguments (nothing launched), or LF_ERR_DEVICE with *cuda_err set. */
 static lf_status tp_ce_launch(const tp_ce_args *a, tp_exchange *ex, cudaStream_t stream, cudaError_t *cuda_err)
 {
@@ -1481,6 +1572,40 @@ static lf_status tp_ce_launch(const tp_ce_args *a, tp_exchange *ex, cudaStream_t
         }
     }
     return tp_ce_reduce(r, stream, cuda_err);
+}
+
+/* One rank's step (tp_ce_launch) captured from `stream` into a CUDA graph, instantiated into
+ * *exec: replay it with cudaGraphLaunch on a stream of this rank's device, the same buffers each
+ * time (the arguments are fixed at capture: pointers, N, options). `stream` must not be the
+ * legacy default stream; capture runs nothing. Call tp_ce_launch once before (its first launch
+ * sets kernel attributes up, which is not a stream operation). Every rank replays its graph as it
+ * would launch (with the read-once window: the ranks' kernels must run at once, the same
+ * launches in the same order on every rank); each replay takes the next generation on the
+ * device, and tp_lsa_generation / tp_lsa_last_failed follow the replays. A rank that gave up
+ * aborts nothing of a replay that has not begun: under graphs give tp_ce_args.lsa_timeout_ms.
+ * Returns what tp_ce_launch returns (then no graph: *exec = NULL), or LF_ERR_DEVICE where the
+ * capture or the instantiation failed. */
+[[maybe_unused]] static lf_status tp_ce_capture(const tp_ce_args *a, tp_exchange *ex, cudaStream_t stream, cudaGraphExec_t *exec,
+                                                cudaError_t *cuda_err)
+{
+    *exec = nullptr;
+    CE_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    const lf_status st = tp_ce_launch(a, ex, stream, cuda_err);
+    cudaGraph_t g = nullptr;
+    const cudaError_t e = cudaStreamEndCapture(stream, &g); /* always ended, whatever tp_ce_launch said */
+    if (st != LF_OK || e != cudaSuccess) {
+        if (g) cudaGraphDestroy(g);
+        if (st == LF_OK && cuda_err) *cuda_err = e;
+        return st != LF_OK ? st : LF_ERR_DEVICE;
+    }
+    const cudaError_t ei = cudaGraphInstantiate(exec, g, 0);
+    cudaGraphDestroy(g);
+    if (ei != cudaSuccess) {
+        *exec = nullptr;
+        if (cuda_err) *cuda_err = ei;
+        return LF_ERR_DEVICE;
+    }
+    return LF_OK;
 }
 
 /* ============================================================================================
@@ -1684,11 +1809,51 @@ struct tp_sim_windows {
                 return st;
             }
         }
+        return wait(cuda_err);
+    }
+    /* Every rank's step captured into a CUDA graph (tp_ce_capture; execs[r] rank r's, each to be
+     * replayed on streams[r]); the same checks as run(), nothing runs. Run once before. */
+    lf_status capture(const tp_ce_args *args, cudaGraphExec_t *execs, cudaError_t *cuda_err)
+    {
+        for (int r = 0; r < P; ++r) execs[r] = nullptr;
+        if (failed) return LF_ERR_DEVICE;
+        for (int r = 0; r < P; ++r)
+            if (args[r].tp != P || args[r].rank != r || args[r].lsa_schedule != args[0].lsa_schedule || args[r].max_ctas != args[0].max_ctas)
+                return LF_ERR_ARG;
+        for (int r = 0; r < P; ++r) {
+            tp_ce_args a = args[r];
+            if (a.max_ctas == 0) a.max_ctas = max_ctas;
+            const lf_status st = tp_ce_capture(&a, &ex[r], streams[r], &execs[r], cuda_err);
+            if (st != LF_OK) {
+                for (int q = 0; q < r; ++q) cudaGraphExecDestroy(execs[q]);
+                for (int q = 0; q < P; ++q) execs[q] = nullptr;
+                return st;
+            }
+        }
+        return LF_OK;
+    }
+    /* One replay of capture()'s graphs, every rank on its stream at once; then as run(). */
+    lf_status replay(const cudaGraphExec_t *execs, cudaError_t *cuda_err)
+    {
+        if (failed) return LF_ERR_DEVICE;
+        for (int r = 0; r < P; ++r) {
+            const cudaError_t e = cudaGraphLaunch(execs[r], streams[r]);
+            if (e != cudaSuccess) {
+                for (int q = 0; q < r; ++q) tp_lsa_abort(&ex[q]);
+                failed = true;
+                if (cuda_err) *cuda_err = e;
+                return LF_ERR_DEVICE;
+            }
+        }
+        return wait(cuda_err);
+    }
+    /* Waits for every rank; LF_ERR_DEVICE where the last launch gave up (tp_lsa_last_failed). */
+    lf_status wait(cudaError_t *cuda_err)
+    {
         lf_status st = LF_OK;
         for (int r = 0; r < P; ++r) {
             CE_CHECK(cudaStreamSynchronize(streams[r]));
-            unsigned g = 0;
-            if (tp_lsa_failure(&ex[r], &g) != TP_LSA_OK && g == ex[r].gen) st = LF_ERR_DEVICE;
+            if (tp_lsa_last_failed(&ex[r])) st = LF_ERR_DEVICE;
         }
         CE_CHECK(cudaGetLastError());
         return st;
@@ -1881,6 +2046,43 @@ struct tp_nccl_ranks {
         if (st != LF_OK && st != LF_ERR_ARG && st != LF_ERR_SIZE) abort();
         return st;
     }
+    /* Every rank's step captured into a CUDA graph (tp_ce_capture: execs[r] on devs[r], to be
+     * replayed on streams[r]: replay()); nothing runs. Run once before. */
+    lf_status capture(const tp_ce_args *args, cudaGraphExec_t *execs, cudaError_t *cuda_err)
+    {
+        const int P = (int)devs.size();
+        for (int r = 0; r < P; ++r) execs[r] = nullptr;
+        if (aborted) return LF_ERR_DEVICE;
+        for (int r = 0; r < P; ++r) {
+            lf_status st = cudaSetDevice(devs[r]) == cudaSuccess ? LF_OK : LF_ERR_DEVICE;
+            if (st == LF_OK) st = tp_ce_capture(&args[r], &ex[r], streams[r], &execs[r], cuda_err);
+            if (st != LF_OK) {
+                for (int q = 0; q < r; ++q) {
+                    cudaSetDevice(devs[q]);
+                    cudaGraphExecDestroy(execs[q]);
+                    execs[q] = nullptr;
+                }
+                return st;
+            }
+        }
+        return LF_OK;
+    }
+    /* One replay of capture()'s graphs on every rank's stream (then sync()). A replay that could
+     * not be launched on some rank aborts the others' (as run()). */
+    lf_status replay(const cudaGraphExec_t *execs, cudaError_t *cuda_err)
+    {
+        if (aborted) return LF_ERR_DEVICE;
+        for (int r = 0; r < (int)devs.size(); ++r) {
+            cudaError_t e = cudaSetDevice(devs[r]);
+            if (e == cudaSuccess) e = cudaGraphLaunch(execs[r], streams[r]);
+            if (e != cudaSuccess) {
+                if (cuda_err) *cuda_err = e;
+                abort();
+                return LF_ERR_DEVICE;
+            }
+        }
+        return LF_OK;
+    }
     /* Waits for every rank's stream; LF_ERR_DEVICE also where a read-once launch of the last
      * generation gave up (tp_lsa_failure: its outputs are NaN). */
     lf_status sync(cudaError_t *cuda_err)
@@ -1890,8 +2092,7 @@ struct tp_nccl_ranks {
             CE_CHECK(cudaSetDevice(devs[r]));
             CE_CHECK(cudaStreamSynchronize(streams[r]));
             CE_CHECK(cudaGetLastError());
-            unsigned g = 0;
-            if (ex[r].lsa && tp_lsa_failure(&ex[r], &g) != TP_LSA_OK && g == ex[r].gen) st = LF_ERR_DEVICE;
+            if (tp_lsa_last_failed(&ex[r])) st = LF_ERR_DEVICE;
         }
         return st;
     }
@@ -2003,8 +2204,7 @@ struct tp_one_rank {
         TP_TRY(launch(a, cuda_err));
         CE_CHECK(cudaStreamSynchronize(s));
         CE_CHECK(cudaGetLastError());
-        unsigned g = 0;
-        if (x.lsa && tp_lsa_failure(&x, &g) != TP_LSA_OK && g == x.gen) return LF_ERR_DEVICE;
+        if (tp_lsa_last_failed(&x)) return LF_ERR_DEVICE;
         return LF_OK;
     }
     ~tp_one_rank()
@@ -2046,6 +2246,10 @@ typedef struct tp_demo {
                            * every 13th row from row 3, alternately a whole shard of some rank or
                            * every 11th entry, the label's entry kept */
     int repeat;           /* run 1 + repeat times: every run bit-identical to the first (loss, gradient) */
+    int graph;            /* with repeat, the read-once drivers (sim_lsa, or use_nccl with lsa, one
+                           * process): the repeats replay each rank's step captured into a CUDA
+                           * graph after the first run (tp_ce_capture), alternating with plain
+                           * launches from the third run on (graph, launch, graph, ...) */
     int launch_single;    /* tp = 1 only: run tp_ce_launch (the pipelined schedule) instead of
                            * the simulation driver */
     int64_t check_rows;   /* 0: every row; else this many rows (first, last, spread) */
@@ -2092,6 +2296,8 @@ typedef struct tp_demo_result {
     double lsa_wait_frac;         /* with lsa_prof: the share of a CTA's time spent waiting for chunks,
                                    * mean over CTAs and ranks */
     int lsa_grid;
+    int graph_replays;            /* with graph: the runs that replayed captured graphs */
+    unsigned lsa_generation;      /* read-once drivers: rank r0's tp_lsa_generation after the runs */
     uint64_t out_hash;            /* FNV-1a of the checked rank's loss, z-loss and lse outputs: the
                                    * same on every rank (one_rank: compared across the processes) */
     int ok;
@@ -2343,6 +2549,7 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
         a.lsa_hints = d->lsa_hints;
         a.lsa_schedule = d->lsa_schedule;
         a.plan = r == r0 ? &res.plan : NULL;
+        if (d->graph) a.lsa_timeout_ms = 20000; /* a replay that waited on a stale generation fails, not hangs */
     }
 #ifdef LF_HAVE_NCCL
     tp_nccl_ranks ranks; /* made once, used by every run and the timing below */
@@ -2355,6 +2562,38 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
         TPD_TRY(cudaSetDevice(0));
         if ((res.st = simw.init(P, N, &res.cuda)) != LF_OK) return res;
     }
+    /* graph: the repeats 1, 3, 5, ... replay every rank's step captured once (made at the first of
+     * them; freed on every return, each on its rank's device) */
+    const bool graph_ok = d->graph && !one && (nccl ? d->lsa != 0 : d->sim_lsa != 0);
+    auto by_graph = [&](int rep) { return graph_ok && rep % 2 == 1; };
+    struct tp_graphs {
+        std::vector<cudaGraphExec_t> execs;
+        std::vector<int> devs;
+        bool made() const { return !execs.empty(); }
+        lf_status make(int P, const std::function<lf_status(cudaGraphExec_t *)> &cap)
+        {
+            std::vector<cudaGraphExec_t> e(P, nullptr);
+            const lf_status st = cap(e.data());
+            if (st == LF_OK) execs = e;
+            return st;
+        }
+        ~tp_graphs()
+        {
+            for (size_t r = 0; r < execs.size(); ++r) {
+                if (r < devs.size()) cudaSetDevice(devs[r]);
+                if (execs[r]) cudaGraphExecDestroy(execs[r]);
+            }
+        }
+    } graphs;
+    for (int r = 0; r < P; ++r) graphs.devs.push_back(dev_of(r));
+    /* rank r's read-once exchange, if the driver has one here */
+    auto lsa_ex = [&](int r) -> tp_exchange * {
+#ifdef LF_HAVE_NCCL
+        if (nccl && !one && d->lsa && r < (int)ranks.ex.size()) return &ranks.ex[r];
+#endif
+        if (!nccl && d->sim_lsa && r < (int)simw.ex.size()) return &simw.ex[r];
+        return nullptr;
+    };
     /* poison every output (NaN in every dtype), then run (twice with repeat) */
     std::vector<std::vector<char>> first_grad(P);
     std::vector<float> first_loss;
@@ -2371,6 +2610,16 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
             TPD_TRY(cudaMemset(outs[r], 0xff, 4 * (3 * N + 4)));
             TPD_TRY(cudaMemset(errs[r], 0, 4)); /* counted afresh each run */
         }
+        if (graph_ok && rep > 0) /* every window cleared but its generation word: a launch or
+                                  * replay that took a stale generation would wait (and time out)
+                                  * instead of reading the shares an earlier launch left */
+            for (int r = 0; r < P; ++r) {
+                const tp_exchange *x = lsa_ex(r);
+                if (!x) continue;
+                TPD_TRY(cudaSetDevice(dev_of(r)));
+                TPD_TRY(cudaMemset(x->win_buf, 0, tp_lsa_gen_offset(x->lsa_rows, P)));
+            }
+        res.graph_replays += by_graph(rep);
         if (one) {
 #ifdef LF_HAVE_NCCL
             if ((res.st = mpx.run(&args[r0], &res.cuda)) != LF_OK) return res;
@@ -2380,7 +2629,14 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
 #endif
         } else if (nccl) {
 #ifdef LF_HAVE_NCCL
-            if ((res.st = ranks.run(args.data(), &res.cuda)) != LF_OK) return res;
+            if (by_graph(rep)) {
+                if (!graphs.made() && (res.st = graphs.make(P, [&](cudaGraphExec_t *e) { return ranks.capture(args.data(), e, &res.cuda); })) != LF_OK)
+                    return res;
+                res.st = ranks.replay(graphs.execs.data(), &res.cuda);
+            } else {
+                res.st = ranks.run(args.data(), &res.cuda);
+            }
+            if (res.st != LF_OK) return res;
             if ((res.st = ranks.sync(&res.cuda)) != LF_OK) return res;
 #else
             res.st = LF_ERR_ARG; /* built without NCCL */
@@ -2388,7 +2644,11 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
 #endif
         } else {
             TPD_TRY(cudaSetDevice(0));
-            if (d->sim_lsa) res.st = simw.run(args.data(), &res.cuda);
+            if (d->sim_lsa && by_graph(rep)) {
+                if (!graphs.made() && (res.st = graphs.make(P, [&](cudaGraphExec_t *e) { return simw.capture(args.data(), e, &res.cuda); })) != LF_OK)
+                    return res;
+                res.st = simw.replay(graphs.execs.data(), &res.cuda);
+            } else if (d->sim_lsa) res.st = simw.run(args.data(), &res.cuda);
             else if (d->launch_single && P == 1) res.st = tp_ce_launch(&args[0], NULL, 0, &res.cuda);
             else res.st = tp_ce_simulate(args.data(), P, 0, &res.cuda);
             if (res.st != LF_OK) return res;
@@ -2415,6 +2675,7 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
         }
     }
 
+    if (const tp_exchange *x = lsa_ex(r0)) res.lsa_generation = tp_lsa_generation(x);
     /* compare */
     const double unit_r = d->dt == LF_BF16 ? 0x1p-8 : d->dt == LF_F16 ? 0x1p-11 : 0x1p-23;
     const double eps = d->opts.label_smoothing, lam = d->opts.z_loss, scale = d->opts.logit_scale;

@@ -88,6 +88,10 @@ static void run(const char *name, const tp_demo &d)
         EXPECT(r.out_hash == rs[0].out_hash, "rank %zu holds other loss / z / lse bits than rank 0", k);
     }
     const tp_demo_result &r = rs[0];
+    if (r.st == LF_OK && d.graph) { /* the replays ran, each with a generation of its own */
+        EXPECT(r.graph_replays == (d.repeat + 1) / 2, "%d runs replayed a graph, not %d", r.graph_replays, (d.repeat + 1) / 2);
+        EXPECT(r.lsa_generation == (unsigned)(1 + d.repeat), "rank 0's generation %u after %d launches", r.lsa_generation, 1 + d.repeat);
+    }
     /* a forced resident schedule ran resident (else tp_lsa_plan refused it: st above) */
     if (r.st == LF_OK && (d.lsa || d.sim_lsa) && d.lsa_schedule == TP_LSA_RESIDENT && d.N > 0)
         EXPECT(r.plan.resident == 1, "the resident schedule was asked for, the plan says %d", r.plan.resident);
@@ -339,11 +343,15 @@ static void test_lsa_give_up(int sched)
     make(&ex1, 1, win1, &peers1);
     ex1.gen = 5;
     ex1.ctl[0] = 4;
+    const unsigned five = 5; /* the device's count of launches (the generation word) */
+    CK(cudaMemcpy(win1[0] + tp_lsa_gen_offset(N, 1), &five, 4, cudaMemcpyHostToDevice));
     launch(args(1, 10000), &ex1, 0, [] {}); /* a timeout that only a hang reaches (compute-sanitizer too) */
     float lh;
     CK(cudaMemcpy(&lh, loss.p, 4, cudaMemcpyDeviceToHost));
     EXPECT(std::isfinite(lh) && lh > 0.0f, "tp = 1 after an earlier abort request: loss %.9g", lh);
     EXPECT(tp_lsa_failure(&ex1, &gen) == TP_LSA_OK, "tp = 1: a failure recorded (%u, generation %u)", tp_lsa_failure(&ex1, nullptr), gen);
+    EXPECT(tp_lsa_generation(&ex1) == 6 && tp_lsa_generation(&ex) == 3, "generations %u / %u, not 6 / 3 (the device's count)",
+           tp_lsa_generation(&ex1), tp_lsa_generation(&ex));
     for (tp_exchange *p : {&ex, &ex1})
         if (p->ctl) CK(cudaFreeHost(p->ctl));
     for (char *w : {win[0], win[1], win1[0]}) CK(cudaFree(w));
@@ -592,6 +600,19 @@ int main(int argc, char **argv)
                 d.repeat = 1;
                 run("read-once resident, simulated, wide shards (clusters), repeat", d);
             }
+            /* CUDA graphs: every rank's step captured once, replayed (each replay takes the next
+             * generation on the device), alternating with plain launches: every run's bits equal */
+            d = sim_case(59, res_sched());
+            d.repeat = 4;
+            d.graph = 1;
+            d.opts.label_smoothing = 0.1f;
+            d.opts.class_weights = (const float *)1;
+            run("read-once resident, simulated, CUDA graph replays between launches", d);
+            d = sim_case(61, TP_LSA_CHUNKED);
+            d.chunk_rows = 16;
+            d.repeat = 4;
+            d.graph = 1;
+            run("read-once chunked, simulated, CUDA graph replays between launches", d);
             d = sim_case(53, TP_LSA_CHUNKED);
             d.chunk_rows = 16;
             d.lsa_lag = 2;
@@ -724,6 +745,14 @@ int main(int argc, char **argv)
                 d.repeat = lsa == 2 ? 3 : 1; /* both parities of the window (resident: each reused) */
                 snprintf(name, sizeof name, "%s, smoothing, z-loss, repeat", nm);
                 run(name, d);
+                if (lsa && !thr) { /* CUDA graphs: each rank's step captured on its GPU, replayed */
+                    tp_demo g = d;
+                    g.repeat = 4;
+                    g.graph = 1;
+                    g.seed += 50;
+                    snprintf(name, sizeof name, "%s, CUDA graph replays between launches", nm);
+                    run(name, g);
+                }
                 if (lsa != 2) { /* chunks: the all-gathers' and the chunked schedule's */
                     d.chunk_rows = 16;
                     d.lsa_lag = 3;
