@@ -90,12 +90,14 @@
  *   on two H200s it then took 8.5 ms instead of ~0.58 at 4096 x 151936 in every run of session
  *   31's first calls, and once 78 ms at 4096 x 262144. With the gentle polls of tp_lsa_spin it
  *   ran at 0.59 ms there (the two passes: 0.56 ms): no faster than the all-gather.
- *   CUDA graphs: both read-once schedules can be captured and replayed (tp_ce_capture), as the
- *   all-gather exchange can: a launch's generation (which set of slots and flags it uses, and
- *   what a wait waits for) is not a kernel argument but a word in the rank's own window that
- *   the launch's prep kernel advances, so each replay takes the next one; the host
- *   follows it through a mapped word (tp_lsa_generation). Tested: replays alternating with plain
- *   launches, the windows cleared in between, on one GPU and over NCCL.
+ *   CUDA graphs: a rank's step with either read-once schedule can be captured and replayed
+ *   (tp_ce_capture, tp_ce_replay), as with the all-gather exchange where each rank has its own
+ *   thread: a launch's generation (which set of slots and flags it uses, and what a wait waits
+ *   for) is not a kernel argument but a word in the rank's own window that the launch's prep
+ *   kernel advances, so each replay takes the next one; tp_ce_replay counts the replays for
+ *   the host (tp_lsa_abort reaches those not yet begun) and the prep kernel copies the word to
+ *   a mapped one (tp_lsa_generation, tp_lsa_last_failed). Tested: replays alternating with
+ *   plain launches, the shares left in the windows made NaN in between, on one GPU and over NCCL.
  *   Failures: a launch waiting for a rank that died, or never launched, gives up on the host's
  *   request (tp_lsa_abort, e.g. from a watchdog thread) or after tp_ce_args.lsa_timeout_ms, with
  *   NaN loss, lse and gradient rows, and tells every rank through the windows (they give up
@@ -1040,10 +1042,10 @@ typedef struct tp_exchange {
     return LF_OK;
 }
 
-/* The latest generation of this rank's read-once launches that the host knows of: that of the
- * last launch made by tp_ce_launch, or, where replays of a captured launch (a CUDA graph) have
- * begun since, the generation the last of them took (tp_prep_kernel's copy into the mapped word
- * ctl[3]). Once the stream is synchronised it is the last launch's. */
+/* The latest generation of this rank's read-once launches that the host knows of: the count of
+ * the launches tp_ce_launch enqueued and the replays tp_ce_replay enqueued (ex->gen), or, where a
+ * launch began that neither counted (a captured graph launched by other means), the generation
+ * the last launch to begin took (tp_prep_kernel's copy into the mapped word ctl[3]). */
 [[maybe_unused]] static unsigned tp_lsa_generation(const tp_exchange *ex)
 {
     unsigned g = ex->gen;
@@ -1054,7 +1056,8 @@ typedef struct tp_exchange {
     return g;
 }
 
-/* Ends this rank's read-once launches so far (any thread, any time, no CUDA call): a launch
+/* Ends this rank's read-once launches so far, those enqueued and not yet begun included, replays
+ * of captured graphs too where tp_ce_replay enqueued them (any thread, any time, no CUDA call): a launch
  * still waiting for another rank's shares gives up within ~1024 of its spins (tp_lsa_spin: about
  * a millisecond), with NaN outputs,
  * and stores its generation into every rank's failure word, so the other ranks' launches of the
@@ -1066,8 +1069,8 @@ typedef struct tp_exchange {
 }
 
 /* The last read-once launch of this rank that gave up: returns its reason (TP_LSA_ABORTED,
- * _TIMED_OUT, _PEER_FAILED; TP_LSA_OK if none ever did) and *gen its generation (that of the
- * latest launch: tp_lsa_generation). Read after the launch's stream is synchronised. */
+ * _TIMED_OUT, _PEER_FAILED; TP_LSA_OK if none ever did) and *gen the generation of that launch
+ * (whether it is the latest: tp_lsa_last_failed). Read after the launch's stream is synchronised. */
 [[maybe_unused]] static unsigned tp_lsa_failure(const tp_exchange *ex, unsigned *gen)
 {
     if (!ex->ctl) {
@@ -1080,11 +1083,13 @@ typedef struct tp_exchange {
 }
 
 /* Whether the last read-once launch of this rank gave up (its outputs are NaN; tp_lsa_failure
- * says why). Read after its stream is synchronised. */
+ * says why). Read after its stream is synchronised: then the mapped word ctl[3] holds the
+ * generation that launch took (exact, replays included). */
 [[maybe_unused]] static bool tp_lsa_last_failed(const tp_exchange *ex)
 {
     unsigned g = 0;
-    return ex->lsa && tp_lsa_failure(ex, &g) != TP_LSA_OK && g == tp_lsa_generation(ex);
+    if (!ex->lsa || tp_lsa_failure(ex, &g) == TP_LSA_OK) return false;
+    return g == ((const volatile unsigned *)ex->ctl)[3]; /* (a failure record implies ctl) */
 }
 
 typedef struct tp_run {
@@ -1484,12 +1489,15 @@ static lf_status tp_ce_launch_lsa(const tp_ce_args *a, tp_exchange *ex, cudaStre
     /* The generation is the device's: tp_prep_kernel advances this rank's generation word before
      * the launch's kernels (tp_lsa_now, tp_res_xchg::generation), so a replay of a captured
      * launch takes the next one.
-     * ex->gen follows it for the launches made here (not while capturing: nothing runs then).
-     * A launch without rows runs no kernel, so it takes no generation: the parities of the
-     * ranks' next launches stay in step with launches that synchronise them. */
+     * ex->gen counts the launches enqueued here once their prep is (not while capturing:
+     * tp_ce_replay counts the replays). A launch without rows runs no kernel, so it takes no
+     * generation: the parities of the ranks' next launches stay in step with launches that
+     * synchronise them. */
     cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
     CE_CHECK(cudaStreamIsCapturing(stream, &cap));
-    if (N > 0 && cap == cudaStreamCaptureStatusNone) ex->gen = tp_lsa_generation(ex) + 1u;
+    auto count = [&]() {
+        if (N > 0 && cap == cudaStreamCaptureStatusNone) ex->gen = tp_lsa_generation(ex) + 1u;
+    };
     unsigned *const gen_word = reinterpret_cast<unsigned *>(ex->win_buf + L.gen_off);
     unsigned *const gen_mirror = ex->ctl_dev ? ex->ctl_dev + 3 : nullptr;
     L.C = C;
@@ -1525,6 +1533,7 @@ static lf_status tp_ce_launch_lsa(const tp_ce_args *a, tp_exchange *ex, cudaStre
         xc.slots_stride = tp_lsa_slots_offset(ex->lsa_rows, a->tp, 1) - xc.slots_off;
         xc.done_off = tp_lsa_done_offset(ex->lsa_rows, a->tp);
         TP_TRY(tp_ce_prep(r, stream, cuda_err, gen_word, gen_mirror));
+        count();
         if (N == 0) return tp_ce_reduce(r, stream, cuda_err);
         ce_plan pl;
         memset(&pl, 0, sizeof pl);
@@ -1538,6 +1547,7 @@ static lf_status tp_ce_launch_lsa(const tp_ce_args *a, tp_exchange *ex, cudaStre
         return LF_OK;
     }
     TP_TRY(tp_ce_prep(r, stream, cuda_err, gen_word, gen_mirror));
+    count();
     if (N > 0) {
         CE_CHECK(cudaMemsetAsync(L.ticket, 0, sizeof(unsigned) * (size_t)(L.K + 1), stream));
         const int n = a->lsa_ctas_per_sm;
@@ -1574,38 +1584,62 @@ static lf_status tp_ce_launch(const tp_ce_args *a, tp_exchange *ex, cudaStream_t
     return tp_ce_reduce(r, stream, cuda_err);
 }
 
+/* One rank's step captured into a CUDA graph (tp_ce_capture) and whether a replay of it takes a
+ * read-once generation (for the host's count: tp_ce_replay). */
+typedef struct tp_ce_graph {
+    cudaGraphExec_t exec;
+    int takes_gen;
+} tp_ce_graph;
+
 /* One rank's step (tp_ce_launch) captured from `stream` into a CUDA graph, instantiated into
- * *exec: replay it with cudaGraphLaunch on a stream of this rank's device, the same buffers each
+ * g->exec: replay it with tp_ce_replay on a stream of this rank's device, the same buffers each
  * time (the arguments are fixed at capture: pointers, N, options). `stream` must not be the
  * legacy default stream; capture runs nothing. Call tp_ce_launch once before (its first launch
- * sets kernel attributes up, which is not a stream operation). Every rank replays its graph as it
- * would launch (with the read-once window: the ranks' kernels must run at once, the same
- * launches in the same order on every rank); each replay takes the next generation on the
- * device, and tp_lsa_generation / tp_lsa_last_failed follow the replays. A rank that gave up
- * aborts nothing of a replay that has not begun: under graphs give tp_ce_args.lsa_timeout_ms.
- * Returns what tp_ce_launch returns (then no graph: *exec = NULL), or LF_ERR_DEVICE where the
- * capture or the instantiation failed. */
-[[maybe_unused]] static lf_status tp_ce_capture(const tp_ce_args *a, tp_exchange *ex, cudaStream_t stream, cudaGraphExec_t *exec,
+ * sets kernel attributes up, which is not a stream operation). One rank per capture: where one
+ * thread drives several GPUs the all-gather exchange must group their collectives
+ * (tp_ce_nccl), which a capture per rank cannot; tp_nccl_ranks::capture takes the read-once
+ * window only. Every rank replays its graph as it would launch (with the read-once window: the
+ * ranks' kernels must run at once, the same launches in the same order on every rank); each
+ * replay takes the next generation on the device. Returns what tp_ce_launch returns (then no
+ * graph: g->exec = NULL), or LF_ERR_DEVICE where the capture or the instantiation failed. */
+[[maybe_unused]] static lf_status tp_ce_capture(const tp_ce_args *a, tp_exchange *ex, cudaStream_t stream, tp_ce_graph *g,
                                                 cudaError_t *cuda_err)
 {
-    *exec = nullptr;
+    g->exec = nullptr;
+    g->takes_gen = ex && ex->lsa && a->n_rows > 0;
     CE_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
     const lf_status st = tp_ce_launch(a, ex, stream, cuda_err);
-    cudaGraph_t g = nullptr;
-    const cudaError_t e = cudaStreamEndCapture(stream, &g); /* always ended, whatever tp_ce_launch said */
+    cudaGraph_t gr = nullptr;
+    const cudaError_t e = cudaStreamEndCapture(stream, &gr); /* always ended, whatever tp_ce_launch said */
     if (st != LF_OK || e != cudaSuccess) {
-        if (g) cudaGraphDestroy(g);
+        if (gr) cudaGraphDestroy(gr);
         if (st == LF_OK && cuda_err) *cuda_err = e;
         return st != LF_OK ? st : LF_ERR_DEVICE;
     }
-    const cudaError_t ei = cudaGraphInstantiate(exec, g, 0);
-    cudaGraphDestroy(g);
+    const cudaError_t ei = cudaGraphInstantiate(&g->exec, gr, 0);
+    cudaGraphDestroy(gr);
     if (ei != cudaSuccess) {
-        *exec = nullptr;
+        g->exec = nullptr;
         if (cuda_err) *cuda_err = ei;
         return LF_ERR_DEVICE;
     }
     return LF_OK;
+}
+
+/* One replay of a captured step on `stream`, counted like a launch (ex->gen: tp_lsa_abort then
+ * reaches it before it begins, and tp_lsa_generation knows it). */
+[[maybe_unused]] static lf_status tp_ce_replay(const tp_ce_graph *g, tp_exchange *ex, cudaStream_t stream, cudaError_t *cuda_err)
+{
+    CE_CHECK(cudaGraphLaunch(g->exec, stream));
+    if (g->takes_gen && ex) ex->gen = tp_lsa_generation(ex) + 1u;
+    return LF_OK;
+}
+
+/* Frees a captured step (on its device; a NULL exec is none). */
+[[maybe_unused]] static void tp_ce_graph_destroy(tp_ce_graph *g)
+{
+    if (g->exec) cudaGraphExecDestroy(g->exec);
+    g->exec = nullptr;
 }
 
 /* ============================================================================================
@@ -1785,22 +1819,30 @@ struct tp_sim_windows {
     /* args: [P], rank r's at args[r]; their max_ctas (0) becomes the share of the SMs. After a
      * failed launch the ranks' generations disagree: every later run() refuses (LF_ERR_DEVICE). */
     bool failed = false;
-    lf_status run(const tp_ce_args *args, cudaError_t *cuda_err)
+    /* args: [P], rank r's at args[r], into *a with their max_ctas (0) made the share of the SMs;
+     * every rank planned before any launches (run, capture), all on one schedule. */
+    lf_status plan(const tp_ce_args *args, std::vector<tp_ce_args> *a, cudaError_t *cuda_err)
     {
         if (failed) return LF_ERR_DEVICE;
-        std::vector<tp_ce_args> a(args, args + P);
+        a->assign(args, args + P);
         bool res0 = false;
         for (int r = 0; r < P; ++r) /* all checked before any rank's max_ctas is filled in */
-            if (a[r].tp != P || a[r].rank != r || a[r].lsa_schedule != a[0].lsa_schedule || a[r].max_ctas != a[0].max_ctas)
+            if ((*a)[r].tp != P || (*a)[r].rank != r || (*a)[r].lsa_schedule != (*a)[0].lsa_schedule || (*a)[r].max_ctas != (*a)[0].max_ctas)
                 return LF_ERR_ARG;
         for (int r = 0; r < P; ++r) {
-            if (a[r].max_ctas == 0) a[r].max_ctas = max_ctas;
+            if ((*a)[r].max_ctas == 0) (*a)[r].max_ctas = max_ctas;
             tp_run run;
             int64_t C = 1;
-            TP_TRY(tp_lsa_plan(&a[r], &ex[r], &run, &C, cuda_err)); /* every rank, before any launches */
+            TP_TRY(tp_lsa_plan(&(*a)[r], &ex[r], &run, &C, cuda_err));
             if (r == 0) res0 = run.res;
             if (run.res != res0) return LF_ERR_ARG;
         }
+        return LF_OK;
+    }
+    lf_status run(const tp_ce_args *args, cudaError_t *cuda_err)
+    {
+        std::vector<tp_ce_args> a;
+        TP_TRY(plan(args, &a, cuda_err));
         for (int r = 0; r < P; ++r) {
             const lf_status st = tp_ce_launch_lsa(&a[r], &ex[r], streams[r], cuda_err);
             if (st != LF_OK) { /* the ranks launched before wait for this one: end them */
@@ -1811,38 +1853,32 @@ struct tp_sim_windows {
         }
         return wait(cuda_err);
     }
-    /* Every rank's step captured into a CUDA graph (tp_ce_capture; execs[r] rank r's, each to be
-     * replayed on streams[r]); the same checks as run(), nothing runs. Run once before. */
-    lf_status capture(const tp_ce_args *args, cudaGraphExec_t *execs, cudaError_t *cuda_err)
+    /* Every rank's step captured into a CUDA graph (tp_ce_capture; gs[r] rank r's, each to be
+     * replayed on streams[r]); planned as run() plans, nothing runs. Run once before. */
+    lf_status capture(const tp_ce_args *args, tp_ce_graph *gs, cudaError_t *cuda_err)
     {
-        for (int r = 0; r < P; ++r) execs[r] = nullptr;
-        if (failed) return LF_ERR_DEVICE;
-        for (int r = 0; r < P; ++r)
-            if (args[r].tp != P || args[r].rank != r || args[r].lsa_schedule != args[0].lsa_schedule || args[r].max_ctas != args[0].max_ctas)
-                return LF_ERR_ARG;
+        for (int r = 0; r < P; ++r) gs[r].exec = nullptr;
+        std::vector<tp_ce_args> a;
+        TP_TRY(plan(args, &a, cuda_err));
         for (int r = 0; r < P; ++r) {
-            tp_ce_args a = args[r];
-            if (a.max_ctas == 0) a.max_ctas = max_ctas;
-            const lf_status st = tp_ce_capture(&a, &ex[r], streams[r], &execs[r], cuda_err);
+            const lf_status st = tp_ce_capture(&a[r], &ex[r], streams[r], &gs[r], cuda_err);
             if (st != LF_OK) {
-                for (int q = 0; q < r; ++q) cudaGraphExecDestroy(execs[q]);
-                for (int q = 0; q < P; ++q) execs[q] = nullptr;
+                for (int q = 0; q < r; ++q) tp_ce_graph_destroy(&gs[q]);
                 return st;
             }
         }
         return LF_OK;
     }
     /* One replay of capture()'s graphs, every rank on its stream at once; then as run(). */
-    lf_status replay(const cudaGraphExec_t *execs, cudaError_t *cuda_err)
+    lf_status replay(const tp_ce_graph *gs, cudaError_t *cuda_err)
     {
         if (failed) return LF_ERR_DEVICE;
         for (int r = 0; r < P; ++r) {
-            const cudaError_t e = cudaGraphLaunch(execs[r], streams[r]);
-            if (e != cudaSuccess) {
+            const lf_status st = tp_ce_replay(&gs[r], &ex[r], streams[r], cuda_err);
+            if (st != LF_OK) { /* the ranks replayed before wait for this one: end them */
                 for (int q = 0; q < r; ++q) tp_lsa_abort(&ex[q]);
                 failed = true;
-                if (cuda_err) *cuda_err = e;
-                return LF_ERR_DEVICE;
+                return st;
             }
         }
         return wait(cuda_err);
@@ -1890,6 +1926,7 @@ static lf_status tp_lsa_alloc(tp_exchange *ex, int tp, int64_t rows, cudaError_t
     if (ncclMemAlloc((void **)&ex->win_buf, bytes) != ncclSuccess) return LF_ERR_DEVICE;
     CE_CHECK(cudaMemset(ex->win_buf, 0, bytes));
     if (!ex->ctl) TP_TRY(tp_lsa_ctl_create(ex, cuda_err));
+    else memset(ex->ctl, 0, 4 * sizeof(unsigned)); /* a new window counts from 0: no old abort request or record */
     CE_CHECK(cudaDeviceSynchronize());
     return LF_OK;
 }
@@ -2046,21 +2083,35 @@ struct tp_nccl_ranks {
         if (st != LF_OK && st != LF_ERR_ARG && st != LF_ERR_SIZE) abort();
         return st;
     }
-    /* Every rank's step captured into a CUDA graph (tp_ce_capture: execs[r] on devs[r], to be
-     * replayed on streams[r]: replay()); nothing runs. Run once before. */
-    lf_status capture(const tp_ce_args *args, cudaGraphExec_t *execs, cudaError_t *cuda_err)
+    /* Every rank's step captured into a CUDA graph (tp_ce_capture: gs[r] on devs[r], to be
+     * replayed on streams[r]: replay()), with the read-once window only (the all-gathers of
+     * several GPUs driven by one thread must be grouped, which captures per rank cannot);
+     * checked and planned as run() (tp_ce_nccl) does, nothing runs. Run once before. */
+    lf_status capture(const tp_ce_args *args, tp_ce_graph *gs, cudaError_t *cuda_err)
     {
         const int P = (int)devs.size();
-        for (int r = 0; r < P; ++r) execs[r] = nullptr;
+        for (int r = 0; r < P; ++r) gs[r].exec = nullptr;
         if (aborted) return LF_ERR_DEVICE;
+        bool res0 = false;
+        for (int r = 0; r < P; ++r) {
+            if (!ex[r].lsa || args[r].tp != P || args[r].rank != r || args[r].n_rows != args[0].n_rows ||
+                args[r].vocab != args[0].vocab || args[r].chunk_rows != args[0].chunk_rows ||
+                args[r].lsa_schedule != args[0].lsa_schedule || args[r].max_ctas != args[0].max_ctas)
+                return LF_ERR_ARG;
+            CE_CHECK(cudaSetDevice(devs[r]));
+            tp_run run;
+            int64_t C = 1;
+            TP_TRY(tp_lsa_plan(&args[r], &ex[r], &run, &C, cuda_err));
+            if (r == 0) res0 = run.res;
+            if (run.res != res0) return LF_ERR_ARG;
+        }
         for (int r = 0; r < P; ++r) {
             lf_status st = cudaSetDevice(devs[r]) == cudaSuccess ? LF_OK : LF_ERR_DEVICE;
-            if (st == LF_OK) st = tp_ce_capture(&args[r], &ex[r], streams[r], &execs[r], cuda_err);
+            if (st == LF_OK) st = tp_ce_capture(&args[r], &ex[r], streams[r], &gs[r], cuda_err);
             if (st != LF_OK) {
                 for (int q = 0; q < r; ++q) {
                     cudaSetDevice(devs[q]);
-                    cudaGraphExecDestroy(execs[q]);
-                    execs[q] = nullptr;
+                    tp_ce_graph_destroy(&gs[q]);
                 }
                 return st;
             }
@@ -2069,16 +2120,16 @@ struct tp_nccl_ranks {
     }
     /* One replay of capture()'s graphs on every rank's stream (then sync()). A replay that could
      * not be launched on some rank aborts the others' (as run()). */
-    lf_status replay(const cudaGraphExec_t *execs, cudaError_t *cuda_err)
+    lf_status replay(const tp_ce_graph *gs, cudaError_t *cuda_err)
     {
         if (aborted) return LF_ERR_DEVICE;
         for (int r = 0; r < (int)devs.size(); ++r) {
-            cudaError_t e = cudaSetDevice(devs[r]);
-            if (e == cudaSuccess) e = cudaGraphLaunch(execs[r], streams[r]);
-            if (e != cudaSuccess) {
-                if (cuda_err) *cuda_err = e;
+            const cudaError_t e = cudaSetDevice(devs[r]);
+            const lf_status st = e == cudaSuccess ? tp_ce_replay(&gs[r], &ex[r], streams[r], cuda_err) : LF_ERR_DEVICE;
+            if (st != LF_OK) {
+                if (e != cudaSuccess && cuda_err) *cuda_err = e;
                 abort();
-                return LF_ERR_DEVICE;
+                return st;
             }
         }
         return LF_OK;
@@ -2345,6 +2396,21 @@ static double tp_elem(const std::vector<char> &h, size_t i, lf_dtype dt)
         }                                                                                           \
     } while (0)
 
+/* The demo's graph runs (tp_demo.graph): every share left in a read-once window (both parities:
+ * the chunked schedule's shares, the resident slots' values) made NaN; the slots' generations,
+ * the flags, failure, done and generation words kept. */
+__global__ void tp_demo_poison_window(char *win, int64_t rows, int P)
+{
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x, t0 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    unsigned *sh = reinterpret_cast<unsigned *>(win);
+    const int64_t nsh = (int64_t)(2 * tp_lsa_shares_bytes(rows, P) / 4);
+    for (int64_t i = t0; i < nsh; i += stride) sh[i] = 0x7fc00000u;
+    lf_tp_slot *sl = reinterpret_cast<lf_tp_slot *>(win + tp_lsa_slots_offset(rows, P, 0));
+    const int64_t nsl = 2 * rows * (P - 1);
+    for (int64_t i = t0; i < nsl; i += stride)
+        for (int k = 0; k < 3; ++k) sl[i].w[k] = (sl[i].w[k] & 0xffffffff00000000ull) | 0x7fc00000ull;
+}
+
 static tp_demo_result tp_demo_run(const tp_demo *d)
 {
     tp_demo_result res;
@@ -2567,21 +2633,21 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
     const bool graph_ok = d->graph && !one && (nccl ? d->lsa != 0 : d->sim_lsa != 0);
     auto by_graph = [&](int rep) { return graph_ok && rep % 2 == 1; };
     struct tp_graphs {
-        std::vector<cudaGraphExec_t> execs;
+        std::vector<tp_ce_graph> g;
         std::vector<int> devs;
-        bool made() const { return !execs.empty(); }
-        lf_status make(int P, const std::function<lf_status(cudaGraphExec_t *)> &cap)
+        bool made() const { return !g.empty(); }
+        lf_status make(int P, const std::function<lf_status(tp_ce_graph *)> &cap)
         {
-            std::vector<cudaGraphExec_t> e(P, nullptr);
+            std::vector<tp_ce_graph> e(P, tp_ce_graph{nullptr, 0});
             const lf_status st = cap(e.data());
-            if (st == LF_OK) execs = e;
+            if (st == LF_OK) g = e;
             return st;
         }
         ~tp_graphs()
         {
-            for (size_t r = 0; r < execs.size(); ++r) {
+            for (size_t r = 0; r < g.size(); ++r) {
                 if (r < devs.size()) cudaSetDevice(devs[r]);
-                if (execs[r]) cudaGraphExecDestroy(execs[r]);
+                tp_ce_graph_destroy(&g[r]);
             }
         }
     } graphs;
@@ -2610,14 +2676,18 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
             TPD_TRY(cudaMemset(outs[r], 0xff, 4 * (3 * N + 4)));
             TPD_TRY(cudaMemset(errs[r], 0, 4)); /* counted afresh each run */
         }
-        if (graph_ok && rep > 0) /* every window cleared but its generation word: a launch or
-                                  * replay that took a stale generation would wait (and time out)
-                                  * instead of reading the shares an earlier launch left */
+        if (graph_ok && rep > 0) /* the shares an earlier launch left in every window made NaN,
+                                  * their generations, flags and done words kept: a launch or
+                                  * replay that took a stale generation (on every rank alike)
+                                  * would take them for this launch's and give NaN outputs; with
+                                  * the inputs unchanged, stale shares would be the same bits */
             for (int r = 0; r < P; ++r) {
                 const tp_exchange *x = lsa_ex(r);
                 if (!x) continue;
                 TPD_TRY(cudaSetDevice(dev_of(r)));
-                TPD_TRY(cudaMemset(x->win_buf, 0, tp_lsa_gen_offset(x->lsa_rows, P)));
+                tp_demo_poison_window<<<256, 256>>>(x->win_buf, x->lsa_rows, P);
+                TPD_TRY(cudaGetLastError());
+                TPD_TRY(cudaDeviceSynchronize());
             }
         res.graph_replays += by_graph(rep);
         if (one) {
@@ -2630,9 +2700,9 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
         } else if (nccl) {
 #ifdef LF_HAVE_NCCL
             if (by_graph(rep)) {
-                if (!graphs.made() && (res.st = graphs.make(P, [&](cudaGraphExec_t *e) { return ranks.capture(args.data(), e, &res.cuda); })) != LF_OK)
+                if (!graphs.made() && (res.st = graphs.make(P, [&](tp_ce_graph *e) { return ranks.capture(args.data(), e, &res.cuda); })) != LF_OK)
                     return res;
-                res.st = ranks.replay(graphs.execs.data(), &res.cuda);
+                res.st = ranks.replay(graphs.g.data(), &res.cuda);
             } else {
                 res.st = ranks.run(args.data(), &res.cuda);
             }
@@ -2645,9 +2715,9 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
         } else {
             TPD_TRY(cudaSetDevice(0));
             if (d->sim_lsa && by_graph(rep)) {
-                if (!graphs.made() && (res.st = graphs.make(P, [&](cudaGraphExec_t *e) { return simw.capture(args.data(), e, &res.cuda); })) != LF_OK)
+                if (!graphs.made() && (res.st = graphs.make(P, [&](tp_ce_graph *e) { return simw.capture(args.data(), e, &res.cuda); })) != LF_OK)
                     return res;
-                res.st = simw.replay(graphs.execs.data(), &res.cuda);
+                res.st = simw.replay(graphs.g.data(), &res.cuda);
             } else if (d->sim_lsa) res.st = simw.run(args.data(), &res.cuda);
             else if (d->launch_single && P == 1) res.st = tp_ce_launch(&args[0], NULL, 0, &res.cuda);
             else res.st = tp_ce_simulate(args.data(), P, 0, &res.cuda);

@@ -207,7 +207,7 @@ static void test_sim_args(void)
  * test exits after 20 s: a hang), tp_lsa_failure gives the reason and the launch's generation,
  * the loss and every valid row's lse and gradient are NaN, ignored rows 0. (4) tp = 1 on a window
  * made the same way, with an abort request standing for earlier launches only: the launch
- * completes, finite, no failure recorded. Both read-once schedules (sched): the chunked one's
+ * completes, finite, no failure recorded, and the host learns its generation (6) from the device. Both read-once schedules (sched): the chunked one's
  * gradient waits for a chunk's flags, the resident one's rows for their slots, and its end for
  * rank 1's done word (the end-of-launch barrier gives up too). */
 static void test_lsa_give_up(int sched)
@@ -341,8 +341,7 @@ static void test_lsa_give_up(int sched)
     tp_exchange ex1;
     char *win1[1], **peers1;
     make(&ex1, 1, win1, &peers1);
-    ex1.gen = 5;
-    ex1.ctl[0] = 4;
+    ex1.ctl[0] = 4; /* (ex1.gen stays 0: only the device's count, through ctl[3], can say 6) */
     const unsigned five = 5; /* the device's count of launches (the generation word) */
     CK(cudaMemcpy(win1[0] + tp_lsa_gen_offset(N, 1), &five, 4, cudaMemcpyHostToDevice));
     launch(args(1, 10000), &ex1, 0, [] {}); /* a timeout that only a hang reaches (compute-sanitizer too) */
