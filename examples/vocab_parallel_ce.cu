@@ -1019,8 +1019,9 @@ typedef struct tp_exchange {
     char *win_buf;
     char **peers;
     int64_t lsa_rows;          /* the most rows a launch may have */
-    unsigned gen;              /* the generation of the last read-once launch made here (the device
-                                * holds the real count: tp_lsa_generation) */
+    unsigned gen;              /* the read-once launches and replays enqueued by tp_ce_launch and
+                                * tp_ce_replay (the device holds the real count, and copies it to
+                                * ctl[3]: tp_lsa_generation, tp_lsa_device_generation) */
     unsigned long long *prof;  /* optional device [2]: waits of the read-once kernel (tp_lsa) */
     int grid;                  /* CTAs of the last read-once launch */
     unsigned *ctl, *ctl_dev;   /* tp_lsa_ctl_create: mapped host words, [0] the abort request,
@@ -1056,6 +1057,13 @@ typedef struct tp_exchange {
     return g;
 }
 
+/* The generation the last read-once launch of this rank to begin took, as its prep kernel copied
+ * it (exact once the stream is synchronised; 0 without the mapped words, or before any launch). */
+[[maybe_unused]] static unsigned tp_lsa_device_generation(const tp_exchange *ex)
+{
+    return ex->ctl ? ((const volatile unsigned *)ex->ctl)[3] : 0u;
+}
+
 /* Ends this rank's read-once launches so far, those enqueued and not yet begun included, replays
  * of captured graphs too where tp_ce_replay enqueued them (any thread, any time, no CUDA call): a launch
  * still waiting for another rank's shares gives up within ~1024 of its spins (tp_lsa_spin: about
@@ -1089,7 +1097,7 @@ typedef struct tp_exchange {
 {
     unsigned g = 0;
     if (!ex->lsa || tp_lsa_failure(ex, &g) == TP_LSA_OK) return false;
-    return g == ((const volatile unsigned *)ex->ctl)[3]; /* (a failure record implies ctl) */
+    return g == tp_lsa_device_generation(ex); /* (a failure record implies ctl) */
 }
 
 typedef struct tp_run {
@@ -1495,8 +1503,10 @@ static lf_status tp_ce_launch_lsa(const tp_ce_args *a, tp_exchange *ex, cudaStre
      * synchronise them. */
     cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
     CE_CHECK(cudaStreamIsCapturing(stream, &cap));
+    /* (read before the prep is enqueued: once it runs, its copy into ctl[3] would count it twice) */
+    const unsigned next = tp_lsa_generation(ex) + 1u;
     auto count = [&]() {
-        if (N > 0 && cap == cudaStreamCaptureStatusNone) ex->gen = tp_lsa_generation(ex) + 1u;
+        if (N > 0 && cap == cudaStreamCaptureStatusNone) ex->gen = next;
     };
     unsigned *const gen_word = reinterpret_cast<unsigned *>(ex->win_buf + L.gen_off);
     unsigned *const gen_mirror = ex->ctl_dev ? ex->ctl_dev + 3 : nullptr;
@@ -1630,8 +1640,9 @@ typedef struct tp_ce_graph {
  * reaches it before it begins, and tp_lsa_generation knows it). */
 [[maybe_unused]] static lf_status tp_ce_replay(const tp_ce_graph *g, tp_exchange *ex, cudaStream_t stream, cudaError_t *cuda_err)
 {
+    const unsigned next = ex ? tp_lsa_generation(ex) + 1u : 0u; /* (before the replay can begin) */
     CE_CHECK(cudaGraphLaunch(g->exec, stream));
-    if (g->takes_gen && ex) ex->gen = tp_lsa_generation(ex) + 1u;
+    if (g->takes_gen && ex) ex->gen = next;
     return LF_OK;
 }
 
@@ -2348,7 +2359,8 @@ typedef struct tp_demo_result {
                                    * mean over CTAs and ranks */
     int lsa_grid;
     int graph_replays;            /* with graph: the runs that replayed captured graphs */
-    unsigned lsa_generation;      /* read-once drivers: rank r0's tp_lsa_generation after the runs */
+    unsigned lsa_generation;      /* read-once drivers: rank r0's generation after the runs, as the
+                                   * device counted it (tp_lsa_device_generation) */
     uint64_t out_hash;            /* FNV-1a of the checked rank's loss, z-loss and lse outputs: the
                                    * same on every rank (one_rank: compared across the processes) */
     int ok;
@@ -2745,7 +2757,7 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
         }
     }
 
-    if (const tp_exchange *x = lsa_ex(r0)) res.lsa_generation = tp_lsa_generation(x);
+    if (const tp_exchange *x = lsa_ex(r0)) res.lsa_generation = tp_lsa_device_generation(x);
     /* compare */
     const double unit_r = d->dt == LF_BF16 ? 0x1p-8 : d->dt == LF_F16 ? 0x1p-11 : 0x1p-23;
     const double eps = d->opts.label_smoothing, lam = d->opts.z_loss, scale = d->opts.logit_scale;

@@ -349,8 +349,10 @@ static void test_lsa_give_up(int sched)
     CK(cudaMemcpy(&lh, loss.p, 4, cudaMemcpyDeviceToHost));
     EXPECT(std::isfinite(lh) && lh > 0.0f, "tp = 1 after an earlier abort request: loss %.9g", lh);
     EXPECT(tp_lsa_failure(&ex1, &gen) == TP_LSA_OK, "tp = 1: a failure recorded (%u, generation %u)", tp_lsa_failure(&ex1, nullptr), gen);
-    EXPECT(tp_lsa_generation(&ex1) == 6 && tp_lsa_generation(&ex) == 3, "generations %u / %u, not 6 / 3 (the device's count)",
-           tp_lsa_generation(&ex1), tp_lsa_generation(&ex));
+    EXPECT(tp_lsa_device_generation(&ex1) == 6 && tp_lsa_device_generation(&ex) == 3 && tp_lsa_generation(&ex1) == 6 &&
+               tp_lsa_generation(&ex) == 3,
+           "generations %u / %u (the device's count), %u / %u (the host's), not 6 / 3", tp_lsa_device_generation(&ex1),
+           tp_lsa_device_generation(&ex), tp_lsa_generation(&ex1), tp_lsa_generation(&ex));
     for (tp_exchange *p : {&ex, &ex1})
         if (p->ctl) CK(cudaFreeHost(p->ctl));
     for (char *w : {win[0], win[1], win1[0]}) CK(cudaFree(w));
