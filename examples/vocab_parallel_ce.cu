@@ -118,7 +118,6 @@
 #include "examples/cross_entropy.cu"
 
 #include <algorithm>
-#include <functional>
 #include <vector>
 #if defined(LF_HAVE_NCCL) && !defined(TP_NO_MAIN)
 #include <signal.h> /* modes mp / mplsa: one forked process per GPU */
@@ -1854,9 +1853,15 @@ struct tp_sim_windows {
     {
         std::vector<tp_ce_args> a;
         TP_TRY(plan(args, &a, cuda_err));
+        return start([&](int r) { return tp_ce_launch_lsa(&a[r], &ex[r], streams[r], cuda_err); }, cuda_err);
+    }
+    /* Every rank's launch (or replay) start(r) on its stream, then wait(); a rank that could not
+     * start ends the ranks started before it (they would wait for it) and marks this failed. */
+    template <class F> lf_status start(const F &one, cudaError_t *cuda_err)
+    {
         for (int r = 0; r < P; ++r) {
-            const lf_status st = tp_ce_launch_lsa(&a[r], &ex[r], streams[r], cuda_err);
-            if (st != LF_OK) { /* the ranks launched before wait for this one: end them */
+            const lf_status st = one(r);
+            if (st != LF_OK) {
                 for (int q = 0; q < r; ++q) tp_lsa_abort(&ex[q]);
                 failed = true;
                 return st;
@@ -1884,15 +1889,7 @@ struct tp_sim_windows {
     lf_status replay(const tp_ce_graph *gs, cudaError_t *cuda_err)
     {
         if (failed) return LF_ERR_DEVICE;
-        for (int r = 0; r < P; ++r) {
-            const lf_status st = tp_ce_replay(&gs[r], &ex[r], streams[r], cuda_err);
-            if (st != LF_OK) { /* the ranks replayed before wait for this one: end them */
-                for (int q = 0; q < r; ++q) tp_lsa_abort(&ex[q]);
-                failed = true;
-                return st;
-            }
-        }
-        return wait(cuda_err);
+        return start([&](int r) { return tp_ce_replay(&gs[r], &ex[r], streams[r], cuda_err); }, cuda_err);
     }
     /* Waits for every rank; LF_ERR_DEVICE where the last launch gave up (tp_lsa_last_failed). */
     lf_status wait(cudaError_t *cuda_err)
@@ -2645,16 +2642,9 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
     const bool graph_ok = d->graph && !one && (nccl ? d->lsa != 0 : d->sim_lsa != 0);
     auto by_graph = [&](int rep) { return graph_ok && rep % 2 == 1; };
     struct tp_graphs {
-        std::vector<tp_ce_graph> g;
+        std::vector<tp_ce_graph> g; /* [P] once captured (a failed capture leaves every exec NULL) */
         std::vector<int> devs;
-        bool made() const { return !g.empty(); }
-        lf_status make(int P, const std::function<lf_status(tp_ce_graph *)> &cap)
-        {
-            std::vector<tp_ce_graph> e(P, tp_ce_graph{nullptr, 0});
-            const lf_status st = cap(e.data());
-            if (st == LF_OK) g = e;
-            return st;
-        }
+        bool made = false;
         ~tp_graphs()
         {
             for (size_t r = 0; r < g.size(); ++r) {
@@ -2712,8 +2702,11 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
         } else if (nccl) {
 #ifdef LF_HAVE_NCCL
             if (by_graph(rep)) {
-                if (!graphs.made() && (res.st = graphs.make(P, [&](tp_ce_graph *e) { return ranks.capture(args.data(), e, &res.cuda); })) != LF_OK)
-                    return res;
+                if (!graphs.made) {
+                    graphs.g.assign(P, tp_ce_graph{nullptr, 0});
+                    if ((res.st = ranks.capture(args.data(), graphs.g.data(), &res.cuda)) != LF_OK) return res;
+                    graphs.made = true;
+                }
                 res.st = ranks.replay(graphs.g.data(), &res.cuda);
             } else {
                 res.st = ranks.run(args.data(), &res.cuda);
@@ -2727,8 +2720,11 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
         } else {
             TPD_TRY(cudaSetDevice(0));
             if (d->sim_lsa && by_graph(rep)) {
-                if (!graphs.made() && (res.st = graphs.make(P, [&](tp_ce_graph *e) { return simw.capture(args.data(), e, &res.cuda); })) != LF_OK)
-                    return res;
+                if (!graphs.made) {
+                    graphs.g.assign(P, tp_ce_graph{nullptr, 0});
+                    if ((res.st = simw.capture(args.data(), graphs.g.data(), &res.cuda)) != LF_OK) return res;
+                    graphs.made = true;
+                }
                 res.st = simw.replay(graphs.g.data(), &res.cuda);
             } else if (d->sim_lsa) res.st = simw.run(args.data(), &res.cuda);
             else if (d->launch_single && P == 1) res.st = tp_ce_launch(&args[0], NULL, 0, &res.cuda);
