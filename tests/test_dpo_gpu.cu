@@ -10,7 +10,7 @@
  * (poisoned: every element written, padding untouched); bad labels, bad pairs and a bad
  * cu_seqlens counted (never an out-of-bounds access); bit-identical reruns, and the same bits
  * with the tail as one cooperative launch or as six kernels (dpo_args.separate_launches, on a
- * re-poisoned workspace); logits masked with
+ * re-poisoned workspace), and the same bits again from CUDA-graph replays; logits masked with
  * the dtype's lowest finite value (torch.finfo(dtype).min); a launch with no tokens; tokens x V
  * above 2^31 (12 sequences of ~1550 tokens at V = 151936, in place: 64-bit offsets in the row
  * pass, the gradient pass and the reference; not with --small, nor on a host with less than
@@ -410,6 +410,49 @@ static void run_dcase(const DCase &c)
                 CK(cudaMemcpy(t3.data(), scd.p, 4 * T, cudaMemcpyDeviceToHost));
                 EXPECT(memcmp(t3.data(), sch.data(), 4 * T) == 0, "tok_scale differs with separate_launches = %d", other);
             }
+            /* CUDA graphs (the header says capturable): that launch captured on a stream, then
+             * replayed twice onto poisoned outputs and a workspace left as the last run left it:
+             * the same bits each time */
+            cudaStream_t cs;
+            CK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+            cudaGraph_t gr = nullptr;
+            cudaGraphExec_t ge = nullptr;
+            CK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal));
+            const lf_status cst = dpo_launch(&a, cs, &ce);
+            const cudaError_t cend = cudaStreamEndCapture(cs, &gr);
+            EXPECT(cst == LF_OK && cend == cudaSuccess, "captured dpo_launch: %s, end of capture: %s (separate_launches = %d)",
+                   lf_status_str(cst), cudaGetErrorString(cend), other);
+            if (cst == LF_OK && cend == cudaSuccess) {
+                CK(cudaGraphInstantiate(&ge, gr, 0));
+                for (int rep = 0; rep < 2; ++rep) {
+                    for (int64_t t = 0; t < T; ++t) fill_poison((char *)g.p + (size_t)t * gs * esz, V, c.dt);
+                    fill_poison(loss.p, 1, LF_F32);
+                    fill_poison(seqd.p, nseq, LF_F32);
+                    fill_poison(pmd.p, 4 * P, LF_F32);
+                    fill_poison(scd.p, T, LF_F32);
+                    CK(cudaMemset(err.p, 0, 4));
+                    CK(cudaDeviceSynchronize()); /* (cs does not wait for the legacy stream) */
+                    CK(cudaGraphLaunch(ge, cs));
+                    CK(cudaStreamSynchronize(cs));
+                    CK(cudaMemcpy(g2.data(), g.p, g2.size(), cudaMemcpyDeviceToHost));
+                    CK(cudaMemcpy(&l2, loss.p, 4, cudaMemcpyDeviceToHost));
+                    CK(cudaMemcpy(s3.data(), seqd.p, 4 * nseq, cudaMemcpyDeviceToHost));
+                    CK(cudaMemcpy(p3.data(), pmd.p, 16 * P, cudaMemcpyDeviceToHost));
+                    CK(cudaMemcpy(&e3, err.p, 4, cudaMemcpyDeviceToHost));
+                    EXPECT(memcmp(g2.data(), gh.data(), gh.size()) == 0, "graph replay %d: gradient differs", rep);
+                    EXPECT(memcmp(&l2, &lh, 4) == 0, "graph replay %d: loss differs", rep);
+                    EXPECT(memcmp(s3.data(), sh.data(), 4 * nseq) == 0, "graph replay %d: sequence log-probabilities differ", rep);
+                    EXPECT(memcmp(p3.data(), ph.data(), 16 * P) == 0, "graph replay %d: pair metrics differ", rep);
+                    EXPECT(e3 == eh, "graph replay %d: n_errors %u, %u the first time", rep, e3, eh);
+                    if (c.deferred) {
+                        CK(cudaMemcpy(t3.data(), scd.p, 4 * T, cudaMemcpyDeviceToHost));
+                        EXPECT(memcmp(t3.data(), sch.data(), 4 * T) == 0, "graph replay %d: tok_scale differs", rep);
+                    }
+                }
+                CK(cudaGraphExecDestroy(ge));
+            }
+            if (gr) CK(cudaGraphDestroy(gr));
+            CK(cudaStreamDestroy(cs));
         }
     }
     printf("%-4s %s\n", g_fail == fails ? "ok" : "FAIL", g_case);
