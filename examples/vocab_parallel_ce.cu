@@ -2257,14 +2257,30 @@ struct tp_one_rank {
 #endif
     }
     lf_status launch(const tp_ce_args *a, cudaError_t *cuda_err) { return tp_ce_launch(a, &x, s, cuda_err); }
-    /* launch and wait; LF_ERR_DEVICE also where the read-once launch gave up (NaN outputs) */
-    lf_status run(const tp_ce_args *a, cudaError_t *cuda_err)
+    /* waits for the stream; LF_ERR_DEVICE also where its last read-once launch gave up (NaN outputs) */
+    lf_status wait(cudaError_t *cuda_err)
     {
-        TP_TRY(launch(a, cuda_err));
         CE_CHECK(cudaStreamSynchronize(s));
         CE_CHECK(cudaGetLastError());
         if (tp_lsa_last_failed(&x)) return LF_ERR_DEVICE;
         return LF_OK;
+    }
+    /* launch and wait */
+    lf_status run(const tp_ce_args *a, cudaError_t *cuda_err)
+    {
+        TP_TRY(launch(a, cuda_err));
+        return wait(cuda_err);
+    }
+    /* This rank's step captured into a CUDA graph on its stream (tp_ce_capture), with either
+     * exchange: the all-gather here is this rank's own collective on its own communicator, so
+     * unlike tp_nccl_ranks it is captured too. Every rank's process captures the same step and
+     * replays it in step with the others. Run the step once before. */
+    lf_status capture(const tp_ce_args *a, tp_ce_graph *g, cudaError_t *cuda_err) { return tp_ce_capture(a, &x, s, g, cuda_err); }
+    /* one replay of capture()'s graph, then wait() */
+    lf_status replay(const tp_ce_graph *g, cudaError_t *cuda_err)
+    {
+        TP_TRY(tp_ce_replay(g, &x, s, cuda_err));
+        return wait(cuda_err);
     }
     ~tp_one_rank()
     {
@@ -2305,10 +2321,11 @@ typedef struct tp_demo {
                            * every 13th row from row 3, alternately a whole shard of some rank or
                            * every 11th entry, the label's entry kept */
     int repeat;           /* run 1 + repeat times: every run bit-identical to the first (loss, gradient) */
-    int graph;            /* with repeat, the read-once drivers (sim_lsa, or use_nccl with lsa, one
-                           * process): the repeats replay each rank's step captured into a CUDA
-                           * graph after the first run (tp_ce_capture), alternating with plain
-                           * launches from the third run on (graph, launch, graph, ...) */
+    int graph;            /* with repeat, the read-once drivers (sim_lsa, or use_nccl with lsa),
+                           * or one_rank with either exchange: the repeats replay each rank's step
+                           * captured into a CUDA graph after the first run (tp_ce_capture),
+                           * alternating with plain launches from the third run on (graph,
+                           * launch, graph, ...) */
     int launch_single;    /* tp = 1 only: run tp_ce_launch (the pipelined schedule) instead of
                            * the simulation driver */
     int64_t check_rows;   /* 0: every row; else this many rows (first, last, spread) */
@@ -2627,10 +2644,14 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
         if (d->graph) a.lsa_timeout_ms = 20000; /* a replay that waited on a stale generation fails, not hangs */
     }
 #ifdef LF_HAVE_NCCL
+    /* the read-once window: for one row at least, so that a batch without rows still takes the
+     * read-once path (as it would in a window made for a user's largest batch); no window, the
+     * all-gathers */
+    const int64_t win_rows = d->lsa ? (N > 0 ? N : 1) : 0;
     tp_nccl_ranks ranks; /* made once, used by every run and the timing below */
-    if (nccl && !one && (res.st = ranks.init(P, &res.cuda, d->lsa ? N : 0)) != LF_OK) return res;
+    if (nccl && !one && (res.st = ranks.init(P, &res.cuda, win_rows)) != LF_OK) return res;
     tp_one_rank mpx; /* one: this process's exchange and stream */
-    if (one && (res.st = mpx.init(d->mp_comm, P, d->lsa ? N : 0, &res.cuda)) != LF_OK) return res;
+    if (one && (res.st = mpx.init(d->mp_comm, P, win_rows, &res.cuda)) != LF_OK) return res;
 #endif
     tp_sim_windows simw; /* sim_lsa: the windows of every rank on this GPU */
     if (!nccl && d->sim_lsa) {
@@ -2639,7 +2660,7 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
     }
     /* graph: the repeats 1, 3, 5, ... replay every rank's step captured once (made at the first of
      * them; freed on every return, each on its rank's device) */
-    const bool graph_ok = d->graph && !one && (nccl ? d->lsa != 0 : d->sim_lsa != 0);
+    const bool graph_ok = d->graph && (one || (nccl ? d->lsa != 0 : d->sim_lsa != 0));
     auto by_graph = [&](int rep) { return graph_ok && rep % 2 == 1; };
     struct tp_graphs {
         std::vector<tp_ce_graph> g; /* [P] once captured (a failed capture leaves every exec NULL) */
@@ -2658,6 +2679,7 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
     auto lsa_ex = [&](int r) -> tp_exchange * {
 #ifdef LF_HAVE_NCCL
         if (nccl && !one && d->lsa && r < (int)ranks.ex.size()) return &ranks.ex[r];
+        if (one && d->lsa && r == r0) return &mpx.x;
 #endif
         if (!nccl && d->sim_lsa && r < (int)simw.ex.size()) return &simw.ex[r];
         return nullptr;
@@ -2678,11 +2700,12 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
             TPD_TRY(cudaMemset(outs[r], 0xff, 4 * (3 * N + 4)));
             TPD_TRY(cudaMemset(errs[r], 0, 4)); /* counted afresh each run */
         }
-        if (graph_ok && rep > 0) /* the shares an earlier launch left in every window made NaN,
-                                  * their generations, flags and done words kept: a launch or
-                                  * replay that took a stale generation (on every rank alike)
-                                  * would take them for this launch's and give NaN outputs; with
-                                  * the inputs unchanged, stale shares would be the same bits */
+        /* the shares an earlier launch left in every window made NaN, their generations, flags
+         * and done words kept: a launch or replay that took a stale generation (on every rank
+         * alike) would take them for this launch's and give NaN outputs; with the inputs
+         * unchanged, stale shares would be the same bits. Not with a process per rank: nothing
+         * keeps a peer that is a launch ahead from publishing into this window meanwhile. */
+        if (graph_ok && !one && rep > 0)
             for (int r = 0; r < P; ++r) {
                 const tp_exchange *x = lsa_ex(r);
                 if (!x) continue;
@@ -2694,7 +2717,17 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
         res.graph_replays += by_graph(rep);
         if (one) {
 #ifdef LF_HAVE_NCCL
-            if ((res.st = mpx.run(&args[r0], &res.cuda)) != LF_OK) return res;
+            if (by_graph(rep)) { /* (the other ranks' processes replay theirs in step) */
+                if (!graphs.made) {
+                    graphs.g.assign(P, tp_ce_graph{nullptr, 0});
+                    if ((res.st = mpx.capture(&args[r0], &graphs.g[r0], &res.cuda)) != LF_OK) return res;
+                    graphs.made = true;
+                }
+                res.st = mpx.replay(&graphs.g[r0], &res.cuda);
+            } else {
+                res.st = mpx.run(&args[r0], &res.cuda);
+            }
+            if (res.st != LF_OK) return res;
 #else
             res.st = LF_ERR_ARG; /* built without NCCL */
             return res;

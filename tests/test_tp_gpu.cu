@@ -88,9 +88,11 @@ static void run(const char *name, const tp_demo &d)
         EXPECT(r.out_hash == rs[0].out_hash, "rank %zu holds other loss / z / lse bits than rank 0", k);
     }
     const tp_demo_result &r = rs[0];
-    if (r.st == LF_OK && d.graph) { /* the replays ran, each with a generation of its own */
+    if (r.st == LF_OK && d.graph) { /* the replays ran, each read-once one with a generation of its
+                                     * own (a step without rows takes none; the all-gathers none) */
         EXPECT(r.graph_replays == (d.repeat + 1) / 2, "%d runs replayed a graph, not %d", r.graph_replays, (d.repeat + 1) / 2);
-        EXPECT(r.lsa_generation == (unsigned)(1 + d.repeat), "rank 0's generation %u after %d launches", r.lsa_generation, 1 + d.repeat);
+        const unsigned want = (d.sim_lsa || (d.use_nccl && d.lsa)) && d.N > 0 ? (unsigned)(1 + d.repeat) : 0u;
+        EXPECT(r.lsa_generation == want, "rank 0's generation %u after %d launches, not %u", r.lsa_generation, 1 + d.repeat, want);
     }
     /* a forced resident schedule ran resident (else tp_lsa_plan refused it: st above) */
     if (r.st == LF_OK && (d.lsa || d.sim_lsa) && d.lsa_schedule == TP_LSA_RESIDENT && d.N > 0)
@@ -207,7 +209,10 @@ static void test_sim_args(void)
  * test exits after 20 s: a hang), tp_lsa_failure gives the reason and the launch's generation,
  * the loss and every valid row's lse and gradient are NaN, ignored rows 0. (4) tp = 1 on a window
  * made the same way, with an abort request standing for earlier launches only: the launch
- * completes, finite, no failure recorded, and the host learns its generation (6) from the device. Both read-once schedules (sched): the chunked one's
+ * completes, finite, no failure recorded, and the host learns its generation (6) from the device.
+ * (5) On rank 0's window again, launches captured into CUDA graphs: a replay that times out, and
+ * the host's abort request ending a replay that waits and one queued behind it (each gives up;
+ * the generations the device took, 4 to 6, in the failure records). Both read-once schedules (sched): the chunked one's
  * gradient waits for a chunk's flags, the resident one's rows for their slots, and its end for
  * rank 1's done word (the end-of-launch barrier gives up too). */
 static void test_lsa_give_up(int sched)
@@ -264,13 +269,15 @@ static void test_lsa_give_up(int sched)
         a.lsa_schedule = sched;
         return a;
     };
-    /* the launch on `st`; `during` runs once it has been seen still running after 30 ms */
-    auto launch = [&](const tp_ce_args &a, tp_exchange *ex, int expect_running, const std::function<void()> &during) {
-        gen_logits<__nv_bfloat16><<<512, 256, 0, st>>>((__nv_bfloat16 *)x.p, N, a.stride, a.stride, g_seed + 5, 30.0f);
+    /* fresh logits of row stride `stride`, then what `enqueue` puts on `st` (a launch, or graph
+     * replays); `during` runs once it has been seen still running after 30 ms */
+    auto launch_fn = [&](int64_t stride, const std::function<void()> &enqueue, int expect_running,
+                         const std::function<void()> &during) {
+        gen_logits<__nv_bfloat16><<<512, 256, 0, st>>>((__nv_bfloat16 *)x.p, N, stride, stride, g_seed + 5, 30.0f);
         CK(cudaGetLastError());
         CK(cudaStreamSynchronize(st));
         const auto t0 = std::chrono::steady_clock::now();
-        EXPECT(tp_ce_launch(&a, ex, st, &e) == LF_OK, "tp_ce_launch: %s", cudaGetErrorString(e));
+        enqueue();
         CK(cudaGetLastError());
         if (expect_running) {
             std::this_thread::sleep_for(std::chrono::milliseconds(30));
@@ -288,6 +295,11 @@ static void test_lsa_give_up(int sched)
         }
         CK(q);
         return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    };
+    auto launch = [&](const tp_ce_args &a, tp_exchange *ex, int expect_running, const std::function<void()> &during) {
+        return launch_fn(
+            a.stride, [&] { EXPECT(tp_ce_launch(&a, ex, st, &e) == LF_OK, "tp_ce_launch: %s", cudaGetErrorString(e)); },
+            expect_running, during);
     };
     /* the outputs of a launch that gave up: loss NaN, valid rows' lse and gradient NaN, ignored 0 */
     auto check_nan = [&](const char *what) {
@@ -353,6 +365,48 @@ static void test_lsa_give_up(int sched)
                tp_lsa_generation(&ex) == 3,
            "generations %u / %u (the device's count), %u / %u (the host's), not 6 / 3", tp_lsa_device_generation(&ex1),
            tp_lsa_device_generation(&ex), tp_lsa_generation(&ex1), tp_lsa_generation(&ex));
+    /* (5) the same from CUDA-graph replays of rank 0's step (tp_ce_capture, tp_ce_replay): (a) a
+     * replay times out (generation 4); (b) the host's abort request reaches a replay that waits
+     * (generation 5) and one queued behind it that has not begun (6; the logits drawn again and
+     * the loss and lse zeroed in between, so that the NaN checked are the second replay's) */
+    tp_ce_graph gt{nullptr, 0}, ga{nullptr, 0};
+    const tp_ce_args at = args(2, 100), aa = args(2, 0);
+    EXPECT(tp_ce_capture(&at, &ex, st, &gt, &e) == LF_OK && tp_ce_capture(&aa, &ex, st, &ga, &e) == LF_OK, "tp_ce_capture: %s",
+           cudaGetErrorString(e));
+    EXPECT(tp_lsa_generation(&ex) == 3, "the captures were counted as launches (generation %u, not 3)", tp_lsa_generation(&ex));
+    double t5 = 0.0;
+    if (gt.exec && ga.exec) {
+        t5 = launch_fn(
+            vs, [&] { EXPECT(tp_ce_replay(&gt, &ex, st, &e) == LF_OK, "tp_ce_replay: %s", cudaGetErrorString(e)); }, 0, [] {});
+        EXPECT(tp_lsa_failure(&ex, &gen) == TP_LSA_TIMED_OUT && gen == 4, "timeout in a replay: reason %u generation %u",
+               tp_lsa_failure(&ex, nullptr), gen);
+        EXPECT(t5 >= 0.1, "timeout in a replay: ended after %.3f s, before the 100 ms", t5);
+        EXPECT(tp_lsa_last_failed(&ex) && tp_lsa_device_generation(&ex) == 4, "timeout in a replay: last failed %d, generation %u",
+               (int)tp_lsa_last_failed(&ex), tp_lsa_device_generation(&ex));
+        check_nan("timeout in a replay");
+        launch_fn(
+            vs,
+            [&] {
+                EXPECT(tp_ce_replay(&ga, &ex, st, &e) == LF_OK, "tp_ce_replay: %s", cudaGetErrorString(e));
+                gen_logits<__nv_bfloat16><<<512, 256, 0, st>>>((__nv_bfloat16 *)x.p, N, vs, vs, g_seed + 6, 30.0f);
+                CK(cudaGetLastError());
+                CK(cudaMemsetAsync(loss.p, 0, 4, st));
+                CK(cudaMemsetAsync(lse.p, 0, 4 * N, st));
+                EXPECT(tp_ce_replay(&ga, &ex, st, &e) == LF_OK, "tp_ce_replay: %s", cudaGetErrorString(e));
+            },
+            1,
+            [&] {
+                EXPECT(tp_lsa_generation(&ex) == 6, "two replays queued: the host knows generation %u, not 6", tp_lsa_generation(&ex));
+                tp_lsa_abort(&ex);
+            });
+        EXPECT(tp_lsa_failure(&ex, &gen) == TP_LSA_ABORTED && gen == 6, "abort of replays: reason %u generation %u",
+               tp_lsa_failure(&ex, nullptr), gen);
+        EXPECT(tp_lsa_last_failed(&ex) && tp_lsa_device_generation(&ex) == 6, "abort of replays: last failed %d, generation %u",
+               (int)tp_lsa_last_failed(&ex), tp_lsa_device_generation(&ex));
+        check_nan("abort of a waiting replay and a queued one");
+    }
+    tp_ce_graph_destroy(&gt);
+    tp_ce_graph_destroy(&ga);
     for (tp_exchange *p : {&ex, &ex1})
         if (p->ctl) CK(cudaFreeHost(p->ctl));
     for (char *w : {win[0], win[1], win1[0]}) CK(cudaFree(w));
@@ -360,7 +414,7 @@ static void test_lsa_give_up(int sched)
     CK(cudaFree(peers1));
     CK(cudaStreamDestroy(st));
     CK(cudaStreamDestroy(side));
-    printf("%-4s %s (timeout after %.3f s)\n", g_fail == fails ? "ok" : "FAIL", g_case, t1);
+    printf("%-4s %s (timeout after %.3f s; in a replay %.3f s)\n", g_fail == fails ? "ok" : "FAIL", g_case, t1, t5);
 }
 
 #ifdef LF_HAVE_NCCL
@@ -414,6 +468,13 @@ static void test_ranks_abort(int lsa)
         EXPECT(st == LF_OK, "init: %s (%s)", lf_status_str(st), cudaGetErrorString(e));
         if (st == LF_OK) {
             EXPECT(!lsa || g.ex[0].lsa, "the read-once window was not made");
+            if (!lsa) { /* one thread's all-gathers are grouped across ranks: not captured */
+                tp_ce_graph gr{reinterpret_cast<cudaGraphExec_t>(&gr), 1};
+                const lf_status cs = g.capture(&a, &gr, &e);
+                EXPECT(cs == LF_ERR_ARG && gr.exec == nullptr, "capture with the all-gathers: %s, exec %p (expected LF_ERR_ARG, none)",
+                       lf_status_str(cs), (void *)gr.exec);
+                EXPECT(!g.aborted, "a refused capture aborted the communicators");
+            }
             step(g, LF_OK, true);
             g.abort();
             EXPECT(g.aborted && g.comms.size() == 1 && g.comms[0] == nullptr && g.ex[0].comm == nullptr,
@@ -614,6 +675,11 @@ int main(int argc, char **argv)
             d.repeat = 4;
             d.graph = 1;
             run("read-once chunked, simulated, CUDA graph replays between launches", d);
+            d = sim_case(67, res_sched()); /* a captured step without rows runs no read-once kernel */
+            d.N = 0;
+            d.repeat = 2;
+            d.graph = 1;
+            run("read-once resident, simulated, CUDA graph of a step without rows", d);
             d = sim_case(53, TP_LSA_CHUNKED);
             d.chunk_rows = 16;
             d.lsa_lag = 2;
@@ -746,7 +812,10 @@ int main(int argc, char **argv)
                 d.repeat = lsa == 2 ? 3 : 1; /* both parities of the window (resident: each reused) */
                 snprintf(name, sizeof name, "%s, smoothing, z-loss, repeat", nm);
                 run(name, d);
-                if (lsa && !thr) { /* CUDA graphs: each rank's step captured on its GPU, replayed */
+                /* CUDA graphs: each rank's step captured on its GPU, replayed; one thread driving
+                 * every rank captures the read-once window only (tp_nccl_ranks::capture refuses the
+                 * all-gathers: test_ranks_abort), a thread per rank the all-gathers too */
+                if (lsa || thr) {
                     tp_demo g = d;
                     g.repeat = 4;
                     g.graph = 1;
@@ -826,6 +895,13 @@ int main(int argc, char **argv)
                 d.repeat = lsa == 2 ? 3 : 1;
                 snprintf(name, sizeof name, "%s, all ignored, repeat", nm);
                 run(name, d);
+                if (lsa || thr) {
+                    tp_demo g = d;
+                    g.repeat = 2;
+                    g.graph = 1;
+                    snprintf(name, sizeof name, "%s, all ignored, CUDA graph replays", nm);
+                    run(name, g);
+                }
                 d.all_ignored = 0;
                 d.repeat = 0;
                 d.N = 1;
@@ -834,6 +910,12 @@ int main(int argc, char **argv)
                 d.N = 0;
                 snprintf(name, sizeof name, "%s, no rows", nm);
                 run(name, d);
+                if (lsa || thr) {
+                    d.repeat = 2;
+                    d.graph = 1;
+                    snprintf(name, sizeof name, "%s, no rows, CUDA graph replays", nm);
+                    run(name, d);
+                }
                 if (!g_small) {
                     d = nccl_case(6000);
                     d.N = 4096;
