@@ -5,7 +5,7 @@
  * Build and run (from the repository root; meson does the same, see README.md):
  *     nvcc -O3 -std=c++17 -arch=sm_90 -I. examples/vocab_parallel_ce.cu -o vocab_parallel_ce
  *     nvcc -O3 -std=c++17 -arch=sm_90 -I. -DLF_HAVE_NCCL examples/vocab_parallel_ce.cu -lnccl -o vocab_parallel_ce
- *     ./vocab_parallel_ce [tp=2] [N=2048] [V=151936] [sim|nccl|lsa|mp|mplsa] [mem]
+ *     ./vocab_parallel_ce [tp=2] [N=2048] [V=151936] [sim|nccl|lsa|mp|mplsa] [mem] [graph]
  *   sim  (default): the tp ranks simulated in one process on one GPU (each shard its own buffer),
  *        checked against the single-GPU cross-entropy (examples/cross_entropy.cu) on the full
  *        vocabulary;
@@ -25,6 +25,9 @@
  *   mem  (opt-in): also report the net device memory a step allocates (free memory before and
  *        after a second run: it allocates nothing, every buffer is the caller's) and the
  *        caller's buffers it touches.
+ *   graph (modes simlsa, lsa, mp, mplsa): four more runs, the first and third of them replays
+ *        of each rank's step captured into a CUDA graph (tp_ce_capture), the others plain
+ *        launches; every run must give the first run's bits.
  *
  * The math (lossfuse.h section 11): per row, each rank's 12-byte share lf_tp_share is the lse
  *   state (m, s) of its columns and t, its part of sum_j q_j (m - z_j) where q is the target
@@ -97,7 +100,10 @@
  *   kernel advances, so each replay takes the next one; tp_ce_replay counts the replays for
  *   the host (tp_lsa_abort reaches those not yet begun) and the prep kernel copies the word to
  *   a mapped one (tp_lsa_generation, tp_lsa_last_failed). Tested: replays alternating with
- *   plain launches, the shares left in the windows made NaN in between, on one GPU and over NCCL.
+ *   plain launches, the shares left in the windows made NaN in between, on one GPU and over NCCL
+ *   (one thread for every rank, and a thread per rank: tp_one_rank::capture, which captures the
+ *   all-gather too), all rows ignored, no rows; replays that time out or are aborted, one
+ *   waiting and one queued behind it (session 36, two H200s).
  *   Failures: a launch waiting for a rank that died, or never launched, gives up on the host's
  *   request (tp_lsa_abort, e.g. from a watchdog thread) or after tp_ce_args.lsa_timeout_ms, with
  *   NaN loss, lse and gradient rows, and tells every rank through the windows (they give up
@@ -2884,7 +2890,7 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
     /* rank 0 counts the bad labels: a process holding another rank counts none */
     const unsigned errors_want = r0 == 0 ? res.errors_ref : 0u;
     res.ok = res.st == LF_OK && res.loss_err <= 1.0 && res.lse_err <= 1.0 && res.grad_err <= 1.0 && res.rank_mismatch == 0 &&
-             res.nondeterministic == 0 && res.errors == errors_want;
+             res.nondeterministic == 0 && res.errors == errors_want && (!d->graph || res.graph_replays == (d->repeat + 1) / 2);
     if (d->report_memory && !nccl) {
         size_t f0 = 0, f1 = 0, tot = 0;
         TPD_TRY(cudaSetDevice(0));
@@ -3181,6 +3187,9 @@ static int tp_demo_procs(const tp_demo *d, const char *mode, int timeout_s)
     ok = ok && same;
     printf("loss %.7f, single GPU %.7f; every rank the same bits: %s; bad labels %u (single GPU %u)\n", r0.loss, r0.loss_ref,
            same ? "yes" : "NO", r0.errors, r0.errors_ref);
+    if (d->graph)
+        printf("CUDA graphs: rank 0 replayed its captured step in %d of %d runs, every run the first run's bits: %s\n",
+               r0.graph_replays, 1 + d->repeat, r0.nondeterministic ? "NO" : "yes");
     printf("memory per rank: workspace %zu B + shares %zu B; gathering the logits instead would take %zu B\n", r0.ws_bytes,
            r0.shares_bytes, r0.gathered_bytes);
     if (d->time_iters && sh->rep[0].done && r0.ms_single > 0.0)
@@ -3204,9 +3213,17 @@ int main(int argc, char **argv)
     d.use_nccl = procs || !strcmp(mode, "nccl") || !strcmp(mode, "lsa");
     d.lsa = !strcmp(mode, "lsa") || !strcmp(mode, "mplsa");
     d.sim_lsa = !strcmp(mode, "simlsa");
-    d.report_memory = argc > 5 && !strcmp(argv[5], "mem");
-    if (strcmp(mode, "sim") && !d.sim_lsa && !d.use_nccl) {
-        fprintf(stderr, "usage: %s [tp] [N] [V] [sim|simlsa|nccl|lsa|mp|mplsa] [mem]  (unknown mode '%s')\n", argv[0], mode);
+    bool bad_opt = false;
+    for (int i = 5; i < argc; ++i) {
+        if (!strcmp(argv[i], "mem")) d.report_memory = 1;
+        else if (!strcmp(argv[i], "graph")) d.graph = 1;
+        else bad_opt = true;
+    }
+    /* graph: each rank's step captured (after a plain first run), replayed in runs 1 and 3 */
+    if (d.graph) d.repeat = 4;
+    if ((strcmp(mode, "sim") && !d.sim_lsa && !d.use_nccl) || bad_opt || (d.graph && !d.sim_lsa && !d.lsa && !procs)) {
+        fprintf(stderr, "usage: %s [tp] [N] [V] [sim|simlsa|nccl|lsa|mp|mplsa] [mem] [graph]  (mode '%s'; graph: with simlsa, lsa, "
+                "mp or mplsa)\n", argv[0], mode);
         return 2;
     }
     if (d.tp < 1 || d.N < 0 || d.V < 1) {
@@ -3267,6 +3284,9 @@ int main(int argc, char **argv)
     printf("loss %.7f, single GPU %.7f (%.3f of tolerance); lse worst %.3f, gradient worst %.3f of tolerance (%lld rows)\n",
            r.loss, r.loss_ref, r.loss_err, r.lse_err, r.grad_err, (long long)r.rows_checked);
     printf("every rank the same bits: %s; bad labels %u (single GPU %u)\n", r.rank_mismatch ? "NO" : "yes", r.errors, r.errors_ref);
+    if (d.graph)
+        printf("CUDA graphs: %d of %d runs replayed every rank's captured step; every run the first run's bits: %s\n", r.graph_replays,
+               1 + d.repeat, r.nondeterministic ? "NO" : "yes");
     printf("memory per rank: workspace %zu B + shares %zu B; gathering the logits instead would take %zu B\n", r.ws_bytes,
            r.shares_bytes, r.gathered_bytes);
     if (d.report_memory && !d.use_nccl)
