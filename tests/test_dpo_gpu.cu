@@ -385,31 +385,41 @@ static void run_dcase(const DCase &c)
             const int other = c.coop_refuse ? 0 : !c.separate;
             a.separate_launches = other;
             a.coop_refuse_test = 0;
-            for (int64_t t = 0; t < T; ++t) fill_poison((char *)g.p + (size_t)t * gs * esz, V, c.dt);
-            fill_poison(loss.p, 1, LF_F32);
-            fill_poison(seqd.p, nseq, LF_F32);
-            fill_poison(pmd.p, 4 * P, LF_F32);
-            fill_poison(scd.p, T, LF_F32);
-            CK(cudaMemset(ws.p, 0x5a, ws.bytes)); /* nothing left over from the other form */
-            CK(cudaMemset(err.p, 0, 4));
-            dpo_launch_sync(a, seqd, pmd, err);
+            /* every output poisoned again (the gradient rows, the loss, per-sequence and per-pair
+             * outputs, the deferred scales), the error count zeroed */
+            auto poison_outputs = [&]() {
+                for (int64_t t = 0; t < T; ++t) fill_poison((char *)g.p + (size_t)t * gs * esz, V, c.dt);
+                fill_poison(loss.p, 1, LF_F32);
+                fill_poison(seqd.p, nseq, LF_F32);
+                fill_poison(pmd.p, 4 * P, LF_F32);
+                fill_poison(scd.p, T, LF_F32);
+                CK(cudaMemset(err.p, 0, 4));
+            };
+            /* every output read back: the first run's bits, the error count included */
             std::vector<float> s3(nseq), p3(4 * P), t3(T > 0 ? T : 1);
-            unsigned e3;
-            CK(cudaMemcpy(g2.data(), g.p, g2.size(), cudaMemcpyDeviceToHost));
-            CK(cudaMemcpy(&l2, loss.p, 4, cudaMemcpyDeviceToHost));
-            CK(cudaMemcpy(s3.data(), seqd.p, 4 * nseq, cudaMemcpyDeviceToHost));
-            CK(cudaMemcpy(p3.data(), pmd.p, 16 * P, cudaMemcpyDeviceToHost));
-            CK(cudaMemcpy(&e3, err.p, 4, cudaMemcpyDeviceToHost));
-            EXPECT(memcmp(g2.data(), gh.data(), gh.size()) == 0, "gradient differs with separate_launches = %d", other);
-            EXPECT(memcmp(&l2, &lh, 4) == 0, "loss differs with separate_launches = %d", other);
-            EXPECT(memcmp(s3.data(), sh.data(), 4 * nseq) == 0, "sequence log-probabilities differ with separate_launches = %d",
-                   other);
-            EXPECT(memcmp(p3.data(), ph.data(), 16 * P) == 0, "pair metrics differ with separate_launches = %d", other);
-            EXPECT(e3 == eh, "n_errors %u with separate_launches = %d, %u the first time", e3, other, eh);
-            if (c.deferred) {
-                CK(cudaMemcpy(t3.data(), scd.p, 4 * T, cudaMemcpyDeviceToHost));
-                EXPECT(memcmp(t3.data(), sch.data(), 4 * T) == 0, "tok_scale differs with separate_launches = %d", other);
-            }
+            auto expect_first_bits = [&](const char *what) {
+                unsigned e3;
+                CK(cudaMemcpy(g2.data(), g.p, g2.size(), cudaMemcpyDeviceToHost));
+                CK(cudaMemcpy(&l2, loss.p, 4, cudaMemcpyDeviceToHost));
+                CK(cudaMemcpy(s3.data(), seqd.p, 4 * nseq, cudaMemcpyDeviceToHost));
+                CK(cudaMemcpy(p3.data(), pmd.p, 16 * P, cudaMemcpyDeviceToHost));
+                CK(cudaMemcpy(&e3, err.p, 4, cudaMemcpyDeviceToHost));
+                EXPECT(memcmp(g2.data(), gh.data(), gh.size()) == 0, "%s: gradient differs", what);
+                EXPECT(memcmp(&l2, &lh, 4) == 0, "%s: loss differs", what);
+                EXPECT(memcmp(s3.data(), sh.data(), 4 * nseq) == 0, "%s: sequence log-probabilities differ", what);
+                EXPECT(memcmp(p3.data(), ph.data(), 16 * P) == 0, "%s: pair metrics differ", what);
+                EXPECT(e3 == eh, "%s: n_errors %u, %u the first time", what, e3, eh);
+                if (c.deferred) {
+                    CK(cudaMemcpy(t3.data(), scd.p, 4 * T, cudaMemcpyDeviceToHost));
+                    EXPECT(memcmp(t3.data(), sch.data(), 4 * T) == 0, "%s: tok_scale differs", what);
+                }
+            };
+            char what[64];
+            poison_outputs();
+            CK(cudaMemset(ws.p, 0x5a, ws.bytes)); /* nothing left over from the other form */
+            dpo_launch_sync(a, seqd, pmd, err);
+            snprintf(what, sizeof what, "separate_launches = %d", other);
+            expect_first_bits(what);
             /* CUDA graphs (the header says capturable): that launch captured on a stream, then
              * replayed twice onto poisoned outputs and a workspace left as the last run left it:
              * the same bits each time */
@@ -425,29 +435,12 @@ static void run_dcase(const DCase &c)
             if (cst == LF_OK && cend == cudaSuccess) {
                 CK(cudaGraphInstantiate(&ge, gr, 0));
                 for (int rep = 0; rep < 2; ++rep) {
-                    for (int64_t t = 0; t < T; ++t) fill_poison((char *)g.p + (size_t)t * gs * esz, V, c.dt);
-                    fill_poison(loss.p, 1, LF_F32);
-                    fill_poison(seqd.p, nseq, LF_F32);
-                    fill_poison(pmd.p, 4 * P, LF_F32);
-                    fill_poison(scd.p, T, LF_F32);
-                    CK(cudaMemset(err.p, 0, 4));
+                    poison_outputs();
                     CK(cudaDeviceSynchronize()); /* (cs does not wait for the legacy stream) */
                     CK(cudaGraphLaunch(ge, cs));
                     CK(cudaStreamSynchronize(cs));
-                    CK(cudaMemcpy(g2.data(), g.p, g2.size(), cudaMemcpyDeviceToHost));
-                    CK(cudaMemcpy(&l2, loss.p, 4, cudaMemcpyDeviceToHost));
-                    CK(cudaMemcpy(s3.data(), seqd.p, 4 * nseq, cudaMemcpyDeviceToHost));
-                    CK(cudaMemcpy(p3.data(), pmd.p, 16 * P, cudaMemcpyDeviceToHost));
-                    CK(cudaMemcpy(&e3, err.p, 4, cudaMemcpyDeviceToHost));
-                    EXPECT(memcmp(g2.data(), gh.data(), gh.size()) == 0, "graph replay %d: gradient differs", rep);
-                    EXPECT(memcmp(&l2, &lh, 4) == 0, "graph replay %d: loss differs", rep);
-                    EXPECT(memcmp(s3.data(), sh.data(), 4 * nseq) == 0, "graph replay %d: sequence log-probabilities differ", rep);
-                    EXPECT(memcmp(p3.data(), ph.data(), 16 * P) == 0, "graph replay %d: pair metrics differ", rep);
-                    EXPECT(e3 == eh, "graph replay %d: n_errors %u, %u the first time", rep, e3, eh);
-                    if (c.deferred) {
-                        CK(cudaMemcpy(t3.data(), scd.p, 4 * T, cudaMemcpyDeviceToHost));
-                        EXPECT(memcmp(t3.data(), sch.data(), 4 * T) == 0, "graph replay %d: tok_scale differs", rep);
-                    }
+                    snprintf(what, sizeof what, "graph replay %d (separate_launches = %d)", rep, other);
+                    expect_first_bits(what);
                 }
                 CK(cudaGraphExecDestroy(ge));
             }
