@@ -5,7 +5,7 @@
  * Build and run (from the repository root; meson does the same, see README.md):
  *     nvcc -O3 -std=c++17 -arch=sm_90 -I. examples/vocab_parallel_ce.cu -o vocab_parallel_ce
  *     nvcc -O3 -std=c++17 -arch=sm_90 -I. -DLF_HAVE_NCCL examples/vocab_parallel_ce.cu -lnccl -o vocab_parallel_ce
- *     ./vocab_parallel_ce [tp=2] [N=2048] [V=151936] [sim|nccl|lsa|mp|mplsa] [mem] [graph]
+ *     ./vocab_parallel_ce [tp=2] [N=2048] [V=151936] [sim|simlsa|nccl|lsa|mp|mplsa] [mem] [graph]
  *   sim  (default): the tp ranks simulated in one process on one GPU (each shard its own buffer),
  *        checked against the single-GPU cross-entropy (examples/cross_entropy.cu) on the full
  *        vocabulary;
@@ -22,7 +22,7 @@
  *        ncclCommInitRank, calling tp_ce_launch for its own rank only (tp_one_rank); each checks
  *        its shard against the single-GPU loss on its GPU, and the ranks' loss / lse bits are
  *        compared. tp = 1 runs on one GPU. Also times each rank's whole step, exchange included.
- *   mem  (opt-in): also report the net device memory a step allocates (free memory before and
+ *   mem  (opt-in; sim, simlsa): also report the net device memory a step allocates (free memory before and
  *        after a second run: it allocates nothing, every buffer is the caller's) and the
  *        caller's buffers it touches.
  *   graph (modes simlsa, lsa, mp, mplsa): four more runs, the first and third of them replays
@@ -100,10 +100,14 @@
  *   kernel advances, so each replay takes the next one; tp_ce_replay counts the replays for
  *   the host (tp_lsa_abort reaches those not yet begun) and the prep kernel copies the word to
  *   a mapped one (tp_lsa_generation, tp_lsa_last_failed). Tested: replays alternating with
- *   plain launches, the shares left in the windows made NaN in between, on one GPU and over NCCL
- *   (one thread for every rank, and a thread per rank: tp_one_rank::capture, which captures the
- *   all-gather too), all rows ignored, no rows; replays that time out or are aborted, one
- *   waiting and one queued behind it (session 36, two H200s).
+ *   plain launches, bit-identical, on one GPU and over NCCL, one thread for every rank (the
+ *   shares left in the windows made NaN between runs) and a thread per rank (tp_one_rank::
+ *   capture, which captures the all-gather too; each rank poisons its own window, then the
+ *   ranks meet before the next run); all rows ignored, no rows; replays that time out or are
+ *   aborted, one waiting and one queued behind it (session 36, two H200s). With a thread or
+ *   process per rank, a rank whose capture or replay fails leaves the others' collectives (or
+ *   waits, without lsa_timeout_ms) waiting, as a failed plain launch does: abort the
+ *   communicators (ncclCommAbort) before anything synchronises their streams.
  *   Failures: a launch waiting for a rank that died, or never launched, gives up on the host's
  *   request (tp_lsa_abort, e.g. from a watchdog thread) or after tp_ce_args.lsa_timeout_ms, with
  *   NaN loss, lse and gradient rows, and tells every rank through the windows (they give up
@@ -2263,7 +2267,9 @@ struct tp_one_rank {
 #endif
     }
     lf_status launch(const tp_ce_args *a, cudaError_t *cuda_err) { return tp_ce_launch(a, &x, s, cuda_err); }
-    /* waits for the stream; LF_ERR_DEVICE also where its last read-once launch gave up (NaN outputs) */
+    /* waits for the stream; LF_ERR_DEVICE also where the last read-once launch that took a
+     * generation gave up (NaN outputs; a launch without rows takes none, so after a failed
+     * launch a rowless one still reports it) */
     lf_status wait(cudaError_t *cuda_err)
     {
         CE_CHECK(cudaStreamSynchronize(s));
@@ -2659,6 +2665,12 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
     tp_one_rank mpx; /* one: this process's exchange and stream */
     if (one && (res.st = mpx.init(d->mp_comm, P, win_rows, &res.cuda)) != LF_OK) return res;
 #endif
+    float *bar = nullptr; /* one, graph: the ranks' meeting point between runs (below) */
+    if (one && d->graph && d->lsa) {
+        TPD_TRY(cudaSetDevice(dev0));
+        TPD_TRY(cudaMalloc(&bar, 4));
+        TPD_TRY(cudaMemset(bar, 0, 4));
+    }
     tp_sim_windows simw; /* sim_lsa: the windows of every rank on this GPU */
     if (!nccl && d->sim_lsa) {
         TPD_TRY(cudaSetDevice(0));
@@ -2709,16 +2721,26 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
         /* the shares an earlier launch left in every window made NaN, their generations, flags
          * and done words kept: a launch or replay that took a stale generation (on every rank
          * alike) would take them for this launch's and give NaN outputs; with the inputs
-         * unchanged, stale shares would be the same bits. Not with a process per rank: nothing
-         * keeps a peer that is a launch ahead from publishing into this window meanwhile. */
-        if (graph_ok && !one && rep > 0)
+         * unchanged, stale shares would be the same bits. With a process per rank, each poisons
+         * its own window, then the ranks meet (an all-reduce on the communicator, waited for):
+         * a peer that finished the last run first must not publish this run's shares before. */
+        if (graph_ok && rep > 0)
             for (int r = 0; r < P; ++r) {
                 const tp_exchange *x = lsa_ex(r);
-                if (!x) continue;
+                if (!x || !here(r)) continue;
                 TPD_TRY(cudaSetDevice(dev_of(r)));
                 tp_demo_poison_window<<<256, 256>>>(x->win_buf, x->lsa_rows, P);
                 TPD_TRY(cudaGetLastError());
                 TPD_TRY(cudaDeviceSynchronize());
+#ifdef LF_HAVE_NCCL
+                if (one) {
+                    if (ncclAllReduce(bar, bar, 1, ncclFloat, ncclSum, mpx.x.comm, mpx.s) != ncclSuccess) {
+                        res.st = LF_ERR_DEVICE;
+                        return res;
+                    }
+                    TPD_TRY(cudaStreamSynchronize(mpx.s));
+                }
+#endif
             }
         res.graph_replays += by_graph(rep);
         if (one) {
@@ -2997,7 +3019,8 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
         if (nccl || r == 0) TPD_TRY(cudaFree(shr[r]));
     }
     TPD_TRY(cudaSetDevice(dev0));
-    for (void *q : {xg, gref, wsr, labd, (void *)cwd0, (void *)ref_out, (void *)erref}) TPD_TRY(cudaFree(q));
+    for (void *q : {xg, gref, wsr, labd, (void *)cwd0, (void *)ref_out, (void *)erref, (void *)bar})
+        if (q) TPD_TRY(cudaFree(q));
     return res;
 }
 #undef TPD_TRY
@@ -3103,7 +3126,7 @@ static int tp_probe_devices(void)
     const tp_demo_result r = tp_demo_run_rank(&d, sh->id, rank);
     sh->rep[rank].res = r;
     __atomic_store_n(&sh->rep[rank].done, 1, __ATOMIC_RELEASE);
-    _exit(r.ok ? 0 : 1);
+    _exit(r.ok && r.st == LF_OK ? 0 : 1); /* (st: a timing run after the checks may have failed) */
 }
 
 /* The parent: the processes, a deadline (a rank stuck in a collective whose peer failed is
@@ -3180,7 +3203,7 @@ static int tp_demo_procs(const tp_demo *d, const char *mode, int timeout_s)
             printf("rank %d (%s): %s%s%s; loss %.7f (%.3f of tolerance), lse worst %.3f, gradient worst %.3f (%lld rows), bad labels %u\n",
                    r, q.device, lf_status_str(q.res.st), q.res.st == LF_OK ? "" : " / ", q.res.st == LF_OK ? "" : cudaGetErrorString(q.res.cuda),
                    q.res.loss, q.res.loss_err, q.res.lse_err, q.res.grad_err, (long long)q.res.rows_checked, q.res.errors);
-        ok = ok && q.done && q.res.ok && status[r] == 0;
+        ok = ok && q.done && q.res.ok && q.res.st == LF_OK && status[r] == 0;
         same = same && q.done && q.res.out_hash == r0.out_hash;
         if (q.done && q.res.ms_tp > ms_tp) ms_tp = q.res.ms_tp;
     }
@@ -3213,17 +3236,17 @@ int main(int argc, char **argv)
     d.use_nccl = procs || !strcmp(mode, "nccl") || !strcmp(mode, "lsa");
     d.lsa = !strcmp(mode, "lsa") || !strcmp(mode, "mplsa");
     d.sim_lsa = !strcmp(mode, "simlsa");
-    bool bad_opt = false;
+    const char *bad_opt = nullptr;
     for (int i = 5; i < argc; ++i) {
         if (!strcmp(argv[i], "mem")) d.report_memory = 1;
         else if (!strcmp(argv[i], "graph")) d.graph = 1;
-        else bad_opt = true;
+        else bad_opt = argv[i];
     }
     /* graph: each rank's step captured (after a plain first run), replayed in runs 1 and 3 */
     if (d.graph) d.repeat = 4;
     if ((strcmp(mode, "sim") && !d.sim_lsa && !d.use_nccl) || bad_opt || (d.graph && !d.sim_lsa && !d.lsa && !procs)) {
-        fprintf(stderr, "usage: %s [tp] [N] [V] [sim|simlsa|nccl|lsa|mp|mplsa] [mem] [graph]  (mode '%s'; graph: with simlsa, lsa, "
-                "mp or mplsa)\n", argv[0], mode);
+        fprintf(stderr, "usage: %s [tp] [N] [V] [sim|simlsa|nccl|lsa|mp|mplsa] [mem] [graph]  (mode '%s'%s%s; graph: with simlsa, "
+                "lsa, mp or mplsa)\n", argv[0], mode, bad_opt ? ", unknown option " : "", bad_opt ? bad_opt : "");
         return 2;
     }
     if (d.tp < 1 || d.N < 0 || d.V < 1) {

@@ -87,13 +87,18 @@ static void run(const char *name, const tp_demo &d)
         EXPECT(r.errors == want, "rank result %zu: bad labels %u, expected %u (single GPU %u)", k, r.errors, want, r.errors_ref);
         EXPECT(r.out_hash == rs[0].out_hash, "rank %zu holds other loss / z / lse bits than rank 0", k);
     }
+    if (d.graph) /* every rank's replays ran, each read-once one with a generation of its own (a
+                  * step without rows takes none; the all-gathers none) */
+        for (size_t k = 0; k < rs.size(); ++k) {
+            const tp_demo_result &q = rs[k];
+            if (q.st != LF_OK) continue;
+            EXPECT(q.graph_replays == (d.repeat + 1) / 2, "rank result %zu: %d runs replayed a graph, not %d", k, q.graph_replays,
+                   (d.repeat + 1) / 2);
+            const unsigned want = (d.sim_lsa || (d.use_nccl && d.lsa)) && d.N > 0 ? (unsigned)(1 + d.repeat) : 0u;
+            EXPECT(q.lsa_generation == want, "rank result %zu: generation %u after %d launches, not %u", k, q.lsa_generation,
+                   1 + d.repeat, want);
+        }
     const tp_demo_result &r = rs[0];
-    if (r.st == LF_OK && d.graph) { /* the replays ran, each read-once one with a generation of its
-                                     * own (a step without rows takes none; the all-gathers none) */
-        EXPECT(r.graph_replays == (d.repeat + 1) / 2, "%d runs replayed a graph, not %d", r.graph_replays, (d.repeat + 1) / 2);
-        const unsigned want = (d.sim_lsa || (d.use_nccl && d.lsa)) && d.N > 0 ? (unsigned)(1 + d.repeat) : 0u;
-        EXPECT(r.lsa_generation == want, "rank 0's generation %u after %d launches, not %u", r.lsa_generation, 1 + d.repeat, want);
-    }
     /* a forced resident schedule ran resident (else tp_lsa_plan refused it: st above) */
     if (r.st == LF_OK && (d.lsa || d.sim_lsa) && d.lsa_schedule == TP_LSA_RESIDENT && d.N > 0)
         EXPECT(r.plan.resident == 1, "the resident schedule was asked for, the plan says %d", r.plan.resident);
@@ -210,9 +215,10 @@ static void test_sim_args(void)
  * the loss and every valid row's lse and gradient are NaN, ignored rows 0. (4) tp = 1 on a window
  * made the same way, with an abort request standing for earlier launches only: the launch
  * completes, finite, no failure recorded, and the host learns its generation (6) from the device.
- * (5) On rank 0's window again, launches captured into CUDA graphs: a replay that times out, and
- * the host's abort request ending a replay that waits and one queued behind it (each gives up;
- * the generations the device took, 4 to 6, in the failure records). Both read-once schedules (sched): the chunked one's
+ * (5) On rank 0's window again, launches captured into CUDA graphs: a replay that times out
+ * (generation 4), and the host's abort request ending a replay that waits (5; its failure record
+ * read on the stream before the next replay begins) and one queued behind it (6; its outputs
+ * checked NaN after the loss and lse were zeroed). Both read-once schedules (sched): the chunked one's
  * gradient waits for a chunk's flags, the resident one's rows for their slots, and its end for
  * rank 1's done word (the end-of-launch barrier gives up too). */
 static void test_lsa_give_up(int sched)
@@ -384,10 +390,23 @@ static void test_lsa_give_up(int sched)
         EXPECT(tp_lsa_last_failed(&ex) && tp_lsa_device_generation(&ex) == 4, "timeout in a replay: last failed %d, generation %u",
                (int)tp_lsa_last_failed(&ex), tp_lsa_device_generation(&ex));
         check_nan("timeout in a replay");
+        /* the first replay's failure record, read on the stream between the two replays */
+        struct rec_t {
+            const volatile unsigned *ctl;
+            unsigned gen, reason;
+        } rec5{ex.ctl, 0u, 0u};
         launch_fn(
             vs,
             [&] {
                 EXPECT(tp_ce_replay(&ga, &ex, st, &e) == LF_OK, "tp_ce_replay: %s", cudaGetErrorString(e));
+                CK(cudaLaunchHostFunc(
+                    st,
+                    [](void *p) {
+                        rec_t *q = static_cast<rec_t *>(p);
+                        q->gen = q->ctl[1];
+                        q->reason = q->ctl[2];
+                    },
+                    &rec5));
                 gen_logits<__nv_bfloat16><<<512, 256, 0, st>>>((__nv_bfloat16 *)x.p, N, vs, vs, g_seed + 6, 30.0f);
                 CK(cudaGetLastError());
                 CK(cudaMemsetAsync(loss.p, 0, 4, st));
@@ -399,7 +418,9 @@ static void test_lsa_give_up(int sched)
                 EXPECT(tp_lsa_generation(&ex) == 6, "two replays queued: the host knows generation %u, not 6", tp_lsa_generation(&ex));
                 tp_lsa_abort(&ex);
             });
-        EXPECT(tp_lsa_failure(&ex, &gen) == TP_LSA_ABORTED && gen == 6, "abort of replays: reason %u generation %u",
+        EXPECT(rec5.reason == TP_LSA_ABORTED && rec5.gen == 5, "abort of the waiting replay: reason %u generation %u", rec5.reason,
+               rec5.gen);
+        EXPECT(tp_lsa_failure(&ex, &gen) == TP_LSA_ABORTED && gen == 6, "abort of the queued replay: reason %u generation %u",
                tp_lsa_failure(&ex, nullptr), gen);
         EXPECT(tp_lsa_last_failed(&ex) && tp_lsa_device_generation(&ex) == 6, "abort of replays: last failed %d, generation %u",
                (int)tp_lsa_last_failed(&ex), tp_lsa_device_generation(&ex));
