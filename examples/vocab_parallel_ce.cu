@@ -1689,6 +1689,37 @@ static lf_status tp_ce_simulate(const tp_ce_args *args, int tp, cudaStream_t str
 }
 
 #ifdef LF_HAVE_NCCL
+/* Whether the ranks' arguments agree wherever a mismatch would hang their collectives or waits
+ * (tp_ce_nccl, tp_nccl_ranks::capture): rank r's at args[r], one exchange kind for all. */
+static bool tp_ranks_agree(const tp_ce_args *args, int tp, const tp_exchange *ex)
+{
+    for (int r = 0; r < tp; ++r)
+        if (args[r].tp != tp || args[r].rank != r || args[r].n_rows != args[0].n_rows || args[r].vocab != args[0].vocab ||
+            args[r].chunk_rows != args[0].chunk_rows || ex[r].lsa != ex[0].lsa ||
+            args[r].lsa_schedule != args[0].lsa_schedule || args[r].max_ctas != args[0].max_ctas)
+            return false;
+    return true;
+}
+
+/* Every rank's read-once plan on its device, before any rank launches (a rank that failed after
+ * the others launched would leave them waiting for its flags), all on one schedule (LF_ERR_ARG
+ * where they differ, e.g. unlike GPUs); runs: [tp] or NULL. */
+static lf_status tp_lsa_plan_ranks(const tp_ce_args *args, int tp, const int *devs, tp_exchange *ex, tp_run *runs,
+                                   cudaError_t *cuda_err)
+{
+    bool res0 = false;
+    for (int r = 0; r < tp; ++r) {
+        CE_CHECK(cudaSetDevice(devs[r]));
+        tp_run run;
+        int64_t C = 1;
+        TP_TRY(tp_lsa_plan(&args[r], &ex[r], &run, &C, cuda_err));
+        if (runs) runs[r] = run;
+        if (r == 0) res0 = run.res;
+        if (run.res != res0) return LF_ERR_ARG;
+    }
+    return LF_OK;
+}
+
 /* One thread drives rank r on devs[r] (streams[r], exchanges[r] with their communicators): the
  * same schedule as tp_ce_launch, chunk by chunk over the ranks, each chunk's all-gathers in one
  * NCCL group (one thread issuing several ranks' collectives must group them). */
@@ -1696,22 +1727,10 @@ static lf_status tp_ce_nccl(const tp_ce_args *args, int tp, const int *devs, tp_
                             cudaError_t *cuda_err)
 {
     std::vector<tp_run> runs(tp);
-    for (int r = 0; r < tp; ++r) /* mismatched collectives would hang: check the ranks agree */
-        if (args[r].tp != tp || args[r].rank != r || args[r].n_rows != args[0].n_rows || args[r].vocab != args[0].vocab ||
-            args[r].chunk_rows != args[0].chunk_rows || ex[r].lsa != ex[0].lsa ||
-            args[r].lsa_schedule != args[0].lsa_schedule || args[r].max_ctas != args[0].max_ctas)
-            return LF_ERR_ARG;
+    if (!tp_ranks_agree(args, tp, ex)) return LF_ERR_ARG; /* mismatched collectives would hang */
     if (ex[0].lsa) { /* no collective to group: each rank's launches, one GPU after the other,
-                      * once every rank's arguments have passed (a rank that failed after the
-                      * others launched would leave them waiting for its flags) */
-        for (int r = 0; r < tp; ++r) {
-            CE_CHECK(cudaSetDevice(devs[r]));
-            tp_run run;
-            int64_t C = 1;
-            TP_TRY(tp_lsa_plan(&args[r], &ex[r], &run, &C, cuda_err));
-            runs[r] = run;
-            if (run.res != runs[0].res) return LF_ERR_ARG; /* one schedule for all (e.g. unlike GPUs) */
-        }
+                      * once every rank has been planned */
+        TP_TRY(tp_lsa_plan_ranks(args, tp, devs, ex, runs.data(), cuda_err));
         for (int r = 0; r < tp; ++r) {
             const cudaError_t e = cudaSetDevice(devs[r]);
             if (e != cudaSuccess && cuda_err) *cuda_err = e;
@@ -2110,19 +2129,8 @@ struct tp_nccl_ranks {
         const int P = (int)devs.size();
         for (int r = 0; r < P; ++r) gs[r].exec = nullptr;
         if (aborted) return LF_ERR_DEVICE;
-        bool res0 = false;
-        for (int r = 0; r < P; ++r) {
-            if (!ex[r].lsa || args[r].tp != P || args[r].rank != r || args[r].n_rows != args[0].n_rows ||
-                args[r].vocab != args[0].vocab || args[r].chunk_rows != args[0].chunk_rows ||
-                args[r].lsa_schedule != args[0].lsa_schedule || args[r].max_ctas != args[0].max_ctas)
-                return LF_ERR_ARG;
-            CE_CHECK(cudaSetDevice(devs[r]));
-            tp_run run;
-            int64_t C = 1;
-            TP_TRY(tp_lsa_plan(&args[r], &ex[r], &run, &C, cuda_err));
-            if (r == 0) res0 = run.res;
-            if (run.res != res0) return LF_ERR_ARG;
-        }
+        if (P < 1 || !ex[0].lsa || !tp_ranks_agree(args, P, ex.data())) return LF_ERR_ARG;
+        TP_TRY(tp_lsa_plan_ranks(args, P, devs.data(), ex.data(), nullptr, cuda_err));
         for (int r = 0; r < P; ++r) {
             lf_status st = cudaSetDevice(devs[r]) == cudaSuccess ? LF_OK : LF_ERR_DEVICE;
             if (st == LF_OK) st = tp_ce_capture(&args[r], &ex[r], streams[r], &gs[r], cuda_err);
