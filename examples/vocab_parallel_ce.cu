@@ -2701,6 +2701,16 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
         }
     } graphs;
     for (int r = 0; r < P; ++r) graphs.devs.push_back(dev_of(r));
+    /* a graph run with any driver: capture(g) once (g: the [P] graphs), then replay(g) */
+    auto graph_run = [&](const auto &capture, const auto &replay) -> lf_status {
+        if (!graphs.made) {
+            graphs.g.assign(P, tp_ce_graph{nullptr, 0});
+            const lf_status st = capture(graphs.g.data());
+            if (st != LF_OK) return st;
+            graphs.made = true;
+        }
+        return replay(graphs.g.data());
+    };
     /* rank r's read-once exchange, if the driver has one here */
     auto lsa_ex = [&](int r) -> tp_exchange * {
 #ifdef LF_HAVE_NCCL
@@ -2753,16 +2763,10 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
         res.graph_replays += by_graph(rep);
         if (one) {
 #ifdef LF_HAVE_NCCL
-            if (by_graph(rep)) { /* (the other ranks' processes replay theirs in step) */
-                if (!graphs.made) {
-                    graphs.g.assign(P, tp_ce_graph{nullptr, 0});
-                    if ((res.st = mpx.capture(&args[r0], &graphs.g[r0], &res.cuda)) != LF_OK) return res;
-                    graphs.made = true;
-                }
-                res.st = mpx.replay(&graphs.g[r0], &res.cuda);
-            } else {
-                res.st = mpx.run(&args[r0], &res.cuda);
-            }
+            if (by_graph(rep)) /* (the other ranks' processes replay theirs in step) */
+                res.st = graph_run([&](tp_ce_graph *g) { return mpx.capture(&args[r0], &g[r0], &res.cuda); },
+                                   [&](const tp_ce_graph *g) { return mpx.replay(&g[r0], &res.cuda); });
+            else res.st = mpx.run(&args[r0], &res.cuda);
             if (res.st != LF_OK) return res;
 #else
             res.st = LF_ERR_ARG; /* built without NCCL */
@@ -2770,16 +2774,10 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
 #endif
         } else if (nccl) {
 #ifdef LF_HAVE_NCCL
-            if (by_graph(rep)) {
-                if (!graphs.made) {
-                    graphs.g.assign(P, tp_ce_graph{nullptr, 0});
-                    if ((res.st = ranks.capture(args.data(), graphs.g.data(), &res.cuda)) != LF_OK) return res;
-                    graphs.made = true;
-                }
-                res.st = ranks.replay(graphs.g.data(), &res.cuda);
-            } else {
-                res.st = ranks.run(args.data(), &res.cuda);
-            }
+            if (by_graph(rep))
+                res.st = graph_run([&](tp_ce_graph *g) { return ranks.capture(args.data(), g, &res.cuda); },
+                                   [&](const tp_ce_graph *g) { return ranks.replay(g, &res.cuda); });
+            else res.st = ranks.run(args.data(), &res.cuda);
             if (res.st != LF_OK) return res;
             if ((res.st = ranks.sync(&res.cuda)) != LF_OK) return res;
 #else
@@ -2788,14 +2786,10 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
 #endif
         } else {
             TPD_TRY(cudaSetDevice(0));
-            if (d->sim_lsa && by_graph(rep)) {
-                if (!graphs.made) {
-                    graphs.g.assign(P, tp_ce_graph{nullptr, 0});
-                    if ((res.st = simw.capture(args.data(), graphs.g.data(), &res.cuda)) != LF_OK) return res;
-                    graphs.made = true;
-                }
-                res.st = simw.replay(graphs.g.data(), &res.cuda);
-            } else if (d->sim_lsa) res.st = simw.run(args.data(), &res.cuda);
+            if (d->sim_lsa && by_graph(rep))
+                res.st = graph_run([&](tp_ce_graph *g) { return simw.capture(args.data(), g, &res.cuda); },
+                                   [&](const tp_ce_graph *g) { return simw.replay(g, &res.cuda); });
+            else if (d->sim_lsa) res.st = simw.run(args.data(), &res.cuda);
             else if (d->launch_single && P == 1) res.st = tp_ce_launch(&args[0], NULL, 0, &res.cuda);
             else res.st = tp_ce_simulate(args.data(), P, 0, &res.cuda);
             if (res.st != LF_OK) return res;
