@@ -1,0 +1,343 @@
+#!/usr/bin/env python3
+"""PyTorch's vocabulary-parallel cross-entropy on P GPUs over NCCL: the peer of bench_parallel --nccl.
+
+Run (on a machine of P >= 2 GPUs, from the repository root; one process per GPU is spawned):
+
+    python3 bench/torch_tp_peers.py --tp 2 --shapes 4096x151936,8192x32768,4096x262144
+
+torch_peers.py --modes tp2_rank times one rank's compute alone on one GPU (no collectives). This
+script runs the whole step the way tensor-parallel trainers write it, on P real GPUs with
+torch.distributed (backend nccl): each rank holds the [N, V/P] shard of bf16 logits that
+lf_tp_shard gives it (the first V % P ranks one column more), the labels of all N rows (~5%
+ignore_index = -100) and computes, forward + loss.backward():
+
+  torch_eager_fp32   the Megatron-style autograd function on shard.float(): row max of the shard,
+                     all_reduce(MAX); subtract it in place; exp in place, row sum, and the label's
+                     logit where this rank owns the label (0 elsewhere), both in ONE
+                     all_reduce(SUM) of an [N, 2] tensor (Megatron's code issues two; one is the
+                     faster form, and the issue's "all-reduce of max, then of sum-exp and label
+                     logit"); loss = log(sum) - label logit; the softmax saved for backward
+                     (exp / sum in place over the fp32 copy); backward: softmax minus one at the
+                     owned labels, times dloss / count, cast to bf16 by .float()'s backward.
+  torch_compile      the same collectives between three torch.compile'd local functions (the
+                     best a user gets without a custom kernel: each reads the bf16 shard and
+                     nothing [N, V/P] is kept between them): the row max; the row's sum of exp
+                     and label logit; in backward the bf16 gradient written in one pass. Inductor
+                     cannot fuse across a collective, so these are the pieces it can fuse.
+
+The mean divides by the count of non-ignored rows (every rank holds all labels, so the count is
+local and every rank's loss is the global mean). Before timing, each implementation is checked
+on every rank against F.cross_entropy of the full-V logits in float64 (unsharded, on that rank's
+GPU): a CHECK line with the loss's relative error (at most 1e-5) and the largest gradient error on
+the rank's shard in units of bf16's rounding of the reference value (at most 1); status=WRONG on
+the RESULT line otherwise.
+
+Timing: each timed iteration starts with a barrier, a 256 MiB L2 flush on every rank (untimed),
+then CUDA events around the forward + backward on each rank. ms is the slower rank's median of
+--iters (as bench_parallel --nccl reports the lossfuse step), the launch and collective latencies
+included, as a trainer sees them. extra_bytes is the slower rank's peak device memory above what
+it held before the step (inputs alive, grad None): it includes the bf16 gradient buffer.
+
+Output (rank 0, stdout), in bench_parallel's format so that report.py puts the peers beside the
+lossfuse rows of the same mode:
+    DEVICE name=NVIDIA_H200
+    COPY impl=torch gbps=4200.1 bytes=2147483648          (rank 0's GPU)
+    RESULT impl=torch_eager_fp32 mode=tp2_nccl N=4096 V=151936 dtype=bf16 ms=... bytes=<2 N Vs 2>
+           extra_bytes=... status=ok gpus=2
+bytes is bench_parallel's floor for the rank: its shard read once and its gradient written once.
+
+--device cpu runs the same code on P processes of the CPU with the gloo backend, only to smoke-test
+this script without a GPU; its numbers mean nothing.
+"""
+import argparse
+import os
+import socket
+import statistics
+import sys
+import time
+
+import torch
+import torch._dynamo
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_peers import IGNORE_INDEX, Dev, copy_bandwidth, is_oom, make_data, one_line, parse_shapes  # noqa: E402
+
+DEFAULT_SHAPES = "4096x151936,8192x32768,4096x262144"
+IMPLS = ["eager_fp32", "compile"]
+IMPL_NAME = {"eager_fp32": "torch_eager_fp32", "compile": "torch_compile"}
+
+
+def shard_range(v, p, r):
+    """lf_tp_shard: rank r's columns [v0, v1); the first v % p ranks get one more."""
+    base, extra = divmod(v, p)
+    v0 = r * base + min(r, extra)
+    return v0, v0 + base + (1 if r < extra else 0)
+
+
+# --------------------------------------------------------------------------------------------
+# Eager: the Megatron-style function
+# --------------------------------------------------------------------------------------------
+class VocabParallelCE(torch.autograd.Function):
+    """Per-row losses of fp32 shard logits x [N, Vs] (columns v0 .. v0 + Vs of the vocabulary)."""
+
+    @staticmethod
+    def forward(ctx, x, labels, v0):
+        # x is the fp32 cast of the bf16 shard, a buffer of its own that the cast's backward does
+        # not keep: worked on in place, as Megatron does (no second fp32 copy)
+        m = x.max(dim=-1).values
+        dist.all_reduce(m, op=dist.ReduceOp.MAX)
+        x.sub_(m.unsqueeze(-1))
+        vs = x.shape[-1]
+        valid = labels != IGNORE_INDEX
+        here = valid & (labels >= v0) & (labels < v0 + vs)
+        idx = (labels - v0).clamp(0, vs - 1)
+        red = torch.empty(x.shape[0], 2, dtype=torch.float32, device=x.device)
+        red[:, 1] = torch.where(here, x.gather(-1, idx.unsqueeze(-1)).squeeze(-1), 0.0)
+        x.exp_()
+        red[:, 0] = x.sum(dim=-1)
+        dist.all_reduce(red, op=dist.ReduceOp.SUM)
+        loss = torch.where(valid, red[:, 0].log() - red[:, 1], 0.0)
+        x.div_(red[:, 0].unsqueeze(-1))  # the softmax, kept for backward
+        ctx.save_for_backward(x, here, idx, valid)
+        return loss
+
+    @staticmethod
+    def backward(ctx, dloss):
+        sm, here, idx, valid = ctx.saved_tensors
+        g = sm  # in place over the saved softmax, as Megatron does
+        rows = torch.arange(g.shape[0], device=g.device)
+        g[rows, idx] -= here.to(g.dtype)
+        g.mul_(torch.where(valid, dloss, 0.0).unsqueeze(-1))  # an ignored row's loss is a constant 0
+        return g, None, None
+
+
+def eager_loss(shard, labels, v0, count):
+    per_row = VocabParallelCE.apply(shard.float(), labels, v0)
+    return per_row.sum() / count
+
+
+# --------------------------------------------------------------------------------------------
+# torch.compile: the local pieces compiled, the collectives between them
+# --------------------------------------------------------------------------------------------
+def local_max(shard):
+    return shard.float().max(dim=-1).values
+
+
+def local_sums(shard, m, labels, v0: int):
+    x = shard.float() - m.unsqueeze(-1)
+    vs = x.shape[-1]
+    here = (labels != IGNORE_INDEX) & (labels >= v0) & (labels < v0 + vs)
+    idx = (labels - v0).clamp(0, vs - 1)
+    zy = torch.where(here, x.gather(-1, idx.unsqueeze(-1)).squeeze(-1), 0.0)
+    return torch.stack([x.exp().sum(dim=-1), zy], dim=-1)
+
+
+def local_grad(shard, m, lse, labels, v0: int, dloss):
+    x = shard.float()
+    vs = x.shape[-1]
+    here = (labels != IGNORE_INDEX) & (labels >= v0) & (labels < v0 + vs)
+    cols = torch.arange(vs, device=x.device) + v0
+    onehot = (cols.unsqueeze(0) == labels.unsqueeze(-1)) & here.unsqueeze(-1)
+    p = torch.exp(x - (m + lse).unsqueeze(-1))
+    dl = torch.where(labels != IGNORE_INDEX, dloss, 0.0)  # an ignored row's loss is a constant 0
+    return ((p - onehot.to(p.dtype)) * dl.unsqueeze(-1)).to(shard.dtype)
+
+
+class CompiledFns:
+    def __init__(self):
+        self.max = torch.compile(local_max, dynamic=False)
+        self.sums = torch.compile(local_sums, dynamic=False)
+        self.grad = torch.compile(local_grad, dynamic=False)
+
+
+class VocabParallelCECompiled(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, shard, labels, v0, fns):
+        m = fns.max(shard)
+        dist.all_reduce(m, op=dist.ReduceOp.MAX)
+        red = fns.sums(shard, m, labels, v0)
+        dist.all_reduce(red, op=dist.ReduceOp.SUM)
+        lse = red[:, 0].log()
+        loss = torch.where(labels != IGNORE_INDEX, lse - red[:, 1], 0.0)
+        ctx.save_for_backward(shard, m, lse, labels)
+        ctx.v0, ctx.fns = v0, fns
+        return loss
+
+    @staticmethod
+    def backward(ctx, dloss):
+        shard, m, lse, labels = ctx.saved_tensors
+        return ctx.fns.grad(shard, m, lse, labels, ctx.v0, dloss.contiguous()), None, None, None
+
+
+def compiled_loss(fns):
+    def f(shard, labels, v0, count):
+        return VocabParallelCECompiled.apply(shard, labels, v0, fns).sum() / count
+    return f
+
+
+# --------------------------------------------------------------------------------------------
+# One rank
+# --------------------------------------------------------------------------------------------
+def check(fn, shard, labels, v0, v1, count, logits):
+    """Against F.cross_entropy of the full-V logits in float64: (|loss - ref| / |ref|, the largest
+    gradient error on the shard in units of bf16's rounding of the reference there, a line on the
+    worst element)."""
+    shard.grad = None
+    loss = fn(shard, labels, v0, count)
+    loss.backward()
+    full = logits.detach().double().requires_grad_(True)
+    ref = F.cross_entropy(full, labels, ignore_index=IGNORE_INDEX)
+    ref.backward()
+    gref = full.grad[:, v0:v1]
+    err = (shard.grad.double() - gref).abs()
+    # bf16 keeps 8 significant bits: rounding to nearest is off by at most 2^-9 relative, and a
+    # value near a power of two by up to 2^-8 of itself; the floor covers values rounded to 0
+    units = err / (gref.abs() * 2.0 ** -8 + gref.abs().max() * 1e-6)
+    worst = int(units.argmax())
+    r, c = divmod(worst, gref.shape[1])
+    where = (f"worst row={r} col={v0 + c} label={int(labels[r])} grad={float(shard.grad[r, c]):.6e} "
+             f"ref={float(gref[r, c]):.6e}")
+    out = (abs(loss.item() - ref.item()) / max(abs(ref.item()), 1e-30), units.max().item(), where)
+    shard.grad = None
+    del full, ref, gref, err, units
+    return out
+
+
+def worker(rank, args, port):
+    P = args.tp
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    cuda = args.device == "cuda"
+    if cuda:
+        torch.cuda.set_device(rank)
+        dist.init_process_group("nccl", rank=rank, world_size=P, device_id=torch.device("cuda", rank))
+    else:
+        dist.init_process_group("gloo", rank=rank, world_size=P)
+    dev = Dev(args.device)
+    say = print if rank == 0 else (lambda *a, **k: None)
+
+    def slowest(x):  # the largest value over the ranks (a float)
+        t = torch.tensor([x], dtype=torch.float64, device=dev.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t.item()
+
+    if rank == 0:
+        name = torch.cuda.get_device_name() if cuda else "cpu"
+        say(f"DEVICE name={'_'.join(name.split())}", flush=True)
+        say(f"INFO torch={torch.__version__} cuda={torch.version.cuda} tp={P} iters={args.iters} "
+            f"nccl={'.'.join(map(str, torch.cuda.nccl.version())) if cuda else 'none'}", flush=True)
+        if not args.no_copy:
+            say(f"COPY impl=torch gbps={copy_bandwidth(dev):.1f} bytes={2 << 30}", flush=True)
+    if "compile" in args.impls:
+        torch._dynamo.config.cache_size_limit = 64
+    dev.make_scratch()
+    for (n, v) in args.shapes:
+        v0, v1 = shard_range(v, P, rank)
+        floor = 2 * n * (shard_range(v, P, 0)[1]) * 2
+        logits, labels = make_data(dev, n, v, args.seed)
+        # rank 0's data on every rank: the same seed does not give the same logits everywhere
+        # (make_data's outliers may land twice on one element, and which write wins is not fixed:
+        # at 4096 x 262144 the two GPUs held a different row 1440, and the check caught it)
+        dist.broadcast(logits.detach(), src=0)
+        dist.broadcast(labels, src=0)
+        count = (labels != IGNORE_INDEX).sum().clamp(min=1).to(torch.float32)
+        shard = logits.detach()[:, v0:v1].contiguous().requires_grad_(True)
+        if not args.check:
+            del logits
+            logits = None
+        dev.free()
+        for impl in args.impls:
+            status, ms, extra = "ok", float("nan"), 0
+            try:
+                if impl == "compile":
+                    torch._dynamo.reset()
+                    fn = compiled_loss(CompiledFns())
+                else:
+                    fn = eager_loss
+                t0 = time.perf_counter()
+                for _ in range(6 if impl == "compile" else 3):  # warm-up (compile: compilation)
+                    shard.grad = None
+                    fn(shard, labels, v0, count).backward()
+                    dev.sync()
+                warm_s = slowest(time.perf_counter() - t0)
+                if logits is not None:
+                    dl, dg, where = check(fn, shard, labels, v0, v1, count, logits)
+                    dl_all, dg_all = slowest(dl), slowest(dg)
+                    # the loss: fp32 row sums and a mean of N of them (1e-5 relative, issue 2's
+                    # accuracy); the gradient: within bf16's rounding of the reference
+                    ok = dl_all <= 1e-5 and dg_all <= 1.01  # (1.01: fp32 noise on a value at a rounding tie)
+                    say(f"CHECK impl={IMPL_NAME[impl]} mode=tp{P}_nccl N={n} V={v} loss_rel_err={dl_all:.3e} "
+                        f"grad_err_bf16_units={dg_all:.3f} {'ok' if ok else 'WRONG'} (rank 0: {where})", flush=True)
+                    if not ok:
+                        status = "WRONG"
+                    dev.free()
+                times = []
+                for _ in range(args.iters):
+                    shard.grad = None
+                    dist.barrier()
+                    dev.sync()
+                    times.append(dev.time_once(lambda: fn(shard, labels, v0, count).backward()))
+                ms = slowest(statistics.median(times))
+                shard.grad = None
+                dev.sync()
+                dev.reset_peak()
+                base = dev.allocated()
+                fn(shard, labels, v0, count).backward()
+                dev.sync()
+                extra = int(slowest(max(0, dev.peak() - base)))
+                shard.grad = None
+                say(f"INFO impl={IMPL_NAME[impl]} mode=tp{P}_nccl N={n} V={v} warmup_s={warm_s:.1f}", flush=True)
+            except Exception as e:  # noqa: BLE001
+                # a rank that fails leaves the others in a collective: report and stop the run
+                status = "OOM" if is_oom(e) else "ERROR"
+                print(f"ERROR rank={rank} impl={IMPL_NAME[impl]} mode=tp{P}_nccl N={n} V={v}: {one_line(e)}",
+                      flush=True)
+                os._exit(1)
+            ms_s = f"{ms:.4f}" if ms == ms else "nan"
+            say(f"RESULT impl={IMPL_NAME[impl]} mode=tp{P}_nccl N={n} V={v} dtype=bf16 ms={ms_s} bytes={floor} "
+                f"extra_bytes={extra} status={status} gpus={P}", flush=True)
+            shard.grad = None
+            dev.free()
+        logits = labels = shard = None
+        dev.free()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tp", type=int, default=2)
+    ap.add_argument("--shapes", default=DEFAULT_SHAPES, help="comma-separated NxV list (V: the full vocabulary)")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--impls", default=",".join(IMPLS))
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-check", dest="check", action="store_false",
+                    help="skip the comparison with the unsharded loss (it needs the full logits on every rank)")
+    ap.add_argument("--no-copy", action="store_true", help="skip the copy-bandwidth measurement")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
+                    help="cpu: gloo on the CPU, a smoke test of the script only, meaningless numbers")
+    args = ap.parse_args()
+    args.shapes = parse_shapes(args.shapes)
+    args.impls = [t.strip() for t in args.impls.split(",") if t.strip()]
+    bad = [t for t in args.impls if t not in IMPLS]
+    if bad:
+        sys.exit(f"unknown impls: {','.join(bad)} (choose from {','.join(IMPLS)})")
+    if args.tp < 1 or args.iters < 1:
+        sys.exit("--tp and --iters must be >= 1")
+    if args.device == "cuda" and torch.cuda.device_count() < args.tp:
+        print(f"torch_tp_peers: tp={args.tp} skipped, {torch.cuda.device_count()} GPU(s) seen", flush=True)
+        return
+    mp.spawn(worker, args=(args, free_port()), nprocs=args.tp, join=True)
+
+
+if __name__ == "__main__":
+    main()
