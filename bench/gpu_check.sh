@@ -3,14 +3,15 @@
 # build, GPU test suite, compute-sanitizer (memcheck + racecheck) on the small cases, benchmarks
 # against PyTorch (eager, torch.compile) in the same run, then a short table last.
 #   bench/gpu_check.sh [build] [test] [sanitize] [bench] [peers] [klpeers] [packed] [packedpeers]
-#                      [tp] [tppeers] [nccl] [tpnccl] [tptorch]
+#                      [tp] [tppeers] [nccl] [tpnccl] [tptorch] [cptorch]
 #   (default: all of them; packed: bench_packed, issue 4's DPO / pairwise / segment sums;
 #   packedpeers: their PyTorch peers; tp: bench_parallel, issue 5's vocabulary-parallel rank step vs
 #   the single-GPU kernel and the cp-local loss vs gather-then-loss; tppeers: PyTorch's vocabulary-parallel pattern on one rank's shard;
 #   nccl: issue 5's multi-GPU runs over NCCL (test_tp_gpu / test_cp_gpu --nccl, the two examples in
 #   nccl mode, vocab_parallel_ce also one process per GPU) on every GPU seen; tpnccl: bench_parallel --nccl, tp = 2 on two GPUs; tptorch: PyTorch's
-#   vocabulary-parallel cross-entropy on the same GPUs over torch.distributed (bench/torch_tp_peers.py),
-#   beside tpnccl's rows in the table. None of these is in the default list: ask for them on a
+#   vocabulary-parallel cross-entropy on the same GPUs over torch.distributed (bench/torch_parallel_peers.py),
+#   beside tpnccl's rows in the table; cptorch: PyTorch's context-parallel losses (gather then loss,
+#   and the local loss) on CP_NCCL GPUs, with bench_parallel's one-GPU simulation of cp-local. None of these is in the default list: ask for them on a
 #   machine of two GPUs or more)
 # (peers: the cross-entropy peers at every bench shape; klpeers: the distillation peers at two
 # shapes, since torch.compile takes ~30 s per shape and mode.) One device call runs at most
@@ -126,15 +127,20 @@ if has tpnccl; then
   timeout 300 "$B/bench/bench_parallel" --nccl --tp ${TP_NCCL:-2} --lsa ${TP_LSA:-0:0:0:0,0:0:0:0:1,12:4:0:0} ${BENCH_PARALLEL_ARGS:-} | tee -a "$OUT/bench.log"
 fi
 if has tptorch; then # PyTorch's vocabulary-parallel pattern on TP_NCCL GPUs, the collectives included
-  PYTHONUNBUFFERED=1 timeout ${PEERS_TIMEOUT:-420} python3 bench/torch_tp_peers.py --no-copy --tp ${TP_NCCL:-2} ${TP_TORCH_ARGS:-} 2>"$OUT/tptorch.err" | tee -a "$OUT/bench.log"
+  PYTHONUNBUFFERED=1 timeout ${PEERS_TIMEOUT:-420} python3 bench/torch_parallel_peers.py --no-copy --tp ${TP_NCCL:-2} ${TP_TORCH_ARGS:-} 2>"$OUT/tptorch.err" | tee -a "$OUT/bench.log"
   tail -5 "$OUT/tptorch.err"
+fi
+if has cptorch; then # PyTorch's context-parallel losses (gather then loss; local) on CP_NCCL GPUs, and bench_parallel's cp simulation
+  "$B/bench/bench_parallel" --tp 0 --cp ${CP_NCCL:-2} ${BENCH_PARALLEL_ARGS:-} | tee -a "$OUT/bench.log"
+  PYTHONUNBUFFERED=1 timeout ${PEERS_TIMEOUT:-420} python3 bench/torch_parallel_peers.py --no-copy --cp ${CP_NCCL:-2} ${CP_TORCH_ARGS:-} 2>"$OUT/cptorch.err" | tee -a "$OUT/bench.log"
+  tail -5 "$OUT/cptorch.err"
 fi
 if has tppeers; then
   PYTHONUNBUFFERED=1 timeout ${PEERS_TIMEOUT:-420} python3 bench/torch_peers.py --no-copy --modes tp2_rank,tp4_rank \
     --impls eager_fp32,compile --iters 10 --shapes ${TP_PEERS_SHAPES:-4096x151936,8192x32768} 2>"$OUT/tppeers.err" | tee -a "$OUT/bench.log"
   tail -5 "$OUT/tppeers.err"
 fi
-if has bench || has peers || has klpeers || has packed || has packedpeers || has tp || has tppeers || has tpnccl || has tptorch; then
+if has bench || has peers || has klpeers || has packed || has packedpeers || has tp || has tppeers || has tpnccl || has tptorch || has cptorch; then
   python3 bench/report.py "$OUT/bench.log" --md "$OUT/results_table.md" --png "$OUT/results.png" >/dev/null 2>"$OUT/report.err" || tail "$OUT/report.err"
 fi
 echo "================ summary ($(head -1 "$OUT/device.txt"))"

@@ -1,16 +1,19 @@
 #!/usr/bin/env python3
-"""PyTorch's vocabulary-parallel cross-entropy on P GPUs over NCCL: the peer of bench_parallel --nccl.
+"""PyTorch's tensor- and context-parallel cross-entropy on P GPUs over NCCL: bench_parallel's peers.
 
 Run (on a machine of P >= 2 GPUs, from the repository root; one process per GPU is spawned):
 
-    python3 bench/torch_tp_peers.py --tp 2 --shapes 4096x151936,8192x32768,4096x262144
+    python3 bench/torch_parallel_peers.py --tp 2 --shapes 4096x151936,8192x32768,4096x262144
+    python3 bench/torch_parallel_peers.py --cp 2 --shapes 8192x151936,16384x32768
 
-torch_peers.py --modes tp2_rank times one rank's compute alone on one GPU (no collectives). This
-script runs the whole step the way tensor-parallel trainers write it, on P real GPUs with
-torch.distributed (backend nccl): each rank holds the [N, V/P] shard of bf16 logits that
-lf_tp_shard gives it (the first V % P ranks one column more), the labels of all N rows (~5%
-ignore_index = -100) and computes, forward + loss.backward():
+torch_peers.py --modes tp2_rank times one rank's compute alone on one GPU (no collectives), and
+bench_parallel simulates context parallelism on one GPU. This script runs the whole step the way
+parallel trainers write it, on P real GPUs with torch.distributed (backend nccl), forward +
+loss.backward(), bf16 logits, the mean over the non-ignored tokens.
 
+--tp P (mode tpP_nccl; shape N x V, V the full vocabulary): each rank holds the [N, V/P] shard of
+bf16 logits that lf_tp_shard gives it (the first V % P ranks one column more) and the labels of
+all N rows (~5% ignore_index = -100).
   torch_eager_fp32   the Megatron-style autograd function on shard.float(): row max of the shard,
                      all_reduce(MAX); subtract it in place; exp in place, row sum, and the label's
                      logit where this rank owns the label (0 elsewhere), both in ONE
@@ -24,19 +27,37 @@ ignore_index = -100) and computes, forward + loss.backward():
                      nothing [N, V/P] is kept between them): the row max; the row's sum of exp
                      and label logit; in backward the bf16 gradient written in one pass. Inductor
                      cannot fuse across a collective, so these are the pieces it can fuse.
+  The count is local (every rank holds all labels), and every rank's loss is the global mean.
 
-The mean divides by the count of non-ignored rows (every rank holds all labels, so the count is
-local and every rank's loss is the global mean). Before timing, each implementation is checked
-on every rank against F.cross_entropy of the full-V logits in float64 (unsharded, on that rank's
-GPU): a CHECK line with the loss's relative error (at most 1e-5) and the largest gradient error on
-the rank's shard in units of bf16's rounding of the reference value (at most 1); status=WRONG on
-the RESULT line otherwise.
+--cp C (mode cpC_nccl; shape T x V, T the packed batch's tokens): 16 packed sequences (lengths
+multiples of 2C, random around T / 16, total T), global input ids, the first quarter of each
+sequence a prompt (not predicted); the label of token t is the id of token t + 1 of the same
+sequence unless that one is a prompt token or t is the sequence's last (ignored). Rank r holds
+the [T / C, V] bf16 logits of its zigzag shard (each sequence cut into 2C chunks, rank r owns
+chunks r and 2C - 1 - r), as the model gives them.
+  torch_gather_eager_fp32 / torch_gather_compile
+                     gather the logits (all_gather_into_tensor, [T, V] bf16 on every rank), put
+                     them back in sequence order, then F.cross_entropy(full.float(), labels) on
+                     the whole batch (eager, or torch.compile of it); backward: the gathered
+                     gradient's rows of this rank (what the out-of-memory job did).
+  torch_local_eager_fp32 / torch_local_compile
+                     the local loss: labels shifted on the global ids, then taken at this rank's
+                     positions; F.cross_entropy(local.float(), reduction="sum") (eager, or
+                     compiled) divided by the global count of valid tokens (an all_reduce of the
+                     local counts); the logged loss is the all_reduce of the ranks' parts.
+
+Before timing, each implementation is checked on every rank against F.cross_entropy of the
+unsharded logits in float64 (on that rank's GPU): a CHECK line with the loss's relative error (at
+most 1e-5) and the largest gradient error on the rank's part in units of bf16's rounding of the
+reference value (at most 1.01); status=WRONG on the RESULT line otherwise. Every rank holds rank
+0's data (broadcast).
 
 Timing: each timed iteration starts with a barrier, a 256 MiB L2 flush on every rank (untimed),
 then CUDA events around the forward + backward on each rank. ms is the slower rank's median of
 --iters (as bench_parallel --nccl reports the lossfuse step), the launch and collective latencies
 included, as a trainer sees them. extra_bytes is the slower rank's peak device memory above what
-it held before the step (inputs alive, grad None): it includes the bf16 gradient buffer.
+it held before the step (inputs alive, grad None): it includes the bf16 gradient buffer, and for
+the gathering forms the gathered logits.
 
 Output (rank 0, stdout), in bench_parallel's format so that report.py puts the peers beside the
 lossfuse rows of the same mode:
@@ -44,7 +65,8 @@ lossfuse rows of the same mode:
     COPY impl=torch gbps=4200.1 bytes=2147483648          (rank 0's GPU)
     RESULT impl=torch_eager_fp32 mode=tp2_nccl N=4096 V=151936 dtype=bf16 ms=... bytes=<2 N Vs 2>
            extra_bytes=... status=ok gpus=2
-bytes is bench_parallel's floor for the rank: its shard read once and its gradient written once.
+bytes is bench_parallel's floor for the rank: its part of the logits read once and its gradient
+written once (tp: 2 N Vs 2 with rank 0's Vs; cp: 2 (T / C) V 2).
 
 --device cpu runs the same code on P processes of the CPU with the gloo backend, only to smoke-test
 this script without a GPU; its numbers mean nothing.
@@ -63,11 +85,11 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_peers import IGNORE_INDEX, Dev, copy_bandwidth, is_oom, make_data, one_line, parse_shapes  # noqa: E402
+from torch_peers import IGNORE_INDEX, Dev, copy_bandwidth, make_data, one_line, parse_shapes  # noqa: E402
 
 DEFAULT_SHAPES = "4096x151936,8192x32768,4096x262144"
+DEFAULT_CP_SHAPES = "8192x151936,16384x32768"
 IMPLS = ["eager_fp32", "compile"]
-IMPL_NAME = {"eager_fp32": "torch_eager_fp32", "compile": "torch_compile"}
 
 
 def shard_range(v, p, r):
@@ -178,36 +200,151 @@ def compiled_loss(fns):
     return f
 
 
+def tp_case(rank, P, logits, labels):
+    """(floor bytes, the rank's leaf, {impl: step}, reference): a step runs forward + backward
+    and returns the (global) loss; the reference gives the float64 loss and this rank's part of
+    its gradient."""
+    n, v = logits.shape
+    v0, v1 = shard_range(v, P, rank)
+    count = (labels != IGNORE_INDEX).sum().clamp(min=1).to(torch.float32)
+    shard = logits.detach()[:, v0:v1].contiguous().requires_grad_(True)
+
+    def stepper(fn):
+        def step():
+            loss = fn(shard, labels, v0, count)
+            loss.backward()
+            return loss.detach()
+        return step
+
+    def ref():
+        full = logits.detach().double().requires_grad_(True)
+        loss = F.cross_entropy(full, labels, ignore_index=IGNORE_INDEX)
+        loss.backward()
+        return loss.item(), full.grad[:, v0:v1]
+
+    steps = {"torch_eager_fp32": lambda: stepper(eager_loss),
+             "torch_compile": lambda: stepper(compiled_loss(CompiledFns()))}
+    return 2 * n * shard_range(v, P, 0)[1] * 2, shard, steps, ref
+
+
+# --------------------------------------------------------------------------------------------
+# Context parallelism: gather then loss, or the local loss
+# --------------------------------------------------------------------------------------------
+def cp_layout(t, c, seed):
+    """16 sequence lengths (multiples of 2c, around t / 16) and each rank's global positions
+    (the zigzag shard: chunks r and 2c - 1 - r of every sequence)."""
+    g = torch.Generator().manual_seed(seed)
+    unit = 2 * c
+    mean = max(unit, t // 16)
+    lens = [max(1, round(mean * (0.5 + torch.rand(1, generator=g).item()) / unit)) * unit for _ in range(16)]
+    starts = [sum(lens[:k]) for k in range(16)]
+    rows = []
+    for r in range(c):
+        idx = []
+        for s0, ln in zip(starts, lens):
+            q = ln // unit
+            idx += list(range(s0 + r * q, s0 + (r + 1) * q)) + list(range(s0 + (unit - 1 - r) * q, s0 + (unit - r) * q))
+        rows.append(idx)
+    return lens, starts, rows
+
+
+def cp_labels(ids, lens, starts):
+    """Shift within each sequence on the global ids; a prompt token (the first quarter of its
+    sequence) is not predicted, nor is anything after a sequence's last token."""
+    labels = torch.full_like(ids, IGNORE_INDEX)
+    for s0, ln in zip(starts, lens):
+        first = s0 + ln // 4  # the first predicted token
+        lo = max(s0, first - 1)
+        labels[lo:s0 + ln - 1] = ids[lo + 1:s0 + ln]
+    return labels
+
+
+class GatherZigzag(torch.autograd.Function):
+    """The ranks' local logits gathered and put back in sequence order; backward: this rank's rows."""
+
+    @staticmethod
+    def forward(ctx, local, inv, mine, c):
+        gathered = torch.empty(c * local.shape[0], local.shape[1], dtype=local.dtype, device=local.device)
+        dist.all_gather_into_tensor(gathered, local.contiguous())
+        ctx.save_for_backward(mine)
+        return gathered.index_select(0, inv)
+
+    @staticmethod
+    def backward(ctx, g):
+        (mine,) = ctx.saved_tensors
+        return g.index_select(0, mine), None, None, None
+
+
+def ce_mean_fp32(logits, labels):
+    return F.cross_entropy(logits.float(), labels, ignore_index=IGNORE_INDEX)
+
+
+def ce_sum_fp32(logits, labels):
+    return F.cross_entropy(logits.float(), labels, ignore_index=IGNORE_INDEX, reduction="sum")
+
+
+def cp_case(rank, C, logits, labels, rows):
+    dev = logits.device
+    t, v = logits.shape
+    mine = torch.tensor(rows[rank], dtype=torch.int64, device=dev)
+    inv = torch.argsort(torch.tensor([p for r in rows for p in r], dtype=torch.int64, device=dev))
+    local = logits.detach().index_select(0, mine).contiguous().requires_grad_(True)
+    local_labels = labels.index_select(0, mine)
+
+    def gather_step(ce):
+        def step():
+            loss = ce(GatherZigzag.apply(local, inv, mine, C), labels)
+            loss.backward()
+            return loss.detach()
+        return step
+
+    def local_step(ce):
+        def step():
+            cnt = (local_labels != IGNORE_INDEX).sum().to(torch.float32)
+            dist.all_reduce(cnt)
+            part = ce(local, local_labels) / cnt.clamp(min=1)
+            part.backward()
+            loss = part.detach().clone()
+            dist.all_reduce(loss)  # the logged loss
+            return loss
+        return step
+
+    def ref():
+        full = logits.detach().double().requires_grad_(True)
+        loss = F.cross_entropy(full, labels, ignore_index=IGNORE_INDEX)
+        loss.backward()
+        return loss.item(), full.grad.index_select(0, mine)
+
+    steps = {"torch_gather_eager_fp32": lambda: gather_step(ce_mean_fp32),
+             "torch_gather_compile": lambda: gather_step(torch.compile(ce_mean_fp32, dynamic=False)),
+             "torch_local_eager_fp32": lambda: local_step(ce_sum_fp32),
+             "torch_local_compile": lambda: local_step(torch.compile(ce_sum_fp32, dynamic=False))}
+    return 2 * (t // C) * v * 2, local, steps, ref
+
+
 # --------------------------------------------------------------------------------------------
 # One rank
 # --------------------------------------------------------------------------------------------
-def check(fn, shard, labels, v0, v1, count, logits):
-    """Against F.cross_entropy of the full-V logits in float64: (|loss - ref| / |ref|, the largest
-    gradient error on the shard in units of bf16's rounding of the reference there, a line on the
-    worst element)."""
-    shard.grad = None
-    loss = fn(shard, labels, v0, count)
-    loss.backward()
-    full = logits.detach().double().requires_grad_(True)
-    ref = F.cross_entropy(full, labels, ignore_index=IGNORE_INDEX)
-    ref.backward()
-    gref = full.grad[:, v0:v1]
-    err = (shard.grad.double() - gref).abs()
+def check(step, x, ref):
+    """(loss relative error, the largest gradient error in bf16 rounding units, the worst element)."""
+    x.grad = None
+    loss = step().item()
+    ref_loss, gref = ref()
+    err = (x.grad.double() - gref).abs()
     # bf16 keeps 8 significant bits: rounding to nearest is off by at most 2^-9 relative, and a
     # value near a power of two by up to 2^-8 of itself; the floor covers values rounded to 0
     units = err / (gref.abs() * 2.0 ** -8 + gref.abs().max() * 1e-6)
     worst = int(units.argmax())
     r, c = divmod(worst, gref.shape[1])
-    where = (f"worst row={r} col={v0 + c} label={int(labels[r])} grad={float(shard.grad[r, c]):.6e} "
-             f"ref={float(gref[r, c]):.6e}")
-    out = (abs(loss.item() - ref.item()) / max(abs(ref.item()), 1e-30), units.max().item(), where)
-    shard.grad = None
-    del full, ref, gref, err, units
+    where = f"worst local row={r} col={c} grad={float(x.grad[r, c]):.6e} ref={float(gref[r, c]):.6e}"
+    out = (abs(loss - ref_loss) / max(abs(ref_loss), 1e-30), units.max().item(), where)
+    x.grad = None
+    del gref, err, units
     return out
 
 
 def worker(rank, args, port):
-    P = args.tp
+    P = args.ranks
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     cuda = args.device == "cuda"
     if cuda:
@@ -223,84 +360,84 @@ def worker(rank, args, port):
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return t.item()
 
+    mode = f"{args.kind}{P}_nccl"
     if rank == 0:
         name = torch.cuda.get_device_name() if cuda else "cpu"
         say(f"DEVICE name={'_'.join(name.split())}", flush=True)
-        say(f"INFO torch={torch.__version__} cuda={torch.version.cuda} tp={P} iters={args.iters} "
+        say(f"INFO torch={torch.__version__} cuda={torch.version.cuda} {args.kind}={P} iters={args.iters} "
             f"nccl={'.'.join(map(str, torch.cuda.nccl.version())) if cuda else 'none'}", flush=True)
         if not args.no_copy:
             say(f"COPY impl=torch gbps={copy_bandwidth(dev):.1f} bytes={2 << 30}", flush=True)
-    if "compile" in args.impls:
-        torch._dynamo.config.cache_size_limit = 64
+    torch._dynamo.config.cache_size_limit = 64
     dev.make_scratch()
     for (n, v) in args.shapes:
-        v0, v1 = shard_range(v, P, rank)
-        floor = 2 * n * (shard_range(v, P, 0)[1]) * 2
-        logits, labels = make_data(dev, n, v, args.seed)
+        if args.kind == "tp":
+            logits, labels = make_data(dev, n, v, args.seed)
+        else:
+            lens, starts, rows = cp_layout(n, P, args.seed)
+            n = sum(lens)
+            logits = make_data(dev, n, v, args.seed)[0]
+            gen = torch.Generator().manual_seed(args.seed + 1)
+            labels = cp_labels(torch.randint(0, v, (n,), generator=gen), lens, starts).to(dev.device)
         # rank 0's data on every rank: the same seed does not give the same logits everywhere
         # (make_data's outliers may land twice on one element, and which write wins is not fixed:
         # at 4096 x 262144 the two GPUs held a different row 1440, and the check caught it)
         dist.broadcast(logits.detach(), src=0)
         dist.broadcast(labels, src=0)
-        count = (labels != IGNORE_INDEX).sum().clamp(min=1).to(torch.float32)
-        shard = logits.detach()[:, v0:v1].contiguous().requires_grad_(True)
-        if not args.check:
-            del logits
-            logits = None
+        floor, x, steps, ref = tp_case(rank, P, logits, labels) if args.kind == "tp" else cp_case(rank, P, logits, labels, rows)
         dev.free()
-        for impl in args.impls:
+        for impl, make_step in steps.items():
+            if args.impls and not any(impl.endswith(k) for k in args.impls):
+                continue
             status, ms, extra = "ok", float("nan"), 0
             try:
-                if impl == "compile":
+                if impl.endswith("compile"):
                     torch._dynamo.reset()
-                    fn = compiled_loss(CompiledFns())
-                else:
-                    fn = eager_loss
+                step = make_step()
                 t0 = time.perf_counter()
-                for _ in range(6 if impl == "compile" else 3):  # warm-up (compile: compilation)
-                    shard.grad = None
-                    fn(shard, labels, v0, count).backward()
+                for _ in range(6 if impl.endswith("compile") else 3):  # warm-up (compile: compilation)
+                    x.grad = None
+                    step()
                     dev.sync()
                 warm_s = slowest(time.perf_counter() - t0)
-                if logits is not None:
-                    dl, dg, where = check(fn, shard, labels, v0, v1, count, logits)
+                if args.check:
+                    dl, dg, where = check(step, x, ref)
                     dl_all, dg_all = slowest(dl), slowest(dg)
                     # the loss: fp32 row sums and a mean of N of them (1e-5 relative, issue 2's
                     # accuracy); the gradient: within bf16's rounding of the reference
                     ok = dl_all <= 1e-5 and dg_all <= 1.01  # (1.01: fp32 noise on a value at a rounding tie)
-                    say(f"CHECK impl={IMPL_NAME[impl]} mode=tp{P}_nccl N={n} V={v} loss_rel_err={dl_all:.3e} "
+                    say(f"CHECK impl={impl} mode={mode} N={n} V={v} loss_rel_err={dl_all:.3e} "
                         f"grad_err_bf16_units={dg_all:.3f} {'ok' if ok else 'WRONG'} (rank 0: {where})", flush=True)
                     if not ok:
                         status = "WRONG"
                     dev.free()
                 times = []
                 for _ in range(args.iters):
-                    shard.grad = None
+                    x.grad = None
                     dist.barrier()
                     dev.sync()
-                    times.append(dev.time_once(lambda: fn(shard, labels, v0, count).backward()))
+                    times.append(dev.time_once(step))
                 ms = slowest(statistics.median(times))
-                shard.grad = None
+                x.grad = None
                 dev.sync()
                 dev.reset_peak()
                 base = dev.allocated()
-                fn(shard, labels, v0, count).backward()
+                step()
                 dev.sync()
                 extra = int(slowest(max(0, dev.peak() - base)))
-                shard.grad = None
-                say(f"INFO impl={IMPL_NAME[impl]} mode=tp{P}_nccl N={n} V={v} warmup_s={warm_s:.1f}", flush=True)
+                x.grad = None
+                say(f"INFO impl={impl} mode={mode} N={n} V={v} warmup_s={warm_s:.1f}", flush=True)
             except Exception as e:  # noqa: BLE001
                 # a rank that fails leaves the others in a collective: report and stop the run
-                status = "OOM" if is_oom(e) else "ERROR"
-                print(f"ERROR rank={rank} impl={IMPL_NAME[impl]} mode=tp{P}_nccl N={n} V={v}: {one_line(e)}",
-                      flush=True)
+                print(f"ERROR rank={rank} impl={impl} mode={mode} N={n} V={v}: {one_line(e)}", flush=True)
                 os._exit(1)
             ms_s = f"{ms:.4f}" if ms == ms else "nan"
-            say(f"RESULT impl={IMPL_NAME[impl]} mode=tp{P}_nccl N={n} V={v} dtype=bf16 ms={ms_s} bytes={floor} "
+            say(f"RESULT impl={impl} mode={mode} N={n} V={v} dtype=bf16 ms={ms_s} bytes={floor} "
                 f"extra_bytes={extra} status={status} gpus={P}", flush=True)
-            shard.grad = None
+            x.grad = None
+            step = None
             dev.free()
-        logits = labels = shard = None
+        logits = labels = x = steps = ref = None
         dev.free()
     dist.barrier()
     dist.destroy_process_group()
@@ -315,10 +452,14 @@ def free_port():
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tp", type=int, default=2)
-    ap.add_argument("--shapes", default=DEFAULT_SHAPES, help="comma-separated NxV list (V: the full vocabulary)")
+    grp = ap.add_mutually_exclusive_group()
+    grp.add_argument("--tp", type=int, help="tensor parallelism over this many GPUs (the default: 2)")
+    grp.add_argument("--cp", type=int, help="context parallelism over this many GPUs")
+    ap.add_argument("--shapes", help="comma-separated NxV list (tp: V the full vocabulary; cp: N the "
+                    f"batch's tokens, about); default tp {DEFAULT_SHAPES}, cp {DEFAULT_CP_SHAPES}")
     ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--impls", default=",".join(IMPLS))
+    ap.add_argument("--impls", default="", help="comma-separated suffixes of the impl names to run "
+                    "(eager_fp32, compile; default: all)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-check", dest="check", action="store_false",
                     help="skip the comparison with the unsharded loss (it needs the full logits on every rank)")
@@ -326,17 +467,18 @@ def main():
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                     help="cpu: gloo on the CPU, a smoke test of the script only, meaningless numbers")
     args = ap.parse_args()
-    args.shapes = parse_shapes(args.shapes)
+    args.kind, args.ranks = ("cp", args.cp) if args.cp is not None else ("tp", args.tp if args.tp is not None else 2)
+    args.shapes = parse_shapes(args.shapes or (DEFAULT_SHAPES if args.kind == "tp" else DEFAULT_CP_SHAPES))
     args.impls = [t.strip() for t in args.impls.split(",") if t.strip()]
     bad = [t for t in args.impls if t not in IMPLS]
     if bad:
         sys.exit(f"unknown impls: {','.join(bad)} (choose from {','.join(IMPLS)})")
-    if args.tp < 1 or args.iters < 1:
-        sys.exit("--tp and --iters must be >= 1")
-    if args.device == "cuda" and torch.cuda.device_count() < args.tp:
-        print(f"torch_tp_peers: tp={args.tp} skipped, {torch.cuda.device_count()} GPU(s) seen", flush=True)
+    if args.ranks < 1 or args.iters < 1:
+        sys.exit("--tp / --cp and --iters must be >= 1")
+    if args.device == "cuda" and torch.cuda.device_count() < args.ranks:
+        print(f"torch_parallel_peers: {args.kind}={args.ranks} skipped, {torch.cuda.device_count()} GPU(s) seen", flush=True)
         return
-    mp.spawn(worker, args=(args, free_port()), nprocs=args.tp, join=True)
+    mp.spawn(worker, args=(args, free_port()), nprocs=args.ranks, join=True)
 
 
 if __name__ == "__main__":
