@@ -4,7 +4,7 @@
 Run (on a machine of P >= 2 GPUs, from the repository root; one process per GPU is spawned):
 
     python3 bench/torch_parallel_peers.py --tp 2 --shapes 4096x151936,8192x32768,4096x262144
-    python3 bench/torch_parallel_peers.py --cp 2 --shapes 8192x151936,16384x32768
+    python3 bench/torch_parallel_peers.py --cp 2 --shapes 4096x151936,8192x32768,4096x262144
 
 torch_peers.py --modes tp2_rank times one rank's compute alone on one GPU (no collectives), and
 bench_parallel simulates context parallelism on one GPU. This script runs the whole step the way
@@ -88,7 +88,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from torch_peers import IGNORE_INDEX, Dev, copy_bandwidth, make_data, one_line, parse_shapes  # noqa: E402
 
 DEFAULT_SHAPES = "4096x151936,8192x32768,4096x262144"
-DEFAULT_CP_SHAPES = "8192x151936,16384x32768"
+DEFAULT_CP_SHAPES = DEFAULT_SHAPES  # bench_parallel's, for both (cp: N the batch's tokens, about)
 IMPLS = ["eager_fp32", "compile"]
 
 
@@ -456,7 +456,7 @@ def main():
     grp.add_argument("--tp", type=int, help="tensor parallelism over this many GPUs (the default: 2)")
     grp.add_argument("--cp", type=int, help="context parallelism over this many GPUs")
     ap.add_argument("--shapes", help="comma-separated NxV list (tp: V the full vocabulary; cp: N the "
-                    f"batch's tokens, about); default tp {DEFAULT_SHAPES}, cp {DEFAULT_CP_SHAPES}")
+                    f"batch's tokens, about); default {DEFAULT_SHAPES}")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--impls", default="", help="comma-separated suffixes of the impl names to run "
                     "(eager_fp32, compile; default: all)")
