@@ -77,9 +77,10 @@
  *   would not do: the single-GPU kernel on the shard's shape (8192 x 16384) takes 0.57x of
  *   the full V's time. Session 38: releasing the stage after the statistics and re-reading
  *   the slice from L2 for the gradient was 12-78% slower (the re-read misses L2: the ring's
- *   loads ahead of use and the writes outgrow it), and skipping the cluster merge (a probe)
- *   gained at most 2%: the row keeps its stage, and waits for the other rank. On two H100s:
- *   0.58x, 0.67x, 0.62x.
+ *   loads ahead of use and the writes outgrow it), keeping the row in registers instead was
+ *   1.5-1.9x slower (128 registers, spills), and skipping the cluster merge (a probe) gained
+ *   at most 2%: the row keeps its stage, and waits for the other rank. On two H100s: 0.58x,
+ *   0.67x, 0.62x.
  * Read once, chunked (chunk_rows > 0, lsa_schedule = TP_LSA_CHUNKED, or forward only): one
  *   persistent kernel takes the chunks' statistics and gradient items in a pipelined order; each row's share is stored straight
  *   into every rank's NCCL symmetric window over NVLink and a chunk's gradient waits on per-chunk
