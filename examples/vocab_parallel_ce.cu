@@ -599,8 +599,9 @@ static __device__ __forceinline__ bool tp_lsa_wait(const tp_lsa &L, int64_t k, i
                          * 8192 x 32768 at tp = 2 from 1.00-1.03x the single GPU to 0.72x, the
                          * same within 4% at 4096 x 151936 / 262144; 8 groups of 64 (session
                          * 32, with 16 stages allowed: clusters of 2-16) 4-8% slower than 4.
-                         * Session 38: 2 groups 3-6% faster at 4096 x 151936, 1-2% slower at
-                         * 4096 x 262144, 35-39% slower at 8192 x 32768; 8 groups 1-11% slower */
+                         * Session 38, two H200s: 2 groups 3-6% faster at 4096 x 151936, 1-2%
+                         * slower at 4096 x 262144, 35-39% slower at 8192 x 32768; two H100s:
+                         * 5-7% slower, 5-7% faster, 16-19% slower; 8 groups 1-11% slower */
 #endif
 #ifndef TP_RES_MIN_STAGES
 #define TP_RES_MIN_STAGES CE_RES_MIN_STAGES /* the least ring the plan takes. Measured on two H200s
