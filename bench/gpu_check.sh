@@ -130,13 +130,13 @@ if has tpnccl; then
 fi
 if has tptorch; then # PyTorch's vocabulary-parallel pattern on TP_NCCL GPUs, the collectives included
   PYTHONUNBUFFERED=1 timeout ${PEERS_TIMEOUT:-420} python3 bench/torch_parallel_peers.py --no-copy --tp ${TP_NCCL:-2} ${TP_TORCH_ARGS:-} 2>"$OUT/tptorch.err" | tee -a "$OUT/bench.log"
-  summary+=("torch_parallel_peers --tp ${TP_NCCL:-2}: rc=${PIPESTATUS[0]} (1: a check failed, see CHECK lines)")
+  summary+=("torch_parallel_peers --tp ${TP_NCCL:-2}: rc=${PIPESTATUS[0]} (0 ok; 1 a check failed: see its CHECK lines)")
   tail -5 "$OUT/tptorch.err"
 fi
 if has cptorch; then # PyTorch's context-parallel losses (gather then loss; local) on CP_NCCL GPUs, and bench_parallel's cp simulation
   timeout 300 "$B/bench/bench_parallel" --tp 0 --cp ${CP_NCCL:-2} ${BENCH_PARALLEL_ARGS:-} | tee -a "$OUT/bench.log"
   PYTHONUNBUFFERED=1 timeout ${PEERS_TIMEOUT:-420} python3 bench/torch_parallel_peers.py --no-copy --cp ${CP_NCCL:-2} ${CP_TORCH_ARGS:-} 2>"$OUT/cptorch.err" | tee -a "$OUT/bench.log"
-  summary+=("torch_parallel_peers --cp ${CP_NCCL:-2}: rc=${PIPESTATUS[0]} (1: a check failed, see CHECK lines)")
+  summary+=("torch_parallel_peers --cp ${CP_NCCL:-2}: rc=${PIPESTATUS[0]} (0 ok; 1 a check failed: see its CHECK lines)")
   tail -5 "$OUT/cptorch.err"
 fi
 if has tppeers; then
