@@ -17,7 +17,10 @@ Run (on a GPU machine, from the repository root):
                hist = zeros(B).index_add_(0, bin, mass * sigmoid(s)); forward + backward w.r.t.
                the scores. impl torch_eager, torch_eager_graph (the same captured with
                torch.cuda.graph, replayed), torch_compile, torch_compile_graph
-               (mode="reduce-overhead"). ms is the mean over 200 back-to-back calls.
+               (mode="reduce-overhead"), torch_compile_captured (the compiled function's
+               forward + backward, default mode, captured with torch.cuda.graph after its
+               warm-up compiled both, replayed: no Python or autograd work per call, the form
+               a graph-captured training step gets). ms is the mean over 200 back-to-back calls.
   mode=segsum  10^8 fp32 values, 10^5 sequences: torch_index_add (zeros(nseq).index_add_ with
                precomputed per-value sequence ids, not timed) and torch_segment_reduce
                (torch.segment_reduce(v, "sum", lengths=...)).
@@ -121,7 +124,7 @@ def bench_pref(dev):
     cov = torch.full((B,), 0.45 * S / B, device="cuda")
     args = (pi, pj, t, w, bins, mass, budget, cov, B)
     reps = 200
-    for impl in ("eager", "eager_graph", "compile", "compile_graph"):
+    for impl in ("eager", "eager_graph", "compile", "compile_graph", "compile_captured"):
         status, ms = "ok", float("nan")
         try:
             if impl.startswith("compile"):
@@ -139,7 +142,7 @@ def bench_pref(dev):
                     op()
             torch.cuda.current_stream().wait_stream(side)
             run = op
-            if impl == "eager_graph":
+            if impl in ("eager_graph", "compile_captured"):
                 graph = torch.cuda.CUDAGraph()
                 s.grad = None
                 with torch.cuda.graph(graph):
