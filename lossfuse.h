@@ -510,7 +510,8 @@ LF_HD lf_dual_out lf_dual_final(lf_dual d) { return lf_impl_dual_final(d, 1, 1, 
 
 /* ============================================================================================
  * 3c. Scalar pair losses (preference optimisation, ranking), each with its derivative
- *    All float, host and device, NaN in -> NaN out, no overflow for any finite input.
+ *    All float, host and device, NaN in -> NaN out; a finite input gives a finite result
+ *    but for the exceptions listed at the end of this comment.
  *    The derivative goes to *d (may be NULL) with respect to the function's first argument.
  *        lf_softplus(x)       log(1 + e^x)             lf_log_sigmoid(x)  log sigma(x) = -softplus(-x)
  *        lf_sigmoid(x)        1 / (1 + e^-x)
@@ -528,8 +529,12 @@ LF_HD lf_dual_out lf_dual_final(lf_dual d) { return lf_impl_dual_final(d, 1, 1, 
  *                                      (Bradley-Terry with a soft target t = P(i beats j))
  *        lf_hinge_margin(d, y, margin, scale)  max(0, margin - y scale d), y = +1 or -1
  *    At a hinge's corner the derivative is taken as 0 (the loss is 0 there). A zero weight
- *    (eps, t, 1 - eps, 1 - t) drops its term, even an infinite one. Inputs whose product with
- *    beta / scale overflows float give infinite losses.
+ *    (eps, t, 1 - eps, 1 - t) drops its term, even an infinite one. Exceptions to "finite in,
+ *    finite out": inputs whose product with beta / scale overflows float give infinite losses,
+ *    and IPO's square overflows (+inf loss, infinite derivative) once |h - 1 / (2 beta)| passes
+ *    ~1.8e19. lf_bt takes t in [0, 1] and lf_hinge_margin y = +-1; other values are not checked
+ *    here (lf_ref_pairwise_preference refuses them with LF_ERR_PAIR; examples/
+ *    pairwise_preference.cu counts them as bad pairs).
  * ========================================================================================== */
 
 LF_HD float lf_softplus(float x)
@@ -1414,14 +1419,21 @@ static inline lf_status lf_ref_histogram(const int32_t *bin, const float *mass, 
  *    logits of token t of sequence k with label y is c_k (onehot(y) - softmax(x_t)), c_k the sum
  *    over the pairs of d loss / d logp_k; tokens without a label get 0. Labels outside [0, V)
  *    that are not ignore_index are counted in *n_bad and treated as ignored.
- *    Per-pair metrics (trainer logs) in pair_out[4 p + 0..3]: loss_p, chosen reward, rejected
- *    reward, 1 if chosen reward > rejected reward else 0. The IPO of the paper and TRL uses
- *    length-normalised scores: set length_normalize.
+ *    Per-pair metrics (trainer logs), LF_DPO_METRICS of them, in pair_out[LF_DPO_METRICS p +
+ *    0..4]: loss_p, chosen reward beta (s_c - r_c), rejected reward beta (s_r - r_r), 1 if chosen
+ *    reward > rejected reward else 0, and the reward margin beta h (the chosen reward minus the
+ *    rejected one, formed from h, not from the two rounded rewards); s, r: the scores and
+ *    reference scores above (length-normalised where the loss normalises; SimPO: no
+ *    reference). The IPO of the paper and TRL uses length-normalised scores: set
+ *    length_normalize.
  *    seq (3 nseq doubles, required: nothing here allocates) receives per sequence logp_k in
  *    [0, nseq), n_k in [nseq, 2 nseq) and c_k = d loss / d logp_k in [2 nseq, 3 nseq).
  * ========================================================================================== */
 
 typedef enum lf_dpo_kind { LF_DPO_SIGMOID = 0, LF_DPO_HINGE = 1, LF_DPO_IPO = 2, LF_DPO_SIMPO = 3 } lf_dpo_kind;
+
+/* per-pair metrics: loss, chosen reward, rejected reward, accuracy, reward margin */
+#define LF_DPO_METRICS 5
 
 typedef struct lf_dpo_opts {
     lf_dpo_kind kind;      /* default LF_DPO_SIGMOID */
@@ -1539,7 +1551,8 @@ static inline lf_status lf_ref_dpo_packed(int64_t T, int64_t V, const float *log
             rc = norm ? (nt[c] > 0.0 ? (double)ref_logps[c] / nt[c] : 0.0) : (double)ref_logps[c];
             rr = norm ? (nt[r] > 0.0 ? (double)ref_logps[r] / nt[r] : 0.0) : (double)ref_logps[r];
         }
-        l = lf_impl_dpo_pair(o, (sc - rc) - (sr - rr), &dc);
+        const double h = (sc - rc) - (sr - rr);
+        l = lf_impl_dpo_pair(o, h, &dc);
         dr = -dc;
         if (o->nll_weight > 0.0f && nt[c] > 0.0) {
             l += (double)o->nll_weight * (-lp[c] / nt[c]);
@@ -1549,10 +1562,12 @@ static inline lf_status lf_ref_dpo_packed(int64_t T, int64_t V, const float *log
         coef[r] += inv * dr * (norm ? (nt[r] > 0.0 ? 1.0 / nt[r] : 0.0) : 1.0);
         sum += l;
         if (pair_out) {
-            pair_out[4 * p + 0] = l;
-            pair_out[4 * p + 1] = (double)o->beta * (sc - rc);
-            pair_out[4 * p + 2] = (double)o->beta * (sr - rr);
-            pair_out[4 * p + 3] = pair_out[4 * p + 1] > pair_out[4 * p + 2] ? 1.0 : 0.0;
+            double *m = pair_out + LF_DPO_METRICS * p;
+            m[0] = l;
+            m[1] = (double)o->beta * (sc - rc);
+            m[2] = (double)o->beta * (sr - rr);
+            m[3] = m[1] > m[2] ? 1.0 : 0.0;
+            m[4] = (double)o->beta * h;
         }
     }
     if (loss) *loss = inv == 0.0 ? sum * 0.0 : sum * inv;
@@ -1587,8 +1602,10 @@ static inline lf_status lf_ref_dpo_packed(int64_t T, int64_t V, const float *log
  *        penalty = budget_weight sum_b max(0, h_b - B_b)^2 + coverage_weight sum_b max(0, F_b - h_b)^2
  *    (not divided by D). loss_out[0] = pair loss + penalty, [1] the pair loss, [2] the penalty.
  *    hist (n_bins doubles; required with item_bin) receives h. grad (S doubles, may be NULL)
- *    = d loss / d s. Bad pairs: LF_ERR_PAIR; a bin outside [-1, n_bins): LF_ERR_ARG; budget /
- *    coverage may be NULL when their weight is 0.
+ *    = d loss / d s. Bad pairs (an item outside [0, S), i == j, or a target outside [0, 1] for
+ *    LF_PREF_BT / other than +-1 for LF_PREF_HINGE; a NaN target is not bad, it makes the loss
+ *    NaN): LF_ERR_PAIR; a bin outside [-1, n_bins): LF_ERR_ARG; budget / coverage may be NULL
+ *    when their weight is 0.
  * ========================================================================================== */
 
 typedef enum lf_pref_kind { LF_PREF_BT = 0, LF_PREF_HINGE = 1 } lf_pref_kind;
@@ -1640,6 +1657,10 @@ static inline lf_status lf_ref_pairwise_preference(int64_t S, const float *score
     if (S < 0 || P < 0 || n_bins < 0) return LF_ERR_SIZE;
     if ((st = lf_check_pairs(pairs, P, S, NULL, NULL)) != LF_OK) return st;
     if ((S > 0 && !scores) || (P > 0 && !target)) return LF_ERR_NULL;
+    for (p = 0; p < P; ++p)
+        if (o->kind == LF_PREF_HINGE ? target[p] == target[p] && target[p] != 1.0f && target[p] != -1.0f
+                                     : target[p] < 0.0f || target[p] > 1.0f)
+            return LF_ERR_PAIR;
     if (item_bin) {
         if ((o->budget_weight > 0.0f && !budget) || (o->coverage_weight > 0.0f && !coverage)) return LF_ERR_NULL;
         if (n_bins > 0 && !hist) return LF_ERR_NULL;
@@ -1656,8 +1677,8 @@ static inline lf_status lf_ref_pairwise_preference(int64_t S, const float *score
         double w = pair_weight ? (double)pair_weight[p] : 1.0, tp = (double)target[p], l, dd, z;
         if (o->kind == LF_PREF_HINGE) {
             z = (double)o->margin - tp * sc * d;
-            l = z > 0.0 ? z : 0.0;
-            dd = z > 0.0 ? -tp * sc : 0.0;
+            l = z > 0.0 ? z : (z == z ? 0.0 : z); /* NaN in, NaN out, as lf_hinge_margin */
+            dd = z > 0.0 ? -tp * sc : (z == z ? 0.0 : z);
         } else {
             z = sc * d;
             l = (tp == 0.0 ? 0.0 : tp * lf_impl_softplus_d(-z)) + (tp == 1.0 ? 0.0 : (1.0 - tp) * lf_impl_softplus_d(z));

@@ -110,7 +110,7 @@ static void bench_dpo(int64_t T, int64_t V, int nseq, int iters, void *flush, si
     CK(cudaMalloc(&refd, 4 * nseq));
     CK(cudaMalloc(&loss, 4));
     CK(cudaMalloc(&seqlp, 4 * nseq));
-    CK(cudaMalloc(&pm, 16 * nseq));
+    CK(cudaMalloc(&pm, sizeof(float) * LF_DPO_METRICS * nseq)); /* nseq / 2 pairs */
     CK(cudaMalloc(&err, 4));
     CK(cudaMalloc(&ws, wsb));
     fill_logits<<<1024, 256>>>(x0, (int64_t)T * V, 7);

@@ -55,8 +55,11 @@
  *   dW = G^T (diag(s) H), [T, d] scalings instead of a [T, V] pass. The same workspace.
  *
  * Bad input: a label outside [0, V) that is not ignore_index, a pair with a sequence outside
- *   [0, n_seqs) or chosen == rejected: one error each, that token / pair contributes nothing.
- *   NaN / +inf logits in a labelled token: NaN log-probability, NaN loss.
+ *   [0, n_seqs) or chosen == rejected: one error each, that token / pair contributes nothing
+ *   (its metrics 0). A bad cu_seqlens (cu[0] != 0, a decrease, or cu[n_seqs] != T): one error
+ *   for the launch and nothing else looked at: loss 0, gradient 0 (tok_scale 0), every
+ *   per-sequence log-probability and pair metric 0. NaN / +inf logits in a labelled token: NaN
+ *   log-probability, NaN loss.
  *
  * Sections: 1. API   2. kernels   3. launcher   4. main (make data, check, time)
  */
@@ -100,7 +103,9 @@ typedef struct dpo_args {
                                * twice (see the header) */
     float *loss;              /* [1] */
     float *seq_logps;         /* optional [n_seqs] */
-    float *pair_metrics;      /* optional [n_pairs][4]: loss, chosen reward, rejected reward, accuracy */
+    float *pair_metrics;      /* optional [n_pairs][LF_DPO_METRICS]: loss, chosen reward, rejected
+                               * reward, accuracy (1: chosen reward > rejected), reward margin
+                               * (chosen - rejected, from the margin in double) */
     unsigned int *n_errors;   /* optional device counter */
     void *workspace;          /* dpo_workspace_bytes(T, n_seqs, n_pairs); no zeroing needed */
     size_t workspace_bytes;
@@ -366,7 +371,7 @@ static __device__ __forceinline__ void dpo_tail_pairs(const dpo_kparams &k)
         int32_t c, r;
         const bool ok = !bad && dpo_pair_ok(k, p, &c, &r);
         if (!ok && !bad && k.n_errors) atomicAdd(k.n_errors, 1u);
-        float l = 0.0f, dh = 0.0f, rwc = 0.0f, rwr = 0.0f;
+        float l = 0.0f, dh = 0.0f, rwc = 0.0f, rwr = 0.0f, mg = 0.0f;
         if (ok) {
             const bool norm = k.o.length_normalize || k.o.kind == LF_DPO_SIMPO;
             const double sc = dpo_score(k, c, norm, k.ws.seq_lp[c]), sr = dpo_score(k, r, norm, k.ws.seq_lp[r]);
@@ -393,16 +398,18 @@ static __device__ __forceinline__ void dpo_tail_pairs(const dpo_kparams &k)
             if (k.o.nll_weight > 0.0f && nc > 0.0) l += (float)((double)k.o.nll_weight * (-k.ws.seq_lp[c] / nc));
             rwc = (float)((double)k.o.beta * (sc - rc));
             rwr = (float)((double)k.o.beta * (sr - rr));
+            mg = (float)((double)k.o.beta * hd);
         }
         k.ws.pair_loss[p] = l;
         k.ws.pair_dh[p] = dh;
         k.ws.pair_ok[p] = ok ? 1.0f : 0.0f;
-        if (k.pair_metrics) {
-            float *m = k.pair_metrics + 4 * p;
+        if (k.pair_metrics) { /* a bad pair, or every pair after a bad cu_seqlens: all 0 */
+            float *m = k.pair_metrics + LF_DPO_METRICS * p;
             m[0] = l;
             m[1] = rwc;
             m[2] = rwr;
             m[3] = ok && rwc > rwr ? 1.0f : 0.0f;
+            m[4] = mg;
         }
     }
 }
@@ -416,7 +423,12 @@ static __device__ __forceinline__ float dpo_scale(const dpo_kparams &k)
 /* 5. sequences: c_k = d loss / d logp_k, over all pairs in pair order (no atomics) */
 static __device__ __forceinline__ void dpo_tail_coef(const dpo_kparams &k)
 {
-    if (*k.ws.bad) return;
+    if (*k.ws.bad) { /* no coefficient is read (every s_t is 0); the log-probabilities are 0 */
+        if (k.seq_logps)
+            for (int64_t s = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; s < k.nseq; s += (int64_t)gridDim.x * blockDim.x)
+                k.seq_logps[s] = 0.0f;
+        return;
+    }
     const bool norm = k.o.length_normalize || k.o.kind == LF_DPO_SIMPO;
     for (int64_t s = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; s < k.nseq; s += (int64_t)gridDim.x * blockDim.x) {
         const float n = (float)k.ws.seq_n[s], dn = norm ? (n > 0.0f ? 1.0f / n : 0.0f) : 1.0f;
@@ -790,7 +802,7 @@ int main(int argc, char **argv)
         ref[k] = (float)(-(double)n * (log((double)V) + 0.5) * (0.98 + 0.04 * rng_uniform()));
     }
 
-    double ref_loss = 0.0, *seq = (double *)malloc(8 * 3 * nseq), *pm = (double *)malloc(8 * 4 * npairs);
+    double ref_loss = 0.0, *seq = (double *)malloc(8 * 3 * nseq), *pm = (double *)malloc(sizeof(double) * LF_DPO_METRICS * npairs);
     double *rg = (double *)malloc(8 * nel);
     const lf_status rs = lf_ref_dpo_packed(T, V, xf, V, labels, cu, nseq, pairs, npairs, ref, &o, -1.0, &ref_loss, seq, pm, rg, NULL);
     int ndev = 0;
@@ -820,7 +832,7 @@ int main(int argc, char **argv)
     CHECK_CUDA(cudaMalloc(&refd, 4 * nseq));
     CHECK_CUDA(cudaMalloc(&loss, 4));
     CHECK_CUDA(cudaMalloc(&seqd, 4 * nseq));
-    CHECK_CUDA(cudaMalloc(&pmd, 16 * npairs));
+    CHECK_CUDA(cudaMalloc(&pmd, sizeof(float) * LF_DPO_METRICS * npairs));
     CHECK_CUDA(cudaMalloc(&err, 4));
     CHECK_CUDA(cudaMalloc(&ws, wsb));
     CHECK_CUDA(cudaMemcpy(xd, xh, esz * nel, cudaMemcpyHostToDevice));

@@ -31,15 +31,21 @@
  *        and coverage while step 2 still runs, and waits only for what step 2 writes
  *   deterministic mode: no float atomics. The sum of the valid weights (one CTA); pairs write
  *     (i, +g_p), (j, -g_p) entries, sorted by item with a stable radix sort (CUB) and each
- *     item's run summed in pair order (lossfuse_cuda.cuh section 9); the histogram likewise;
- *     the penalties' gradient; the loss in a fixed order (one CTA).
+ *     item's run summed in pair order (lossfuse_cuda.cuh section 9); the histogram likewise
+ *     (with item_bin given and n_bins == 0: only a kernel that counts the bad bin ids); the
+ *     penalties' gradient; the loss in a fixed order (one CTA).
  * Deterministic mode gives bit-identical losses and gradients run to run; fast mode only the
  * pair part of the loss (fixed-order partial sums); its histogram, hence the penalty, and its
  * gradient are float-atomic sums and may differ in the last bits.
  *
- * Bad input: a pair with an item outside [0, S) or i == j, or an item with a bin outside
- *   [-1, n_bins), adds 1 to *n_errors and contributes nothing (weight 0) — never an
- *   out-of-bounds access. A NaN score makes the loss NaN.
+ * Bad input: a pair with an item outside [0, S), i == j, or a target outside [0, 1]
+ *   (Bradley-Terry) / other than +1 and -1 (hinge), and an item with a bin outside
+ *   [-1, n_bins) (also when n_bins == 0: with item_bin given, every bin id but -1 is bad),
+ *   each add 1 to *n_errors (once per pair or item, however many of its values are bad) and
+ *   contribute nothing: a bad pair has weight 0 (it is not in the default divisor) and no
+ *   gradient, an item with a bad bin is in no bin — never an out-of-bounds access. A NaN score
+ *   or a NaN target makes the loss NaN (a NaN target does not make a pair bad). n_bins above
+ *   2^31 - 1 is LF_ERR_SIZE (nothing is launched).
  *
  * Sections: 1. API   2. kernels   3. launcher   4. main (make data, check, time)
  */
@@ -61,13 +67,13 @@ typedef struct pref_args {
     const float *scores;       /* [S] */
     int64_t n_pairs;
     const int32_t *pairs;      /* [P][2] */
-    const float *target;       /* [P] */
+    const float *target;       /* [P]: in [0, 1] (Bradley-Terry); +1 or -1 (hinge) */
     const float *pair_weight;  /* [P] or NULL (all 1) */
     const float *pair_scale;   /* [P] or NULL (opts.scale) */
     lf_pref_opts opts;
     const int32_t *item_bin;   /* [S] or NULL (no penalties); -1: in no bin */
     const float *item_mass;    /* [S] or NULL (all 1) */
-    int64_t n_bins;
+    int64_t n_bins;            /* <= 2^31 - 1 */
     const float *budget, *coverage; /* [n_bins] each (NULL when its weight is 0) */
     const float *divisor;      /* device scalar, or NULL: the sum of the valid pairs' weights */
     int deterministic;         /* 1: no float atomics anywhere (bit-identical gradient) */
@@ -186,11 +192,15 @@ typedef struct pref_kparams {
     pref_ws ws;
 } pref_kparams;
 
-static __device__ __forceinline__ bool pref_pair_ok(const pref_kparams &k, int64_t p, int32_t *i, int32_t *j)
+/* pair p's items *i, *j, and whether the pair is good: both items in [0, S), i != j, and its
+ * target t (loaded by the caller) in [0, 1] (Bradley-Terry) or +1 / -1 (hinge). A NaN target
+ * is not bad: it goes on to make the loss NaN. */
+static __device__ __forceinline__ bool pref_pair_ok(const pref_kparams &k, int64_t p, float t, int32_t *i, int32_t *j)
 {
     *i = k.pairs[2 * p];
     *j = k.pairs[2 * p + 1];
-    return *i >= 0 && *i < k.S && *j >= 0 && *j < k.S && *i != *j;
+    const bool t_ok = k.o.kind == LF_PREF_HINGE ? !(t == t && t != 1.0f && t != -1.0f) : !(t < 0.0f || t > 1.0f);
+    return *i >= 0 && *i < k.S && *j >= 0 && *j < k.S && *i != *j && t_ok;
 }
 
 /* deterministic mode, 1. the default divisor: the weights of the valid pairs, in a fixed order */
@@ -200,7 +210,7 @@ __global__ void __launch_bounds__(1024) pref_divisor_kernel(const pref_kparams k
     double a = 0.0;
     for (int64_t p = threadIdx.x; p < k.P; p += 1024) {
         int32_t i, j;
-        if (pref_pair_ok(k, p, &i, &j)) a += k.pair_weight ? (double)k.pair_weight[p] : 1.0;
+        if (pref_pair_ok(k, p, k.target[p], &i, &j)) a += k.pair_weight ? (double)k.pair_weight[p] : 1.0;
     }
     a = lf_block_sum_f64<1024>(a, scratch);
     if (threadIdx.x == 0) *k.ws.div = (float)a;
@@ -212,16 +222,18 @@ static __device__ __forceinline__ float pref_inv_div(const pref_kparams &k)
     return d == 0.0f ? 0.0f : 1.0f / d;
 }
 
-/* pair p: false for a bad pair (counted, i = j = -1); else its weighted loss term *l, weight
- * *w and gradient term *g = w dl/dd (not yet divided by the divisor) */
+/* pair p: false for a bad pair (bad items or a bad target: counted, i = j = -1); else its
+ * weighted loss term *l, weight *w and gradient term *g = w dl/dd (not yet divided by the
+ * divisor) */
 static __device__ __forceinline__ bool pref_pair_term(const pref_kparams &k, int64_t p, int32_t *i, int32_t *j, float *l, float *w,
                                                       float *g)
 {
     *l = *w = *g = 0.0f;
     /* the per-pair values are loaded with the pair's items, not after them: one fewer memory
-     * latency on the chain pair -> scores (the loss is a few microseconds of such chains) */
+     * latency on the chain pair -> scores (the loss is a few microseconds of such chains); the
+     * target is checked with the items */
     const float tp = k.target[p], sc = k.pair_scale ? k.pair_scale[p] : k.o.scale, wp = k.pair_weight ? k.pair_weight[p] : 1.0f;
-    if (!pref_pair_ok(k, p, i, j)) {
+    if (!pref_pair_ok(k, p, tp, i, j)) {
         if (k.n_errors) atomicAdd(k.n_errors, 1u);
         *i = *j = -1;
         return false;
@@ -306,7 +318,7 @@ static __device__ __forceinline__ float pref_gate(const pref_kparams &k, float s
 }
 
 /* deterministic mode, 3. items: the histogram of gated masses as sort entries (summed by
- * pref_run_sum_kernel) */
+ * pref_run_sum_kernel); the bad bin ids counted */
 __global__ void __launch_bounds__(PREF_THREADS) pref_hist_kernel(const pref_kparams k)
 {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -319,6 +331,14 @@ __global__ void __launch_bounds__(PREF_THREADS) pref_hist_kernel(const pref_kpar
         k.ws.keys[i] = b;
         k.ws.vals[i] = v;
     }
+}
+
+/* deterministic mode, 3 with item_bin given and no bins (n_bins == 0): only the bad bin ids
+ * (every id but -1) counted */
+__global__ void __launch_bounds__(PREF_THREADS) pref_count_bins_kernel(const pref_kparams k)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < k.S) pref_item_bin(k, i, true);
 }
 
 /* two block sums in one pass (both shuffle chains interleave); the totals in thread 0 */
@@ -356,13 +376,16 @@ static __device__ __forceinline__ void pref_fused_pairs(const pref_kparams &k, f
     double lsum = 0.0, wsum = 0.0;
     for (int64_t n0 = (int64_t)blockIdx.x * PREF_THREADS; n0 < n_end; n0 += stride) {
         const int64_t n = n0 + threadIdx.x;
-        /* the item's bin, mass and score first: independent of the pair's loads */
+        /* the item's bin, mass and score first: independent of the pair's loads. The bin is
+         * read (and a bad one counted) whenever item_bin is given, n_bins == 0 too */
         int32_t b = -1;
         float mass = 1.0f, sco = 0.0f;
-        if (k.B > 0 && n < k.S) {
+        if (k.item_bin && n < k.S) {
             b = pref_item_bin(k, n, true);
-            if (k.item_mass) mass = k.item_mass[n];
-            sco = k.scores[n];
+            if (k.B > 0) {
+                if (k.item_mass) mass = k.item_mass[n];
+                sco = k.scores[n];
+            }
         }
         int32_t i = -1, j = -1;
         float g = 0.0f;
@@ -596,7 +619,8 @@ static lf_status pref_launch(const pref_args *a, cudaStream_t stream, cudaError_
     if (!a) return LF_ERR_NULL;
     lf_status st = lf_check_pref_opts(&a->opts);
     if (st != LF_OK) return st;
-    if (a->n_items < 0 || a->n_pairs < 0 || a->n_bins < 0 || a->n_items > 0x7fffffff || 2 * a->n_pairs > 0x7fffffff)
+    if (a->n_items < 0 || a->n_pairs < 0 || a->n_bins < 0 || a->n_items > 0x7fffffff || 2 * a->n_pairs > 0x7fffffff ||
+        a->n_bins > 0x7fffffff) /* bin ids are int32 (item_bin), bins indexed as int32 */
         return LF_ERR_SIZE;
     if (!a->loss || !a->workspace || (a->n_items > 0 && !a->scores) || (a->n_pairs > 0 && (!a->pairs || !a->target)))
         return LF_ERR_NULL;
@@ -695,6 +719,9 @@ static lf_status pref_launch(const pref_args *a, cudaStream_t stream, cudaError_
         pref_run_sum_kernel<<<pref_blocks(k.B), PREF_THREADS, 0, stream>>>(k.ws.keys_sorted, k.ws.vals_sorted, k.S, k.B, k.ws.hist);
         PREF_CHECK(cudaGetLastError());
         pref_penalty_kernel<<<pref_blocks(k.S > k.B ? k.S : k.B), PREF_THREADS, 0, stream>>>(k);
+        PREF_CHECK(cudaGetLastError());
+    } else if (k.item_bin && k.S > 0) { /* no bins: only count the bad bin ids */
+        pref_count_bins_kernel<<<pref_blocks(k.S), PREF_THREADS, 0, stream>>>(k);
         PREF_CHECK(cudaGetLastError());
     }
     pref_loss_kernel<<<1, 1024, 0, stream>>>(k);

@@ -225,10 +225,13 @@ static ld naive_dpo(const struct dpo_case *c, const lf_dpo_opts *o, int use_ref,
         default: l = (1 - (ld)o->label_smoothing) * n_softplus(-beta * h) + (ld)o->label_smoothing * n_softplus(beta * h); break;
         }
         if (o->nll_weight > 0 && nt[a] > 0) l += (ld)o->nll_weight * (-lp[a] / nt[a]);
-        if (metrics) {
-            metrics[4 * p] = l;
-            metrics[4 * p + 1] = beta * (sa - ra);
-            metrics[4 * p + 2] = beta * (sb - rb);
+        if (metrics) { /* accuracy and margin from the long-double scores, not from the reference's rewards */
+            ld *m = metrics + LF_DPO_METRICS * p;
+            m[0] = l;
+            m[1] = beta * (sa - ra);
+            m[2] = beta * (sb - rb);
+            m[3] = sa - ra > sb - rb ? 1 : 0;
+            m[4] = beta * h;
         }
         sum += l;
     }
@@ -238,8 +241,8 @@ static ld naive_dpo(const struct dpo_case *c, const lf_dpo_opts *o, int use_ref,
 static void test_dpo(void)
 {
     static struct dpo_case c;
-    static double grad[T_MAX * V_DPO], pout[4 * 16], seq[3 * S_MAX];
-    ld lp_n[S_MAX], met[4 * 16];
+    static double grad[T_MAX * V_DPO], pout[LF_DPO_METRICS * 16], seq[3 * S_MAX];
+    ld lp_n[S_MAX], met[LF_DPO_METRICS * 16];
     int kind, variant;
     for (kind = 0; kind < 4; ++kind)
         for (variant = 0; variant < 4; ++variant) {
@@ -273,10 +276,16 @@ static void test_dpo(void)
                 CHECK(fabsl((ld)seq[k] - lp_n[k]) <= 1e-12L * (1 + fabsl(lp_n[k])), "seq %lld logp %.15g want %.15Lg", (long long)k, seq[k], lp_n[k]);
             CHECK(seq[2] == 0.0 && seq[c.nseq + 2] == 0.0 && seq[7] == 0.0, "empty / masked sequences have logp 0, n 0");
             for (p = 0; p < c.npairs; ++p) {
-                CHECK(fabsl((ld)pout[4 * p] - met[4 * p]) <= 1e-12L * (1 + fabsl(met[4 * p]) + 100 * o.beta), "kind %d v%d pair %lld loss %.15g want %.15Lg", kind, variant, (long long)p, pout[4 * p], met[4 * p]);
-                CHECK(fabsl((ld)pout[4 * p + 1] - met[4 * p + 1]) <= 1e-9L * (1 + fabsl(met[4 * p + 1])), "pair %lld chosen reward %.15g want %.15Lg", (long long)p, pout[4 * p + 1], met[4 * p + 1]);
-                CHECK(fabsl((ld)pout[4 * p + 2] - met[4 * p + 2]) <= 1e-9L * (1 + fabsl(met[4 * p + 2])), "pair %lld rejected reward %.15g want %.15Lg", (long long)p, pout[4 * p + 2], met[4 * p + 2]);
-                CHECK(pout[4 * p + 3] == (pout[4 * p + 1] > pout[4 * p + 2] ? 1.0 : 0.0), "pair %lld accuracy", (long long)p);
+                const double *po = pout + LF_DPO_METRICS * p;
+                const ld *mt = met + LF_DPO_METRICS * p;
+                CHECK(fabsl((ld)po[0] - mt[0]) <= 1e-12L * (1 + fabsl(mt[0]) + 100 * o.beta), "kind %d v%d pair %lld loss %.15g want %.15Lg", kind, variant, (long long)p, po[0], mt[0]);
+                CHECK(fabsl((ld)po[1] - mt[1]) <= 1e-9L * (1 + fabsl(mt[1])), "pair %lld chosen reward %.15g want %.15Lg", (long long)p, po[1], mt[1]);
+                CHECK(fabsl((ld)po[2] - mt[2]) <= 1e-9L * (1 + fabsl(mt[2])), "pair %lld rejected reward %.15g want %.15Lg", (long long)p, po[2], mt[2]);
+                /* the margin within the rewards' own error; the accuracy where the margin is not within it of 0 */
+                CHECK(fabsl((ld)po[4] - mt[4]) <= 1e-9L * (1 + fabsl(mt[1]) + fabsl(mt[2])), "pair %lld margin %.15g want %.15Lg", (long long)p, po[4], mt[4]);
+                if (fabsl(mt[4]) > 1e-6L * (1 + fabsl(mt[1]) + fabsl(mt[2])))
+                    CHECK(po[3] == (double)mt[3], "pair %lld accuracy %g want %g", (long long)p, po[3], (double)mt[3]);
+                CHECK(po[3] == (po[1] > po[2] ? 1.0 : 0.0), "pair %lld accuracy against its own rewards", (long long)p);
             }
             /* tokens without a label have a zero gradient row */
             for (n = 0; n < c.T; ++n)
@@ -290,7 +299,7 @@ static void test_dpo(void)
                 double fd;
                 int near_kink = 0;
                 if (kind == LF_DPO_HINGE)
-                    for (p = 0; p < c.npairs; ++p) near_kink |= fabsl(1 - (ld)o.beta * (met[4 * p + 1] - met[4 * p + 2]) / o.beta) < 0.05L;
+                    for (p = 0; p < c.npairs; ++p) near_kink |= fabsl(1 - met[LF_DPO_METRICS * p + 4]) < 0.05L;
                 if (near_kink) continue;
                 c.x[t * V_DPO + j] = xp;
                 lf_ref_dpo_packed(c.T, V_DPO, c.x, V_DPO, c.labels, c.cu, c.nseq, c.pairs, c.npairs, use_ref ? c.ref : NULL, &o, -1.0,
@@ -431,6 +440,21 @@ static void test_pairwise(void)
             CHECK(lf_ref_pairwise_preference(S, s, P, pairs, t, NULL, NULL, NULL, NULL, 0, NULL, NULL, &o, -1.0, loss, NULL, grad) == LF_ERR_PAIR,
                   "pair (i, i) accepted");
             pairs[2 * 5 + 1] = (pairs[2 * 5] + 1) % S;
+            { /* targets: Bradley-Terry in [0, 1], the hinge +-1; a NaN target is not refused (NaN loss) */
+                const float t5 = t[5], badt[3] = {1.5f, -0.25f, 0.0f}, nan = (float)NAN;
+                int q;
+                for (q = 0; q < 3; ++q) {
+                    if (kind == LF_PREF_BT && q == 2) continue; /* 0 is a valid Bradley-Terry target */
+                    t[5] = kind == LF_PREF_BT ? badt[q] : (q == 0 ? 0.5f : q == 1 ? -0.25f : 0.0f);
+                    CHECK(lf_ref_pairwise_preference(S, s, P, pairs, t, NULL, NULL, NULL, NULL, 0, NULL, NULL, &o, -1.0, loss, NULL, grad) == LF_ERR_PAIR,
+                          "kind %d target %g accepted", kind, (double)t[5]);
+                }
+                t[5] = nan;
+                CHECK(lf_ref_pairwise_preference(S, s, P, pairs, t, NULL, NULL, NULL, NULL, 0, NULL, NULL, &o, -1.0, loss, NULL, grad) == LF_OK &&
+                          loss[1] != loss[1],
+                      "kind %d NaN target: status or loss %g", kind, loss[1]);
+                t[5] = t5;
+            }
             bin[3] = B;
             CHECK(lf_ref_pairwise_preference(S, s, P, pairs, t, NULL, NULL, bin, NULL, B, budget, cov, &o, -1.0, loss, hist, grad) == LF_ERR_ARG,
                   "bin out of range accepted");

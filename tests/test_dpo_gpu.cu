@@ -7,8 +7,11 @@
  * Random packings with an empty sequence, a sequence of one token, an all-prompt (unlabelled)
  * sequence and sequences reused by several pairs; every kind and option; bf16 / fp16 / fp32;
  * int32 / int64 labels and the input-ids mode; gradient in place or to a padded buffer
- * (poisoned: every element written, padding untouched); bad labels, bad pairs and a bad
- * cu_seqlens counted (never an out-of-bounds access); bit-identical reruns, and the same bits
+ * (poisoned: every element written, padding untouched); bad labels, bad pairs (chosen ==
+ * rejected, a sequence past the end, a negative one) and a bad cu_seqlens (a decrease, cu[0] = 1,
+ * cu[n] = T + 1) counted (never an out-of-bounds access), the metrics of a bad pair and, after a
+ * bad cu_seqlens, every per-sequence and per-pair output written as 0; the five per-pair
+ * metrics (the margin within the rewards' tolerances); bit-identical reruns, and the same bits
  * with the tail as one cooperative launch or as six kernels (dpo_args.separate_launches, on a
  * re-poisoned workspace), and the same bits again from CUDA-graph replays; logits masked with
  * the dtype's lowest finite value (torch.finfo(dtype).min); a launch with no tokens; tokens x V
@@ -41,7 +44,8 @@ struct DCase {
     bool norm = false, use_ref = true, dev_div = false, dloss = false, ids = false, lab64 = true;
     int grad = 1; /* 0 none, 1 buffer, 2 in place */
     int bad_pairs = 0, bad_labels = 0;
-    bool bad_cu = false, determinism = false;
+    int bad_cu = 0; /* a bad cu_seqlens: 1 a decrease, 2 cu[0] = 1, 3 cu[n_seqs] = T + 1 */
+    bool determinism = false;
     bool deferred = false; /* dpo_args.tok_scale: grad gets G_t = softmax - onehot, tok_scale s_t */
     bool plant_fmin = false; /* entries at the dtype's lowest finite value (finfo.min masking) */
     bool separate = false;   /* dpo_args.separate_launches: the tail as six kernels */
@@ -143,9 +147,9 @@ static void run_dcase(const DCase &c)
     if (c.npairs >= 8)
         for (int64_t p = c.npairs / 2; p < c.npairs - 1; ++p) pairs[2 * p] = 0;
     std::vector<int32_t> valid_pairs(pairs.begin(), pairs.begin() + 2 * c.npairs);
-    for (int b = 0; b < c.bad_pairs; ++b) {
-        pairs[2 * (c.npairs + b)] = b % 2 ? (int32_t)nseq : 1;
-        pairs[2 * (c.npairs + b) + 1] = b % 2 ? 0 : 1;
+    for (int b = 0; b < c.bad_pairs; ++b) { /* chosen == rejected, a sequence past the end, a negative one */
+        pairs[2 * (c.npairs + b)] = b % 3 == 0 ? 1 : b % 3 == 1 ? (int32_t)nseq : 0;
+        pairs[2 * (c.npairs + b) + 1] = b % 3 == 0 ? 1 : b % 3 == 1 ? 0 : -2;
     }
     const int64_t P = c.npairs + c.bad_pairs;
     n_bad += c.bad_pairs;
@@ -203,21 +207,25 @@ static void run_dcase(const DCase &c)
     o.nll_weight = c.nll;
     const float dl = c.dloss ? -1.75f : 1.0f, divh = 3.5f;
     double want = 0.0;
-    std::vector<double> seq(3 * nseq), pm(4 * c.npairs), rg((size_t)T * V);
+    const int M = LF_DPO_METRICS;
+    std::vector<double> seq(3 * nseq), pm(M * c.npairs), rg((size_t)T * V);
     int64_t ref_bad = 0;
     EXPECT(lf_ref_dpo_packed(T, V, xf.data(), V, ref_lab_clean.data(), cu.data(), nseq, valid_pairs.data(), c.npairs,
                              c.use_ref ? refl.data() : NULL, &o, c.dev_div ? (double)divh : -1.0, &want, seq.data(), pm.data(),
                              rg.data(), &ref_bad) == LF_OK,
            "reference failed");
+    EXPECT(ref_bad == 0, "the reference counted %lld bad labels in the cleaned labels", (long long)ref_bad);
     if (c.bad_cu) want = 0.0;
 
     std::vector<int32_t> cu_dev = cu;
     if (c.bad_cu) {
-        cu_dev[3] = cu_dev[2] - 1;
+        if (c.bad_cu == 1) cu_dev[3] = cu_dev[2] - 1;
+        else if (c.bad_cu == 2) cu_dev[0] = 1;
+        else cu_dev[nseq] = (int32_t)T + 1;
         n_bad = 1; /* one error for the whole launch; nothing else is looked at */
     }
     const std::vector<int64_t> &lab_dev = c.ids ? ids : lab;
-    DevBuf yd(8 * T + 8), cud(4 * (nseq + 1)), pd(8 * P + 8), refd(4 * nseq), loss(4), seqd(4 * nseq), pmd(16 * P + 16), err(4),
+    DevBuf yd(8 * T + 8), cud(4 * (nseq + 1)), pd(8 * P + 8), refd(4 * nseq), loss(4), seqd(4 * nseq), pmd(4 * M * P + 16), err(4),
         divd(4), dld(4), ws(dpo_workspace_bytes(T, nseq, P)), scd(4 * T + 4);
     if (c.lab64) CK(cudaMemcpy(yd.p, lab_dev.data(), 8 * T, cudaMemcpyHostToDevice));
     else {
@@ -233,7 +241,7 @@ static void run_dcase(const DCase &c)
     CK(cudaMemset(ws.p, 0x5a, ws.bytes));
     fill_poison(loss.p, 1, LF_F32);
     fill_poison(seqd.p, nseq, LF_F32);
-    fill_poison(pmd.p, 4 * P, LF_F32);
+    fill_poison(pmd.p, M * P, LF_F32);
     fill_poison(scd.p, T, LF_F32);
     const int64_t gs = c.grad == 1 ? V + c.gpad : stride;
     DevBuf g(c.grad == 1 ? (size_t)T * gs * esz + 16 : 16);
@@ -263,11 +271,11 @@ static void run_dcase(const DCase &c)
     cudaError_t ce;
     float lh;
     unsigned eh;
-    std::vector<float> sh(nseq), ph(4 * P);
+    std::vector<float> sh(nseq), ph(M * P);
     CK(cudaMemcpy(&lh, loss.p, 4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(&eh, err.p, 4, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(sh.data(), seqd.p, 4 * nseq, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(ph.data(), pmd.p, 16 * P, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(ph.data(), pmd.p, 4 * M * P, cudaMemcpyDeviceToHost));
     EXPECT((int64_t)eh == n_bad, "n_errors %u want %lld", eh, (long long)n_bad);
     const double wantl = want * (c.bad_cu ? 0.0 : 1.0);
     EXPECT(close(lh, wantl, 1e-4 * (1.0 + fabs(wantl))), "loss %.9g want %.9g", lh, wantl);
@@ -276,13 +284,23 @@ static void run_dcase(const DCase &c)
             EXPECT(close(sh[k], seq[k], 1e-5 * (1.0 + fabs(seq[k])) + 0x1p-20 * seq[nseq + k]), "seq %lld logp %.9g want %.9g",
                    (long long)k, sh[k], seq[k]);
         for (int64_t p = 0; p < c.npairs; ++p) {
-            EXPECT(close(ph[4 * p], pm[4 * p], 1e-4 * (1.0 + fabs(pm[4 * p]))), "pair %lld loss %.9g want %.9g", (long long)p, ph[4 * p], pm[4 * p]);
+            const float *hp = ph.data() + M * p;
+            const double *wp = pm.data() + M * p;
+            EXPECT(close(hp[0], wp[0], 1e-4 * (1.0 + fabs(wp[0]))), "pair %lld loss %.9g want %.9g", (long long)p, hp[0], wp[0]);
             for (int q = 1; q < 3; ++q)
-                EXPECT(close(ph[4 * p + q], pm[4 * p + q], 1e-5 * (1.0 + fabs(pm[4 * p + q])) + 1e-4 * c.beta), "pair %lld reward %d %.9g want %.9g",
-                       (long long)p, q, ph[4 * p + q], pm[4 * p + q]);
-            if (fabs(pm[4 * p + 1] - pm[4 * p + 2]) > 1e-3) EXPECT(ph[4 * p + 3] == (float)pm[4 * p + 3], "pair %lld accuracy", (long long)p);
+                EXPECT(close(hp[q], wp[q], 1e-5 * (1.0 + fabs(wp[q])) + 1e-4 * c.beta), "pair %lld reward %d %.9g want %.9g", (long long)p, q,
+                       hp[q], wp[q]);
+            /* the margin: beta times the margin the kernel forms in double from its float sums, so
+             * the two rewards' tolerances */
+            EXPECT(close(hp[4], wp[4], 1e-5 * (2.0 + fabs(wp[1]) + fabs(wp[2])) + 2e-4 * c.beta), "pair %lld margin %.9g want %.9g",
+                   (long long)p, hp[4], wp[4]);
+            if (fabs(wp[4]) > 1e-3) EXPECT(hp[3] == (float)wp[3], "pair %lld accuracy %g want %g", (long long)p, hp[3], wp[3]);
         }
-        for (int64_t p = c.npairs; p < P; ++p) EXPECT(ph[4 * p] == 0.0f && ph[4 * p + 3] == 0.0f, "bad pair %lld metrics not zero", (long long)p);
+        for (int64_t p = c.npairs; p < P; ++p)
+            for (int q = 0; q < M; ++q) EXPECT(ph[M * p + q] == 0.0f, "bad pair %lld metric %d %.9g, not 0", (long long)p, q, ph[M * p + q]);
+    } else { /* a bad cu_seqlens: every per-sequence and per-pair output written, 0 */
+        for (int64_t k = 0; k < nseq; ++k) EXPECT(sh[k] == 0.0f, "bad cu_seqlens: seq %lld logp %.9g, not 0", (long long)k, sh[k]);
+        for (int64_t q = 0; q < M * P; ++q) EXPECT(ph[q] == 0.0f, "bad cu_seqlens: pair metric %lld %.9g, not 0", (long long)q, ph[q]);
     }
     if (c.grad) {
         const double unit = c.dt == LF_BF16 ? 0x1p-8 : c.dt == LF_F16 ? 0x1p-11 : 0.0;
@@ -391,23 +409,23 @@ static void run_dcase(const DCase &c)
                 for (int64_t t = 0; t < T; ++t) fill_poison((char *)g.p + (size_t)t * gs * esz, V, c.dt);
                 fill_poison(loss.p, 1, LF_F32);
                 fill_poison(seqd.p, nseq, LF_F32);
-                fill_poison(pmd.p, 4 * P, LF_F32);
+                fill_poison(pmd.p, M * P, LF_F32);
                 fill_poison(scd.p, T, LF_F32);
                 CK(cudaMemset(err.p, 0, 4));
             };
             /* every output read back: the first run's bits, the error count included */
-            std::vector<float> s3(nseq), p3(4 * P), t3(T > 0 ? T : 1);
+            std::vector<float> s3(nseq), p3(M * P), t3(T > 0 ? T : 1);
             auto expect_first_bits = [&](const char *what) {
                 unsigned e3;
                 CK(cudaMemcpy(g2.data(), g.p, g2.size(), cudaMemcpyDeviceToHost));
                 CK(cudaMemcpy(&l2, loss.p, 4, cudaMemcpyDeviceToHost));
                 CK(cudaMemcpy(s3.data(), seqd.p, 4 * nseq, cudaMemcpyDeviceToHost));
-                CK(cudaMemcpy(p3.data(), pmd.p, 16 * P, cudaMemcpyDeviceToHost));
+                CK(cudaMemcpy(p3.data(), pmd.p, 4 * M * P, cudaMemcpyDeviceToHost));
                 CK(cudaMemcpy(&e3, err.p, 4, cudaMemcpyDeviceToHost));
                 EXPECT(memcmp(g2.data(), gh.data(), gh.size()) == 0, "%s: gradient differs", what);
                 EXPECT(memcmp(&l2, &lh, 4) == 0, "%s: loss differs", what);
                 EXPECT(memcmp(s3.data(), sh.data(), 4 * nseq) == 0, "%s: sequence log-probabilities differ", what);
-                EXPECT(memcmp(p3.data(), ph.data(), 16 * P) == 0, "%s: pair metrics differ", what);
+                EXPECT(memcmp(p3.data(), ph.data(), 4 * M * P) == 0, "%s: pair metrics differ", what);
                 EXPECT(e3 == eh, "%s: n_errors %u, %u the first time", what, e3, eh);
                 if (c.deferred) {
                     CK(cudaMemcpy(t3.data(), scd.p, 4 * T, cudaMemcpyDeviceToHost));
@@ -502,11 +520,11 @@ static void dpo_empty_checks()
             lf_dpo_opts o = lf_dpo_opts_default();
             o.kind = (lf_dpo_kind)kind;
             if (kind == LF_DPO_SIMPO) o.beta = 2.0f;
-            double want = 0.0, seq[6] = {0.0}, pm[4] = {0.0};
+            double want = 0.0, seq[6] = {0.0}, pm[LF_DPO_METRICS] = {0.0};
             int64_t nb = 0;
             EXPECT(lf_ref_dpo_packed(0, V, NULL, V, NULL, cu, nseq, pairs, P, refl, &o, -1.0, &want, seq, pm, NULL, &nb) == LF_OK,
                    "reference failed");
-            DevBuf x(16), y(16), cud(12), pd(8), refd(8), loss(4), seqd(8), pmd(16), err(4), sc(16),
+            DevBuf x(16), y(16), cud(12), pd(8), refd(8), loss(4), seqd(8), pmd(4 * LF_DPO_METRICS), err(4), sc(16),
                 ws(dpo_workspace_bytes(0, nseq, P));
             CK(cudaMemcpy(cud.p, cu, 12, cudaMemcpyHostToDevice));
             CK(cudaMemcpy(pd.p, pairs, 8, cudaMemcpyHostToDevice));
@@ -515,7 +533,7 @@ static void dpo_empty_checks()
             CK(cudaMemset(ws.p, 0x5a, ws.bytes));
             fill_poison(loss.p, 1, LF_F32);
             fill_poison(seqd.p, nseq, LF_F32);
-            fill_poison(pmd.p, 4 * P, LF_F32);
+            fill_poison(pmd.p, LF_DPO_METRICS * P, LF_F32);
             dpo_args a = dpo_args_fill(x.p, LF_BF16, 0, V, V, y.p, true, cud.p, nseq, pd.p, P, (float *)loss.p, ws);
             a.opts = o;
             a.ref_logps = (const float *)refd.p;
@@ -523,16 +541,17 @@ static void dpo_empty_checks()
             a.grad_stride = V;
             a.tok_scale = deferred ? (float *)sc.p : NULL;
             dpo_launch_sync(a, seqd, pmd, err);
-            float lh, sh[2], ph[4];
+            float lh, sh[2], ph[LF_DPO_METRICS];
             unsigned eh;
             CK(cudaMemcpy(&lh, loss.p, 4, cudaMemcpyDeviceToHost));
             CK(cudaMemcpy(sh, seqd.p, 8, cudaMemcpyDeviceToHost));
-            CK(cudaMemcpy(ph, pmd.p, 16, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(ph, pmd.p, sizeof ph, cudaMemcpyDeviceToHost));
             CK(cudaMemcpy(&eh, err.p, 4, cudaMemcpyDeviceToHost));
             EXPECT(eh == 0, "n_errors %u", eh);
             EXPECT(close(lh, want, 1e-5 * (1.0 + fabs(want))), "loss %.9g want %.9g", lh, want);
             EXPECT(sh[0] == 0.0f && sh[1] == 0.0f, "sequence log-probabilities %.9g %.9g, not 0", sh[0], sh[1]);
-            for (int q = 0; q < 3; ++q) EXPECT(close(ph[q], pm[q], 1e-5 * (1.0 + fabs(pm[q]))), "pair metric %d %.9g want %.9g", q, ph[q], pm[q]);
+            for (int q = 0; q < LF_DPO_METRICS; ++q)
+                if (q != 3) EXPECT(close(ph[q], pm[q], 1e-5 * (1.0 + fabs(pm[q]))), "pair metric %d %.9g want %.9g", q, ph[q], pm[q]);
             EXPECT(ph[3] == (float)pm[3], "pair accuracy %.9g want %.9g", ph[3], pm[3]);
             printf("%-4s %s\n", g_fail == fails ? "ok" : "FAIL", g_case);
         }
@@ -571,18 +590,20 @@ int main(int argc, char **argv)
             c = b; c.name = "length-normalised, smoothing, device divisor, dloss"; c.norm = true; c.eps = kind == 0 ? 0.1f : 0.0f; c.dev_div = true; c.dloss = true; run_dcase(c);
             c = b; c.name = "input ids (shift on the device), int32"; c.ids = true; c.lab64 = false; run_dcase(c);
             c = b; c.name = "bad labels and pairs"; c.bad_labels = 6; c.bad_pairs = 3; run_dcase(c);
-            c = b; c.name = "bad cu_seqlens"; c.bad_cu = true; run_dcase(c);
+            c = b; c.name = "bad cu_seqlens"; c.bad_cu = 1; run_dcase(c);
+            c = b; c.name = "bad cu_seqlens, cu[0] = 1"; c.bad_cu = 2; run_dcase(c);
+            c = b; c.name = "bad cu_seqlens, cu[n] = T + 1"; c.bad_cu = 3; run_dcase(c);
             /* the tail as six kernels: their own error counting (the determinism cases compare
              * the two forms bit for bit) */
             c = b; c.name = "bad labels, pairs, separate launches"; c.bad_labels = 6; c.bad_pairs = 3; c.separate = true; run_dcase(c);
-            c = b; c.deferred = true; c.name = "bad cu_seqlens, separate launches"; c.bad_cu = true; c.separate = true; run_dcase(c);
+            c = b; c.deferred = true; c.name = "bad cu_seqlens, cu[n] = T + 1, separate launches"; c.bad_cu = 3; c.separate = true; run_dcase(c);
             c = b; c.name = "forward only"; c.grad = 0; run_dcase(c);
             c = b; c.name = "determinism"; c.determinism = true; c.npairs = 12; run_dcase(c);
             /* the deferred scale (one read of the logits: cross_entropy.cu's fused kernel) */
             c = b; c.deferred = true; c.name = "plain"; run_dcase(c);
             c = b; c.deferred = true; c.name = "in place, strided +3, input ids, nll 0.5, no ref"; c.grad = 2; c.pad = 3; c.ids = true; c.lab64 = false; c.nll = 0.5f; c.use_ref = false; run_dcase(c);
             c = b; c.deferred = true; c.name = "length-normalised, device divisor, dloss, bad labels and pairs"; c.norm = true; c.dev_div = true; c.dloss = true; c.bad_labels = 6; c.bad_pairs = 3; run_dcase(c);
-            c = b; c.deferred = true; c.name = "bad cu_seqlens"; c.bad_cu = true; run_dcase(c);
+            c = b; c.deferred = true; c.name = "bad cu_seqlens, cu[0] = 1"; c.bad_cu = 2; run_dcase(c);
             c = b; c.deferred = true; c.name = "determinism"; c.determinism = true; c.npairs = 12; run_dcase(c);
             c = b; c.deferred = true; c.name = "determinism, separate launches"; c.determinism = true; c.npairs = 12; c.separate = true; c.bad_pairs = 2; run_dcase(c);
             /* a cooperative launch the driver refuses (as where a process has part of the SMs):
@@ -591,7 +612,7 @@ int main(int argc, char **argv)
              * are sanitized in the separate-launch cases) */
             if (!g_small) {
                 c = b; c.name = "determinism, cooperative launch refused"; c.determinism = true; c.npairs = 12; c.coop_refuse = true; c.bad_labels = 3; run_dcase(c);
-                c = b; c.deferred = true; c.name = "cooperative launch refused, bad cu_seqlens"; c.bad_cu = true; c.coop_refuse = true; run_dcase(c);
+                c = b; c.deferred = true; c.name = "cooperative launch refused, bad cu_seqlens"; c.bad_cu = 1; c.coop_refuse = true; run_dcase(c);
             }
             /* masks at finfo.min: the in-place path's own online softmax (its row pass) and
              * cross_entropy.cu's fused kernel (the deferred pass; the in-place gradient pass) */

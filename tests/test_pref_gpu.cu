@@ -3,10 +3,18 @@
  *
  *   test_pref_gpu [--small] [--seed S]      exit 0 passed, 1 failed, 77 no device
  *
- * Bradley-Terry and hinge, fast (three launches, or one cooperative) and deterministic modes, with and without per-pair weights and
- * scales, histogram penalties with both gates, a hot item, 0 and 1 pairs, bad pairs and bad
- * bins (counted, skipped: compared with the reference on the valid ones), poisoned outputs,
- * bit-identity of the deterministic mode, CUDA-graph replays of the fast mode. Tolerances: each pair term and its derivative is a
+ * Bradley-Terry and hinge, fast (three launches, or one cooperative) and deterministic modes,
+ * with and without per-pair weights and scales, histogram penalties with both gates, a hot
+ * item, 0 and 1 pairs, poisoned outputs, bit-identity of the deterministic mode, CUDA-graph
+ * replays of the fast mode. Bad input, counted exactly and skipped (compared with the
+ * reference on the valid pairs, bad bins as no bin): pairs with an item out of range or i == j;
+ * bad targets (Bradley-Terry outside [0, 1]: 1.5, -0.25, 1 + 2^-23, -inf, with exact 0 and 1
+ * among the valid ones; hinge other than +-1: 0, 0.5, -(1 + 2^-23), +inf), some on pairs that
+ * are bad already (still one error each); bin ids n_bins, n_bins + 2, -2, -7 and INT32_MIN;
+ * n_bins == 0 with item_bin given (every id but -1 counted, no penalty, no hist). Histograms
+ * in the fast mode's shared memory (B <= PREF_SMEM_BINS) and in global memory (B = 5000). A
+ * NaN target: not counted, NaN loss and NaN gradient on its two items only. n_bins = 2^31:
+ * LF_ERR_SIZE, nothing launched. Tolerances: each pair term and its derivative is a
  * float evaluation (relative ~2^-22 of its size), sums in double or float atomics (fast mode:
  * (n + 1) 2^-24 of the sum of |terms| per slot). A bin's total h_b carries herr_b = (n_b + 1)
  * 2^-24 sum_b |m g| (fast; det: 2^-23 sum_b) and moves the penalty by 2 (w_B over + w_C under)
@@ -25,7 +33,7 @@ struct PCase {
     lf_pref_kind kind = LF_PREF_BT;
     lf_pref_gate gate = LF_GATE_SIGMOID;
     bool det = false, single = false, weights = false, scales = false, bins = true, dev_div = false, grad = true;
-    double bad_pairs = 0.0, bad_bins = 0.0, hot = 0.3;
+    double bad_pairs = 0.0, bad_bins = 0.0, bad_targets = 0.0, hot = 0.3;
 };
 
 static void run_pcase(const PCase &c)
@@ -65,11 +73,24 @@ static void run_pcase(const PCase &c)
         t[p] = c.kind == LF_PREF_BT ? (float)rng_u(&rs) : (rng_u(&rs) < 0.5 ? -1.0f : 1.0f);
         w[p] = rng_u(&rs) < 0.05 ? 0.0f : (float)(0.25 + rng_u(&rs));
         sc[p] = (float)(0.5 + 2.0 * rng_u(&rs));
+        if (c.bad_targets > 0.0) {
+            if (rng_u(&rs) < c.bad_targets) { /* a bad target: one error, also on a pair that is bad already */
+                static const float bad_bt[4] = {1.5f, -0.25f, 0x1.000002p0f, -INFINITY}, bad_hinge[4] = {0.0f, 0.5f, -0x1.000002p0f, INFINITY};
+                t[p] = c.kind == LF_PREF_BT ? bad_bt[p % 4] : bad_hinge[p % 4];
+                if (valid[p]) {
+                    valid[p] = 0;
+                    ++n_bad;
+                }
+            } else if (c.kind == LF_PREF_BT && rng_u(&rs) < 0.1) {
+                t[p] = (p & 1) ? 1.0f : 0.0f; /* the ends of [0, 1] are valid */
+            }
+        }
     }
     if (c.bins)
         for (int64_t i = 0; i < S; ++i)
             if (rng_u(&rs) < c.bad_bins) {
-                bin[i] = (int32_t)(B + 2);
+                const int32_t bad_bin[5] = {(int32_t)B, (int32_t)(B + 2), -2, -7, INT32_MIN};
+                bin[i] = bad_bin[i % 5];
                 ++n_bad;
             }
     /* the reference over the valid pairs and with bad bins as no bin */
@@ -85,7 +106,7 @@ static void run_pcase(const PCase &c)
         }
     std::vector<int32_t> vbin(bin);
     for (auto &b : vbin)
-        if (b >= B) b = -1;
+        if (b < -1 || b >= B) b = -1;
     lf_pref_opts o = lf_pref_opts_default();
     o.kind = c.kind;
     o.gate = c.gate;
@@ -177,7 +198,7 @@ static void run_pcase(const PCase &c)
     a.single_launch = c.single;
     a.loss = (float *)loss.p;
     a.grad = c.grad ? (float *)grad.p : NULL;
-    a.hist = c.bins ? (float *)hist.p : NULL;
+    a.hist = c.bins && B > 0 ? (float *)hist.p : NULL; /* with no bins, hist is not needed */
     a.n_errors = (unsigned *)err.p;
     a.workspace = ws.p;
     a.workspace_bytes = wsb;
@@ -294,6 +315,142 @@ static void run_pcase(const PCase &c)
     printf("%-4s %s\n", g_fail == fails ? "ok" : "FAIL", g_case);
 }
 
+static const char *mode_name(int mode) { return mode == 2 ? "det" : mode == 1 ? "fast single" : "fast"; }
+
+/* A NaN target does not make a pair bad: no error, the loss NaN (NaN in, NaN out), a NaN
+ * gradient on the pair's two items and a finite one everywhere else. */
+static void run_nan_target(lf_pref_kind kind, int mode)
+{
+    snprintf(g_case, sizeof g_case, "NaN target %s %s", kind == LF_PREF_BT ? "bt" : "hinge", mode_name(mode));
+    const int fails = g_fail;
+    constexpr int64_t S = 8, P = 6;
+    const float s[S] = {0.3f, -1.2f, 0.7f, 2.0f, -0.4f, 0.1f, 1.1f, -2.2f};
+    const int32_t pairs[2 * P] = {0, 1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 4}; /* pair 0 = (0, 1); item 1 also in pair 4 */
+    float t[P];
+    for (int64_t p = 0; p < P; ++p) t[p] = kind == LF_PREF_BT ? 0.25f * (float)(p % 5) : (p & 1) ? -1.0f : 1.0f;
+    t[0] = NAN;
+    const int det = mode == 2;
+    const size_t wsb = pref_workspace_bytes(S, P, 0, det);
+    DevBuf sd(4 * S), pd(8 * P), td(4 * P), loss(12), grad(4 * S), err(4), ws(wsb);
+    CK(cudaMemcpy(sd.p, s, 4 * S, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(pd.p, pairs, 8 * P, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(td.p, t, 4 * P, cudaMemcpyHostToDevice));
+    CK(cudaMemset(err.p, 0, 4));
+    CK(cudaMemset(ws.p, 0x7f, wsb));
+    fill_poison(loss.p, 3, LF_F32);
+    fill_poison(grad.p, S, LF_F32);
+    pref_args a = pref_args_default();
+    a.n_items = S;
+    a.scores = (const float *)sd.p;
+    a.n_pairs = P;
+    a.pairs = (const int32_t *)pd.p;
+    a.target = (const float *)td.p;
+    a.opts.kind = kind;
+    a.deterministic = det;
+    a.single_launch = mode == 1;
+    a.loss = (float *)loss.p;
+    a.grad = (float *)grad.p;
+    a.n_errors = (unsigned *)err.p;
+    a.workspace = ws.p;
+    a.workspace_bytes = wsb;
+    cudaError_t ce;
+    EXPECT(pref_launch(&a, 0, &ce) == LF_OK, "pref_launch: %s", cudaGetErrorString(ce));
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+    float lh[3], gh[S];
+    unsigned eh;
+    CK(cudaMemcpy(lh, loss.p, 12, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(gh, grad.p, 4 * S, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(&eh, err.p, 4, cudaMemcpyDeviceToHost));
+    EXPECT(eh == 0u, "n_errors %u want 0 (a NaN target is not a bad pair)", eh);
+    /* the poison is a NaN too: every output must have been written */
+    int unwritten = 0;
+    for (int k = 0; k < 3; ++k) unwritten += memcmp(&lh[k], &POISON32, 4) == 0;
+    for (int64_t i = 0; i < S; ++i) unwritten += memcmp(&gh[i], &POISON32, 4) == 0;
+    EXPECT(unwritten == 0, "%d outputs not written", unwritten);
+    EXPECT(lh[0] != lh[0] && lh[1] != lh[1], "loss %.9g, pair loss %.9g: want NaN", lh[0], lh[1]);
+    EXPECT(lh[2] == 0.0f, "penalty %.9g want 0", lh[2]);
+    for (int64_t i = 0; i < S; ++i) {
+        if (i < 2) EXPECT(gh[i] != gh[i], "grad[%lld] %.9g want NaN", (long long)i, gh[i]);
+        else EXPECT(isfinite(gh[i]), "grad[%lld] %.9g want finite", (long long)i, gh[i]);
+    }
+    printf("%-4s %s\n", g_fail == fails ? "ok" : "FAIL", g_case);
+}
+
+/* n_bins = 2^31 (bin ids are int32): LF_ERR_SIZE, checked on the host before anything is
+ * launched. Nothing of that size is allocated: the workspace is the one for no bins, its size
+ * claimed to be what 2^31 bins would need (so that only the n_bins check can refuse the call;
+ * item_bin is NULL, so even a launch would stay within it). Then the same call with n_bins = 0
+ * and the true size: LF_OK (the other arguments are good). */
+static void run_too_many_bins(int mode)
+{
+    snprintf(g_case, sizeof g_case, "n_bins = 2^31 %s", mode_name(mode));
+    const int fails = g_fail;
+    constexpr int64_t S = 16, P = 8;
+    float s[S], t[P];
+    int32_t pairs[2 * P];
+    for (int64_t i = 0; i < S; ++i) s[i] = 0.1f * (float)i - 0.7f;
+    for (int64_t p = 0; p < P; ++p) {
+        pairs[2 * p] = (int32_t)(2 * p);
+        pairs[2 * p + 1] = (int32_t)(2 * p + 1);
+        t[p] = 0.75f;
+    }
+    const int det = mode == 2;
+    const int64_t huge = (int64_t)0x80000000ll;
+    const size_t wsb = pref_workspace_bytes(S, P, 0, det);
+    DevBuf sd(4 * S), pd(8 * P), td(4 * P), loss(12), grad(4 * S), err(4), ws(wsb);
+    CK(cudaMemcpy(sd.p, s, 4 * S, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(pd.p, pairs, 8 * P, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(td.p, t, 4 * P, cudaMemcpyHostToDevice));
+    CK(cudaMemset(err.p, 0, 4));
+    fill_poison(loss.p, 3, LF_F32);
+    fill_poison(grad.p, S, LF_F32);
+    CK(cudaDeviceSynchronize());
+    pref_args a = pref_args_default();
+    a.n_items = S;
+    a.scores = (const float *)sd.p;
+    a.n_pairs = P;
+    a.pairs = (const int32_t *)pd.p;
+    a.target = (const float *)td.p;
+    a.n_bins = huge;
+    a.deterministic = det;
+    a.single_launch = mode == 1;
+    a.loss = (float *)loss.p;
+    a.grad = (float *)grad.p;
+    a.n_errors = (unsigned *)err.p;
+    a.workspace = ws.p;
+    a.workspace_bytes = pref_workspace_bytes(S, P, huge, det); /* a host computation only */
+    EXPECT(a.workspace_bytes > (size_t)4 * (size_t)huge, "claimed workspace %zu bytes", a.workspace_bytes);
+    cudaError_t ce;
+    lf_status st = pref_launch(&a, 0, &ce);
+    EXPECT(st == LF_ERR_SIZE, "n_bins 2^31: %s, want LF_ERR_SIZE", lf_status_str(st));
+    a.n_bins = INT64_MAX;
+    a.workspace_bytes = (size_t)-1;
+    st = pref_launch(&a, 0, &ce);
+    EXPECT(st == LF_ERR_SIZE, "n_bins INT64_MAX: %s, want LF_ERR_SIZE", lf_status_str(st));
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+    uint32_t lb[3], gb[S];
+    unsigned eh;
+    CK(cudaMemcpy(lb, loss.p, 12, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(gb, grad.p, 4 * S, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(&eh, err.p, 4, cudaMemcpyDeviceToHost));
+    int written = 0;
+    for (int k = 0; k < 3; ++k) written += lb[k] != POISON32;
+    for (int64_t i = 0; i < S; ++i) written += gb[i] != POISON32;
+    EXPECT(written == 0 && eh == 0u, "refused call wrote %d outputs, n_errors %u", written, eh);
+    a.n_bins = 0; /* the control: the same call with no bins runs */
+    a.workspace_bytes = wsb;
+    st = pref_launch(&a, 0, &ce);
+    EXPECT(st == LF_OK, "n_bins 0: %s (%s)", lf_status_str(st), cudaGetErrorString(ce));
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+    float lh[3];
+    CK(cudaMemcpy(lh, loss.p, 12, cudaMemcpyDeviceToHost));
+    EXPECT(isfinite(lh[0]) && lh[0] > 0.0f && lh[2] == 0.0f, "n_bins 0: loss %.9g, penalty %.9g", lh[0], lh[2]);
+    printf("%-4s %s\n", g_fail == fails ? "ok" : "FAIL", g_case);
+}
+
 int main(int argc, char **argv)
 {
     for (int i = 1; i < argc; ++i) {
@@ -325,7 +482,14 @@ int main(int argc, char **argv)
             c = b; c.name = "no pairs"; c.P = 0; run_pcase(c);
             c = b; c.name = "forward only"; c.grad = false; run_pcase(c);
             c = b; c.name = "many"; c.S = g_small ? 3000 : 20000; c.P = g_small ? 20000 : 300000; c.B = 100; c.weights = true; run_pcase(c);
+            c = b; c.name = "bad targets, bad pairs"; c.bad_targets = 0.15; c.bad_pairs = 0.05; c.weights = true; run_pcase(c);
+            c = b; c.name = "bad targets, device divisor"; c.bad_targets = 0.2; c.dev_div = true; c.scales = true; run_pcase(c);
+            c = b; c.name = "n_bins 0 with item_bin, bad bin ids"; c.B = 0; c.bad_bins = 0.1; c.bad_pairs = 0.05; run_pcase(c);
+            c = b; c.name = "5000 bins (fast: histogram in global memory), bad bins"; c.B = 5000; c.S = g_small ? 6000 : 40000;
+            c.P = g_small ? 10000 : 200000; c.bad_bins = 0.02; c.weights = true; run_pcase(c);
+            run_nan_target((lf_pref_kind)kind, mode);
         }
+    for (int mode = 0; mode < 3; ++mode) run_too_many_bins(mode);
     printf("test_pref_gpu: %d checks, %d failed\n", g_checks, g_fail);
     return g_fail ? 1 : 0;
 }

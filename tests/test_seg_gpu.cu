@@ -216,16 +216,19 @@ static void test_seg(int64_t nseq, int kind, uint64_t *rs)
     EXPECT(bad_fast == 0, "%d fast sums off", bad_fast);
     EXPECT(diff == 0, "%d sums differ between grid shapes (must be bit-identical)", diff);
     check_chunked(cu, v, ref);
-    /* a corrupt cu_seqlens is flagged on the device */
-    if (nseq >= 3) {
+    /* a corrupt cu_seqlens is flagged on the device: a decrease, cu[0] != 0, cu[nseq] != T */
+    for (int form = 0; form < 3; ++form) {
+        if (form == 0 && nseq < 3) continue;
         std::vector<int32_t> bad = cu;
-        bad[2] = bad[1] - 1;
+        if (form == 0) bad[2] = bad[1] - 1;
+        else if (form == 1) bad[0] = 1;
+        else bad[nseq] = (int32_t)T + 1;
         CK(cudaMemcpy(cud.p, bad.data(), (nseq + 1) * 4, cudaMemcpyHostToDevice));
         CK(cudaMemset(flag.p, 0, 4));
         k_seq_bad<<<4, 128>>>((const int32_t *)cud.p, nseq, T, (int *)flag.p);
         CK(cudaGetLastError());
         CK(cudaMemcpy(&flag_h, flag.p, 4, cudaMemcpyDeviceToHost));
-        EXPECT(flag_h == 1, "decreasing cu_seqlens not flagged");
+        EXPECT(flag_h == 1, "bad cu_seqlens (%s) not flagged", form == 0 ? "a decrease" : form == 1 ? "cu[0] = 1" : "cu[nseq] = T + 1");
     }
     printf("%-4s %s\n", g_fail == fails ? "ok" : "FAIL", g_case);
 }
@@ -359,13 +362,25 @@ static void test_hist(int64_t S, int64_t B, uint64_t *rs)
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
     const std::vector<float> hf = fetch(h, B), h1 = fetch(o1, B);
-    int bad_fast = 0, bad_det = 0;
+    /* the deterministic form again, sorted anew onto poisoned keys and values and summed on
+     * another grid: the same bits */
+    fill_poison(ks.p, S, LF_F32);
+    fill_poison(vs.p, S, LF_F32);
+    fill_poison(o1.p, B, LF_F32);
+    stable_sort((const int32_t *)bd.p, (const float *)md.p, (int32_t *)ks.p, (float *)vs.p, S);
+    k_run_sum<<<3, 64>>>((const int32_t *)ks.p, (const float *)vs.p, S, B, (float *)o1.p);
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+    const std::vector<float> h2 = fetch(o1, B);
+    int bad_fast = 0, bad_det = 0, diff = 0;
     for (int64_t b = 0; b < B; ++b) {
         bad_fast += !close(hf[b], ref[b], na[b] * 0x1p-24 * sa[b] + 1e-30);
         bad_det += !close(h1[b], ref[b], 0x1p-24 * fabs(ref[b]) + 1e-12 * sa[b]);
+        diff += memcmp(&h1[b], &h2[b], 4) != 0;
     }
     EXPECT(bad_fast == 0, "%d fast bins off", bad_fast);
     EXPECT(bad_det == 0, "%d deterministic bins off", bad_det);
+    EXPECT(diff == 0, "%d deterministic bins differ on a second run (another grid)", diff);
     printf("%-4s %s\n", g_fail == fails ? "ok" : "FAIL", g_case);
 }
 
