@@ -317,6 +317,47 @@ static void run_pcase(const PCase &c)
 
 static const char *mode_name(int mode) { return mode == 2 ? "det" : mode == 1 ? "fast single" : "fast"; }
 
+/* A small hand-written case on the device: scores, pairs and targets uploaded, the loss and the
+ * gradient poisoned, the error count zeroed, a workspace for no bins, and pref_args filled in
+ * for mode 0 (fast), 1 (fast, one launch) or 2 (deterministic); no bins, weights or scales. */
+struct SmallPref {
+    DevBuf sd, pd, td, loss, grad, err, ws;
+    pref_args a;
+    SmallPref(const float *s, int64_t S, const int32_t *pairs, const float *t, int64_t P, int mode)
+        : sd(4 * S), pd(8 * P), td(4 * P), loss(12), grad(4 * S), err(4), ws(pref_workspace_bytes(S, P, 0, mode == 2))
+    {
+        CK(cudaMemcpy(sd.p, s, 4 * S, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(pd.p, pairs, 8 * P, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(td.p, t, 4 * P, cudaMemcpyHostToDevice));
+        CK(cudaMemset(err.p, 0, 4));
+        fill_poison(loss.p, 3, LF_F32);
+        fill_poison(grad.p, S, LF_F32);
+        a = pref_args_default();
+        a.n_items = S;
+        a.scores = (const float *)sd.p;
+        a.n_pairs = P;
+        a.pairs = (const int32_t *)pd.p;
+        a.target = (const float *)td.p;
+        a.deterministic = mode == 2;
+        a.single_launch = mode == 1;
+        a.loss = (float *)loss.p;
+        a.grad = (float *)grad.p;
+        a.n_errors = (unsigned *)err.p;
+        a.workspace = ws.p;
+        a.workspace_bytes = ws.bytes;
+    }
+    /* after a launch (or a refused one): the last error checked, the device synchronised, the
+     * loss (3 floats), the gradient (S floats) and the error count read back */
+    void fetch(void *lh, void *gh, unsigned *eh) const
+    {
+        CK(cudaGetLastError());
+        CK(cudaDeviceSynchronize());
+        CK(cudaMemcpy(lh, loss.p, 12, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(gh, grad.p, grad.bytes, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(eh, err.p, 4, cudaMemcpyDeviceToHost));
+    }
+};
+
 /* A NaN target does not make a pair bad: no error, the loss NaN (NaN in, NaN out), a NaN
  * gradient on the pair's two items and a finite one everywhere else. */
 static void run_nan_target(lf_pref_kind kind, int mode)
@@ -329,39 +370,14 @@ static void run_nan_target(lf_pref_kind kind, int mode)
     float t[P];
     for (int64_t p = 0; p < P; ++p) t[p] = kind == LF_PREF_BT ? 0.25f * (float)(p % 5) : (p & 1) ? -1.0f : 1.0f;
     t[0] = NAN;
-    const int det = mode == 2;
-    const size_t wsb = pref_workspace_bytes(S, P, 0, det);
-    DevBuf sd(4 * S), pd(8 * P), td(4 * P), loss(12), grad(4 * S), err(4), ws(wsb);
-    CK(cudaMemcpy(sd.p, s, 4 * S, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(pd.p, pairs, 8 * P, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(td.p, t, 4 * P, cudaMemcpyHostToDevice));
-    CK(cudaMemset(err.p, 0, 4));
-    CK(cudaMemset(ws.p, 0x7f, wsb));
-    fill_poison(loss.p, 3, LF_F32);
-    fill_poison(grad.p, S, LF_F32);
-    pref_args a = pref_args_default();
-    a.n_items = S;
-    a.scores = (const float *)sd.p;
-    a.n_pairs = P;
-    a.pairs = (const int32_t *)pd.p;
-    a.target = (const float *)td.p;
-    a.opts.kind = kind;
-    a.deterministic = det;
-    a.single_launch = mode == 1;
-    a.loss = (float *)loss.p;
-    a.grad = (float *)grad.p;
-    a.n_errors = (unsigned *)err.p;
-    a.workspace = ws.p;
-    a.workspace_bytes = wsb;
+    SmallPref c(s, S, pairs, t, P, mode);
+    CK(cudaMemset(c.ws.p, 0x7f, c.ws.bytes));
+    c.a.opts.kind = kind;
     cudaError_t ce;
-    EXPECT(pref_launch(&a, 0, &ce) == LF_OK, "pref_launch: %s", cudaGetErrorString(ce));
-    CK(cudaGetLastError());
-    CK(cudaDeviceSynchronize());
+    EXPECT(pref_launch(&c.a, 0, &ce) == LF_OK, "pref_launch: %s", cudaGetErrorString(ce));
     float lh[3], gh[S];
     unsigned eh;
-    CK(cudaMemcpy(lh, loss.p, 12, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(gh, grad.p, 4 * S, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(&eh, err.p, 4, cudaMemcpyDeviceToHost));
+    c.fetch(lh, gh, &eh);
     EXPECT(eh == 0u, "n_errors %u want 0 (a NaN target is not a bad pair)", eh);
     /* the poison is a NaN too: every output must have been written */
     int unwritten = 0;
@@ -395,31 +411,13 @@ static void run_too_many_bins(int mode)
         pairs[2 * p + 1] = (int32_t)(2 * p + 1);
         t[p] = 0.75f;
     }
-    const int det = mode == 2;
     const int64_t huge = (int64_t)0x80000000ll;
-    const size_t wsb = pref_workspace_bytes(S, P, 0, det);
-    DevBuf sd(4 * S), pd(8 * P), td(4 * P), loss(12), grad(4 * S), err(4), ws(wsb);
-    CK(cudaMemcpy(sd.p, s, 4 * S, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(pd.p, pairs, 8 * P, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(td.p, t, 4 * P, cudaMemcpyHostToDevice));
-    CK(cudaMemset(err.p, 0, 4));
-    fill_poison(loss.p, 3, LF_F32);
-    fill_poison(grad.p, S, LF_F32);
+    SmallPref c(s, S, pairs, t, P, mode);
     CK(cudaDeviceSynchronize());
-    pref_args a = pref_args_default();
-    a.n_items = S;
-    a.scores = (const float *)sd.p;
-    a.n_pairs = P;
-    a.pairs = (const int32_t *)pd.p;
-    a.target = (const float *)td.p;
+    pref_args &a = c.a;
+    const size_t wsb = a.workspace_bytes;
     a.n_bins = huge;
-    a.deterministic = det;
-    a.single_launch = mode == 1;
-    a.loss = (float *)loss.p;
-    a.grad = (float *)grad.p;
-    a.n_errors = (unsigned *)err.p;
-    a.workspace = ws.p;
-    a.workspace_bytes = pref_workspace_bytes(S, P, huge, det); /* a host computation only */
+    a.workspace_bytes = pref_workspace_bytes(S, P, huge, mode == 2); /* a host computation only */
     EXPECT(a.workspace_bytes > (size_t)4 * (size_t)huge, "claimed workspace %zu bytes", a.workspace_bytes);
     cudaError_t ce;
     lf_status st = pref_launch(&a, 0, &ce);
@@ -428,13 +426,9 @@ static void run_too_many_bins(int mode)
     a.workspace_bytes = (size_t)-1;
     st = pref_launch(&a, 0, &ce);
     EXPECT(st == LF_ERR_SIZE, "n_bins INT64_MAX: %s, want LF_ERR_SIZE", lf_status_str(st));
-    CK(cudaGetLastError());
-    CK(cudaDeviceSynchronize());
     uint32_t lb[3], gb[S];
     unsigned eh;
-    CK(cudaMemcpy(lb, loss.p, 12, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(gb, grad.p, 4 * S, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(&eh, err.p, 4, cudaMemcpyDeviceToHost));
+    c.fetch(lb, gb, &eh);
     int written = 0;
     for (int k = 0; k < 3; ++k) written += lb[k] != POISON32;
     for (int64_t i = 0; i < S; ++i) written += gb[i] != POISON32;
@@ -446,7 +440,7 @@ static void run_too_many_bins(int mode)
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
     float lh[3];
-    CK(cudaMemcpy(lh, loss.p, 12, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(lh, c.loss.p, 12, cudaMemcpyDeviceToHost));
     EXPECT(isfinite(lh[0]) && lh[0] > 0.0f && lh[2] == 0.0f, "n_bins 0: loss %.9g, penalty %.9g", lh[0], lh[2]);
     printf("%-4s %s\n", g_fail == fails ? "ok" : "FAIL", g_case);
 }
