@@ -1021,8 +1021,9 @@ static inline lf_status lf_ref_cross_entropy(int64_t N, int64_t V, const float *
  *    temperatures, as in Hinton et al.). The teacher gets no gradient.
  *    Masks and weights: a row with mask 0 has loss 0, gradient 0, weight 0; weights (optional)
  *    multiply the row's loss. reduction mean divides by `divisor`, or when divisor < 0 by the sum
- *    of the weights of unmasked rows (their count without weights); a zero divisor gives 0 unless
- *    an unmasked row is NaN.
+ *    of the weights of unmasked rows (their count without weights); a zero divisor gives the sum
+ *    times 0: 0, or NaN where the sum is NaN or infinite (a NaN row, a +inf KL, or a +inf loss
+ *    times a zero weight).
  *    Edge cases (section 3b's conventions): a -inf logit is a masked entry, 0 log 0 = 0. NaN or
  *    +inf on either side: NaN loss and an all-NaN gradient row; so is a side without mass.
  *    Support: forward KL and soft CE are +inf where q_j > 0 = p_j (their gradient p - q stays
@@ -1246,7 +1247,10 @@ static inline lf_kl_row lf_ref_kl_row_lq(const float *xs, const double *lq, int6
  *                      At tau = 1: q_i = exp(lp_i) and q_j = r / (V - k), a distribution when
  *                      sum_i exp(lp_i) <= 1.
  * Returns LF_ERR_ARG for an index outside [0, V) or repeated, k > V, or tau not > 0; a NaN or
- * +inf log-probability makes lq all NaN (the row's loss NaN, as for dense input). */
+ * +inf log-probability makes lq all NaN (the row's loss NaN, as for dense input). A mode other
+ * than LF_KL_REST_SPREAD is taken as LF_KL_REST_DROP here (kl_distill.cu's launcher refuses it:
+ * LF_ERR_ARG; and k > V there is LF_ERR_SIZE); k = 0 needs no idx / lp here, the launcher
+ * wants them set (not read). */
 typedef enum lf_kl_rest { LF_KL_REST_DROP = 0, LF_KL_REST_SPREAD = 1 } lf_kl_rest;
 
 static inline lf_status lf_ref_kl_sparse_teacher(int64_t V, const int32_t *idx, const float *lp, int64_t k,

@@ -77,7 +77,9 @@
  *      programmatic dependent launch, lf_pdl_trigger / lf_pdl_wait) and planning a persistent
  *      grid whose CTAs stage row slices in a ring (lf_ring_setup, lf_ring_plan_make)
  *
- * Configuration macros: those of lossfuse.h (LF_HD, LF_USE_EXP2, LF_ASSERT). Nothing else.
+ * Configuration macros: those of lossfuse.h (LF_HD, LF_USE_EXP2, LF_ASSERT), and
+ * LF_KL_MAX_REDUX (section 8: the dual merges' maxima by redux.sync, 1, or by shuffles, 0; the
+ * same bits).
  *
  * Rules kept throughout
  *   - Every function is static; no __device__ or __constant__ variables; no hidden __shared__.

@@ -61,7 +61,10 @@
  *   them, design log 72).
  * Contract (as DESIGN.md and examples/cross_entropy.cu)
  *   - Masked rows (mask byte 0, or label == ignore_index) have loss 0, zero gradient, weight 0.
- *     A label outside [0, V) that is not ignore_index adds 1 to *n_errors and masks the row.
+ *     A label outside [0, V) that is not ignore_index adds 1 to *n_errors and masks the row;
+ *     the mask byte is looked at first, so a row it masks is not checked (no error counted for
+ *     its label, nor for its top-k pairs). A zero divisor: the sum times 0 (NaN where it is
+ *     NaN or infinite, e.g. a +inf forward KL).
  *   - NaN or +inf in a valid row (either side), or a side with no mass: NaN loss and an all-NaN
  *     gradient row. Reverse KL where the teacher has no mass but the student has: +inf loss,
  *     NaN gradient. Forward KL / soft CE where the student has none: +inf loss, finite gradient.
@@ -69,8 +72,13 @@
  *     probability exactly 0, as in the double reference, even where w log2(e) / tau overflows
  *     (tau below ~1.44): no NaN from it (tested: both sides at it, and for reverse KL, JSD and
  *     TVD the student alone). Forward KL / soft CE with the student alone at it: the true loss
- *     is ~1e38 q_j, which fp32 may round to +inf (not tested). A row with nothing else has no
- *     mass (NaN), as an all -inf row.
+ *     is ~1e38 q_j, which fp32 may round to +inf (not tested). Reverse KL with the TEACHER alone
+ *     at it where the student has mass: the true loss is ~1e38 p_j, and where the kernel's
+ *     reverse KL overflows to +inf (log q_j itself is -inf below tau ~1.44) the row is taken as
+ *     a support mismatch, as if the entry were -inf: +inf loss, NaN gradient; the double
+ *     reference gives the literal finite loss and gradient (not tested; mask the teacher with
+ *     -inf, or the student too, where that matters). A row with nothing
+ *     else has no mass (NaN), as an all -inf row.
  *   - Deterministic: fixed-order reductions within a row and over rows; no float atomics.
  *   - No host synchronisation; CUDA-graph capturable; N = 0 launches nothing.
  *
@@ -112,8 +120,10 @@ typedef struct kl_args {
      * in *n_errors and is masked; a NaN or +inf log-probability makes the row NaN. */
     const int32_t *topk_idx; /* [N, k], row stride topk_stride (elements) */
     const float *topk_lp;    /* [N, k], the same stride */
-    int64_t topk, topk_stride;
-    lf_kl_rest topk_rest;    /* LF_KL_REST_DROP or LF_KL_REST_SPREAD. Spread with pairs that carry
+    int64_t topk, topk_stride; /* 0 <= k <= V (else LF_ERR_SIZE); the teacher is sparse when
+                                * topk_idx, topk_lp or topk is set, so k = 0 (the whole mass
+                                * spread, or none) needs the two pointers set, not read */
+    lf_kl_rest topk_rest;    /* LF_KL_REST_DROP or LF_KL_REST_SPREAD (else LF_ERR_ARG). Spread with pairs that carry
                               * all the mass (sum exp(lp) >= 1 after rounding) leaves no rest:
                               * the others are then -inf as with drop (reverse KL +inf where the
                               * student has mass there) -- store top-k lists with the rest > 0 */
