@@ -1964,8 +1964,13 @@ LF_HD lf_tp_share lf_tp_share_from(float m, float s, int has_y, float zy, float 
     if (has_y) /* (1 - eps) w_y (m - z_y); a -inf z_y is +inf (0 * inf = NaN as in section 7) */
         sh.t = (1.0f - eps) * wy * (zy == -LF_INF_F ? LF_INF_F : m - zy);
     if (eps > 0.0f) {
-        /* eps (W_r m - sum w z) / V; with m = -inf every column is masked: +inf if any has weight */
-        const float sm = m == -LF_INF_F ? (wz != 0.0f ? LF_INF_F : 0.0f) : Wr * m - wz;
+        /* eps (W_r m - sum w z) / V; with m = -inf every column is masked: +inf if any has weight.
+         * W_r m and wz both -inf (a shard of columns near the float floor, e.g. masked at
+         * torch.finfo.min: both sums overflow) would give -inf - -inf = NaN from finite logits;
+         * the term is then +inf, what examples/cross_entropy.cu's (W lse - wz) / V gives on the
+         * full row (the double reference's ~1e37-1e38 is out of a float sum's reach) */
+        const float wm = Wr * m;
+        const float sm = m == -LF_INF_F ? (wz != 0.0f ? LF_INF_F : 0.0f) : wm == -LF_INF_F && wz == -LF_INF_F ? LF_INF_F : wm - wz;
         sh.t += eps * sm / (float)V;
     }
     return sh;

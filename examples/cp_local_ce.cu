@@ -20,7 +20,9 @@
  *   152K vocabulary in bf16 is ~37 GiB per rank). Computed locally it needs three things right:
  *   labels shifted on the FULL sequences (the target of a chunk's last token is on another
  *   rank), the mean divided by the GLOBAL count of valid labels, and metrics (token counts,
- *   per-sequence loss and perplexity) that do not depend on cp.
+ *   per-sequence loss and perplexity) that do not depend on cp: the counts exactly, the loss
+ *   and perplexity within fp32 summation order (a row's sums are taken in an order that
+ *   depends on the launch's shape, and a sequence's sum is split over the ranks).
  *
  * One rank's step, three phases around two all-reduces over the CP group (cp_ce_phase_a/b/c):
  *   A  local labels from the global ids (lf_cp_local_labels_grid), the local count of valid
@@ -201,15 +203,25 @@ static int cp_grid(int64_t n)
     return (int)(b < 1 ? 1 : b > 1024 ? 1024 : b);
 }
 
-/* Checks the arguments that need no device data. The layout itself (every length a multiple
- * of 2 cp) is the caller's to check once per batch on the host: lf_cp_check. */
+/* Checks the arguments that need no device data, phase B's cross-entropy arguments included
+ * (what ce_launch would refuse there), so that a rank with a bad argument fails in phase A,
+ * before the first all-reduce, not between the two while its peers wait in the second. The
+ * layout itself (every length a multiple of 2 cp) is the caller's to check once per batch on
+ * the host: lf_cp_check. */
 static lf_status cp_ce_check(const cp_ce_args *a)
 {
     if (!a) return LF_ERR_NULL;
+    const lf_status st = lf_check_ce_opts(&a->opts);
+    if (st != LF_OK) return st;
     if (a->cp < 1 || a->rank < 0 || a->rank >= a->cp || a->total % a->cp) return LF_ERR_CP;
-    if (a->nseq < 1 || a->total < 0 || a->vocab < 1 || a->stride < a->vocab) return LF_ERR_SIZE;
+    if (a->nseq < 1 || a->total < 0 || a->vocab < 1 || a->vocab > 0x7fffffff || a->stride < a->vocab) return LF_ERR_SIZE;
+    if (a->dtype != LF_F32 && a->dtype != LF_BF16 && a->dtype != LF_F16) return LF_ERR_ARG;
     if (!a->ids || !a->cu_seqlens || !a->loss || !a->workspace || (a->total > 0 && !a->logits)) return LF_ERR_NULL;
     if (a->workspace_bytes < cp_ce_workspace_bytes(a->total / a->cp, a->nseq)) return LF_ERR_SIZE;
+    if (a->grad && a->grad_stride < a->vocab) return LF_ERR_SIZE;
+    if (a->grad && a->total > 0 &&
+        ce_grad_overlaps(a->logits, a->stride, a->grad, a->grad_stride, a->total / a->cp, a->vocab, a->dtype))
+        return LF_ERR_ARG;
     return LF_OK;
 }
 

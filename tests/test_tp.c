@@ -5,7 +5,9 @@
  *     gcc -std=c99 -O2 -Wall -Wextra -pedantic -Werror -I. tests/test_tp.c -o test_tp -lm
  *     ./test_tp [seed]
  * For P in {1, 2, 3, 4, 8} (more ranks than columns included: empty shards), V from 1 to 4099,
- * rows with outliers up to 1e4 and -inf columns, labels in any shard, ignored and bad labels,
+ * rows with outliers up to 1e4 and -inf columns, labels in any shard, ignored and bad labels
+ * (made, then skipped: section 11 has no rule for them, the caller zeroes those rows; the GPU
+ * tests check them),
  * label smoothing, z-loss, class weights, softcap and logit scale: the shards are accumulated
  * in float (lf_tp_acc_push, what a device kernel does per column), their shares all-gathered
  * into [P][N] and merged (lf_tp_merge), and the loss (lf_tp_loss) and every gradient element
@@ -197,6 +199,29 @@ static void test_share_rules(void)
     lf_tp_acc_push(&e, -INFINITY, 1.0f, 1, 1); /* a masked label with smoothing weight */
     sh = lf_tp_share_make(e, 1.0f, 1.0f, 6, 0.1f);
     CHECK(sh.t == INFINITY && sh.s == 0.0f, "masked label: t %g", sh.t);
+    { /* label smoothing with a shard whose columns all sit at bf16's finfo.min: W_r m and sum w z
+       * both overflow to -inf; the share's t (and the loss) +inf, as the single-GPU kernel's, not
+       * NaN; the gradient finite (its coefficients take the lse, not t) */
+        enum { FV = 8, FP = 2 };
+        const float fm = -3.3895314e38f;
+        float x[FV], lse = 0.0f;
+        lf_tp_share g[FP];
+        lf_tp_merged mg;
+        int64_t j;
+        float coef;
+        for (j = 0; j < FV; ++j) x[j] = j < 4 ? 0.5f * (float)j : fm;
+        for (r = 0; r < FP; ++r) {
+            lf_tp_acc f = lf_tp_acc_init();
+            lf_tp_shard(FV, FP, r, &v0, &v1);
+            for (j = v0; j < v1; ++j) lf_tp_acc_push(&f, x[j], 1.0f, j == 1, 1);
+            g[r] = lf_tp_share_make(f, 1.0f, (float)(v1 - v0), FV, 0.1f);
+        }
+        CHECK(g[1].t == INFINITY && g[0].t == g[0].t, "finfo.min shard with smoothing: t %g / %g", g[0].t, g[1].t);
+        mg = lf_tp_merge(g, 1, FP, 0, 1, 1.0f, NULL, FV, 0.1f);
+        CHECK(lf_tp_loss(mg, 0.0f, &lse) == INFINITY && lse == lse && lse < 10.0f, "finfo.min shard with smoothing: loss not +inf (lse %g)", lse);
+        coef = lf_tp_grad_coef(mg, lse, 0.0f);
+        CHECK(coef == coef && fabs(coef) < 2.0f, "finfo.min shard with smoothing: gradient coefficient %g", coef);
+    }
     for (r = 0; r < 5; ++r) {
         lf_tp_shard(13, 5, r, &v0, &v1);
         CHECK(v0 == total && v1 - v0 == (r < 3 ? 3 : 2), "shard %d of 13 over 5: [%lld, %lld)", r, (long long)v0, (long long)v1);
