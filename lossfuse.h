@@ -533,7 +533,7 @@ LF_HD lf_dual_out lf_dual_final(lf_dual d) { return lf_impl_dual_final(d, 1, 1, 
  *    finite out": inputs whose product with beta / scale overflows float give infinite losses,
  *    and IPO's square overflows (+inf loss, infinite derivative) once |h - 1 / (2 beta)| passes
  *    ~1.8e19. lf_bt takes t in [0, 1] and lf_hinge_margin y = +-1; other values are not checked
- *    here (lf_ref_pairwise_preference refuses them with LF_ERR_PAIR; examples/
+ *    here (lf_pref_target_ok judges them; lf_ref_pairwise_preference refuses them with LF_ERR_PAIR; examples/
  *    pairwise_preference.cu counts them as bad pairs).
  * ========================================================================================== */
 
@@ -1636,6 +1636,14 @@ static inline lf_pref_opts lf_pref_opts_default(void)
     return o;
 }
 
+/* Whether a pair's target suits the loss: in [0, 1] for LF_PREF_BT, +1 or -1 for LF_PREF_HINGE.
+ * A NaN target passes (it makes the loss NaN: NaN in, NaN out). The reference and
+ * examples/pairwise_preference.cu's kernels both judge a pair by it. */
+LF_HD int lf_pref_target_ok(lf_pref_kind kind, float t)
+{
+    return kind == LF_PREF_HINGE ? !(t == t && t != 1.0f && t != -1.0f) : !(t < 0.0f || t > 1.0f);
+}
+
 static inline lf_status lf_check_pref_opts(const lf_pref_opts *o)
 {
     if (!o) return LF_ERR_NULL;
@@ -1662,9 +1670,7 @@ static inline lf_status lf_ref_pairwise_preference(int64_t S, const float *score
     if ((st = lf_check_pairs(pairs, P, S, NULL, NULL)) != LF_OK) return st;
     if ((S > 0 && !scores) || (P > 0 && !target)) return LF_ERR_NULL;
     for (p = 0; p < P; ++p)
-        if (o->kind == LF_PREF_HINGE ? target[p] == target[p] && target[p] != 1.0f && target[p] != -1.0f
-                                     : target[p] < 0.0f || target[p] > 1.0f)
-            return LF_ERR_PAIR;
+        if (!lf_pref_target_ok(o->kind, target[p])) return LF_ERR_PAIR;
     if (item_bin) {
         if ((o->budget_weight > 0.0f && !budget) || (o->coverage_weight > 0.0f && !coverage)) return LF_ERR_NULL;
         if (n_bins > 0 && !hist) return LF_ERR_NULL;

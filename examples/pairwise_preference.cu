@@ -199,8 +199,7 @@ static __device__ __forceinline__ bool pref_pair_ok(const pref_kparams &k, int64
 {
     *i = k.pairs[2 * p];
     *j = k.pairs[2 * p + 1];
-    const bool t_ok = k.o.kind == LF_PREF_HINGE ? !(t == t && t != 1.0f && t != -1.0f) : !(t < 0.0f || t > 1.0f);
-    return *i >= 0 && *i < k.S && *j >= 0 && *j < k.S && *i != *j && t_ok;
+    return *i >= 0 && *i < k.S && *j >= 0 && *j < k.S && *i != *j && lf_pref_target_ok(k.o.kind, t);
 }
 
 /* deterministic mode, 1. the default divisor: the weights of the valid pairs, in a fixed order */
