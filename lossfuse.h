@@ -533,8 +533,8 @@ LF_HD lf_dual_out lf_dual_final(lf_dual d) { return lf_impl_dual_final(d, 1, 1, 
  *    finite out": inputs whose product with beta / scale overflows float give infinite losses,
  *    and IPO's square overflows (+inf loss, infinite derivative) once |h - 1 / (2 beta)| passes
  *    ~1.8e19. lf_bt takes t in [0, 1] and lf_hinge_margin y = +-1; other values are not checked
- *    here (lf_pref_target_ok judges them; lf_ref_pairwise_preference refuses them with LF_ERR_PAIR; examples/
- *    pairwise_preference.cu counts them as bad pairs).
+ *    here (lf_pref_target_ok judges them; lf_ref_pairwise_preference refuses them with
+ *    LF_ERR_PAIR; examples/pairwise_preference.cu counts them as bad pairs).
  * ========================================================================================== */
 
 LF_HD float lf_softplus(float x)
