@@ -203,26 +203,45 @@ static int cp_grid(int64_t n)
     return (int)(b < 1 ? 1 : b > 1024 ? 1024 : b);
 }
 
+/* Phase B's cross-entropy over this rank's n local rows (w: the carved workspace). */
+static ce_args cp_ce_ce_args(const cp_ce_args *a, const cp_ws &w, int64_t n)
+{
+    ce_args c = ce_args_default();
+    c.logits = a->logits;
+    c.dtype = a->dtype;
+    c.n_rows = n;
+    c.vocab = a->vocab;
+    c.stride = a->stride;
+    c.labels = w.labels;
+    c.labels_i64 = 1;
+    c.opts = a->opts;
+    c.reduction = LF_REDUCE_MEAN;
+    c.divisor = w.divisor; /* the GLOBAL count (sum of w_y) */
+    c.grad = a->grad;
+    c.grad_stride = a->grad_stride;
+    c.loss = a->loss; /* this rank's share: local sum / global count */
+    c.logprob = w.logprob;
+    c.n_errors = a->n_errors;
+    c.workspace = w.ce_ws;
+    c.workspace_bytes = ce_workspace_bytes(n);
+    return c;
+}
+
 /* Checks the arguments that need no device data, phase B's cross-entropy arguments included
- * (what ce_launch would refuse there), so that a rank with a bad argument fails in phase A,
- * before the first all-reduce, not between the two while its peers wait in the second. The
- * layout itself (every length a multiple of 2 cp) is the caller's to check once per batch on
- * the host: lf_cp_check. */
+ * (ce_check_args: what ce_launch would refuse there), so that a rank with a bad argument fails
+ * in phase A, before the first all-reduce, not between the two while its peers wait in the
+ * second. The layout itself (every length a multiple of 2 cp) is the caller's to check once
+ * per batch on the host: lf_cp_check. */
 static lf_status cp_ce_check(const cp_ce_args *a)
 {
     if (!a) return LF_ERR_NULL;
-    const lf_status st = lf_check_ce_opts(&a->opts);
-    if (st != LF_OK) return st;
     if (a->cp < 1 || a->rank < 0 || a->rank >= a->cp || a->total % a->cp) return LF_ERR_CP;
-    if (a->nseq < 1 || a->total < 0 || a->vocab < 1 || a->vocab > 0x7fffffff || a->stride < a->vocab) return LF_ERR_SIZE;
-    if (a->dtype != LF_F32 && a->dtype != LF_BF16 && a->dtype != LF_F16) return LF_ERR_ARG;
+    if (a->nseq < 1 || a->total < 0 || a->vocab < 1 || a->stride < a->vocab) return LF_ERR_SIZE;
     if (!a->ids || !a->cu_seqlens || !a->loss || !a->workspace || (a->total > 0 && !a->logits)) return LF_ERR_NULL;
     if (a->workspace_bytes < cp_ce_workspace_bytes(a->total / a->cp, a->nseq)) return LF_ERR_SIZE;
-    if (a->grad && a->grad_stride < a->vocab) return LF_ERR_SIZE;
-    if (a->grad && a->total > 0 &&
-        ce_grad_overlaps(a->logits, a->stride, a->grad, a->grad_stride, a->total / a->cp, a->vocab, a->dtype))
-        return LF_ERR_ARG;
-    return LF_OK;
+    const int64_t n = a->total / a->cp;
+    const ce_args c = cp_ce_ce_args(a, cp_ws_carve(a->workspace, n, a->nseq), n);
+    return ce_check_args(&c);
 }
 
 static lf_status cp_ce_phase_a(const cp_ce_args *a, cudaStream_t s, cudaError_t *cuda_err)
@@ -250,24 +269,7 @@ static lf_status cp_ce_phase_b(const cp_ce_args *a, cudaStream_t s, cudaError_t 
     const cp_ws w = cp_ws_carve(a->workspace, n, a->nseq);
     cp_divisor_kernel<<<1, 1, 0, s>>>(w.red_a, a->nseq, w.divisor);
     CE_CHECK(cudaGetLastError());
-    ce_args c = ce_args_default();
-    c.logits = a->logits;
-    c.dtype = a->dtype;
-    c.n_rows = n;
-    c.vocab = a->vocab;
-    c.stride = a->stride;
-    c.labels = w.labels;
-    c.labels_i64 = 1;
-    c.opts = a->opts;
-    c.reduction = LF_REDUCE_MEAN;
-    c.divisor = w.divisor; /* the GLOBAL count (sum of w_y) */
-    c.grad = a->grad;
-    c.grad_stride = a->grad_stride;
-    c.loss = a->loss; /* this rank's share: local sum / global count */
-    c.logprob = w.logprob;
-    c.n_errors = a->n_errors;
-    c.workspace = w.ce_ws;
-    c.workspace_bytes = ce_workspace_bytes(n);
+    const ce_args c = cp_ce_ce_args(a, w, n);
     if (n > 0) {
         st = ce_launch(&c, s, cuda_err);
         if (st != LF_OK) return st;

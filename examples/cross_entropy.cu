@@ -1692,11 +1692,10 @@ static bool ce_grad_overlaps(const void *logits, int64_t stride, const void *gra
     return !same && g0 < x1 && x0 < g1;
 }
 
-/* Validate, then launch (one kernel; two for reduction mean without a divisor). Returns LF_OK,
- * LF_ERR_* for bad arguments (nothing launched), or LF_ERR_DEVICE with *cuda_err set. */
-static lf_status ce_launch(const ce_args *a, cudaStream_t stream, cudaError_t *cuda_err)
+/* The arguments ce_launch refuses, checked on the host without touching the device (a caller
+ * that must fail before some collective, as cp_local_ce.cu's phase A, asks this first). */
+static lf_status ce_check_args(const ce_args *a)
 {
-    if (cuda_err) *cuda_err = cudaSuccess;
     if (!a) return LF_ERR_NULL;
     lf_status st = lf_check_ce_opts(&a->opts);
     if (st != LF_OK) return st;
@@ -1713,14 +1712,26 @@ static lf_status ce_launch(const ce_args *a, cudaStream_t stream, cudaError_t *c
     if (a->grad && a->n_rows > 0) {
         if (ce_grad_overlaps(a->logits, a->stride, a->grad, a->grad_stride, a->n_rows, a->vocab, a->dtype)) return LF_ERR_ARG;
     }
+    if (a->n_rows > 0) {
+        if (!a->logits || !a->labels || !a->loss || !a->workspace) return LF_ERR_NULL;
+        if (a->workspace_bytes < ce_workspace_bytes(a->n_rows)) return LF_ERR_SIZE;
+    }
+    return LF_OK;
+}
+
+/* Validate, then launch (one kernel; two for reduction mean without a divisor). Returns LF_OK,
+ * LF_ERR_* for bad arguments (nothing launched), or LF_ERR_DEVICE with *cuda_err set. */
+static lf_status ce_launch(const ce_args *a, cudaStream_t stream, cudaError_t *cuda_err)
+{
+    if (cuda_err) *cuda_err = cudaSuccess;
+    const lf_status st = ce_check_args(a);
+    if (st != LF_OK) return st;
     if (a->n_rows == 0) {
         /* nothing to launch; a reduced loss of no rows is 0 */
         if (a->reduction != LF_REDUCE_NONE && a->loss) CE_CHECK(cudaMemsetAsync(a->loss, 0, sizeof(float), stream));
         if (a->reduction != LF_REDUCE_NONE && a->z_loss_out) CE_CHECK(cudaMemsetAsync(a->z_loss_out, 0, sizeof(float), stream));
         return LF_OK;
     }
-    if (!a->logits || !a->labels || !a->loss || !a->workspace) return LF_ERR_NULL;
-    if (a->workspace_bytes < ce_workspace_bytes(a->n_rows)) return LF_ERR_SIZE;
 
     ce_kparams p;
     memset(&p, 0, sizeof p);
