@@ -422,6 +422,7 @@ typedef struct cp_demo_result {
     double grad_err;                 /* worst gradient element, in tolerances */
     int64_t label_mismatch, count_mismatch, seq_unwritten;
     double nll_err;                  /* worst per-sequence mean NLL, in tolerances */
+    double ppl_err;                  /* worst per-sequence perplexity, in tolerances */
     unsigned errors, errors_ref;
     size_t ws_bytes, gathered_bytes;
     double ms_local, ms_gather_copy, ms_full; /* with time_iters */
@@ -746,14 +747,27 @@ static cp_demo_result cp_demo_run(const cp_demo *d)
         res->loss_err = fmax(res->loss_err, res->loss_ref != res->loss_ref ? (oh[0] != oh[0] ? 0.0 : INFINITY)
                                                                             : fabs(oh[0] - res->loss_ref) / tol);
         for (int64_t k = 0; k < nseq; ++k) {
-            uint32_t b0, b1;
+            uint32_t b0, b1, b2;
             memcpy(&b0, &oh[1 + k], 4);
             memcpy(&b1, &oh[1 + nseq + k], 4);
-            res->seq_unwritten += b0 == 0xffffffffu || b1 == 0xffffffffu;
+            memcpy(&b2, &oh[1 + 2 * nseq + k], 4);
+            res->seq_unwritten += b0 == 0xffffffffu || b1 == 0xffffffffu || b2 == 0xffffffffu;
             res->count_mismatch += (double)oh[1 + k] != cnt_ref[k];
             const double want = cnt_ref[k] > 0 ? nll_ref[k] / cnt_ref[k] : (double)NAN;
-            if (want == want) res->nll_err = fmax(res->nll_err, fabs(oh[1 + nseq + k] - want) / (1e-5 * fabs(want) + 1e-6));
-            else if (oh[1 + nseq + k] == oh[1 + nseq + k]) res->nll_err = INFINITY;
+            const float nll = oh[1 + nseq + k], ppl = oh[1 + 2 * nseq + k];
+            /* the mean NLL: 1e-5 relative plus 1e-6 (sums of fp32 terms in another order); the
+             * perplexity exp(m), computed in double from the same m and rounded once: relative error
+             * up to the NLL's absolute tolerance plus fp32's rounding */
+            const double tol_m = 1e-5 * fabs(want) + 1e-6;
+            if (want == want) {
+                res->nll_err = fmax(res->nll_err, fabs(nll - want) / tol_m);
+                const double pw = exp(want), pf = (double)(float)pw;
+                if (pf == INFINITY) res->ppl_err = fmax(res->ppl_err, ppl >= 3.4e38f ? 0.0 : INFINITY);
+                else res->ppl_err = fmax(res->ppl_err, ppl == ppl ? fabs(ppl - pw) / (pw * (1.5 * tol_m + 0x1p-23)) : INFINITY);
+            } else {
+                if (nll == nll) res->nll_err = INFINITY;
+                if (ppl == ppl) res->ppl_err = INFINITY;
+            }
         }
         /* the device labels (in the workspace) against the host reference */
         const cp_ws w = cp_ws_carve(ws[r], n_local, nseq);
@@ -778,7 +792,8 @@ static cp_demo_result cp_demo_run(const cp_demo *d)
         }
     }
     res->ok = res->st == LF_OK && res->loss_err <= 1.0 && res->grad_err <= 1.0 && res->label_mismatch == 0 &&
-              res->count_mismatch == 0 && res->seq_unwritten == 0 && res->nll_err <= 1.0 && res->errors == res->errors_ref;
+              res->count_mismatch == 0 && res->seq_unwritten == 0 && res->nll_err <= 1.0 && res->ppl_err <= 1.0 &&
+              res->errors == res->errors_ref;
     if (d->report_memory && !nccl) {
         size_t f0 = 0, f1 = 0, tot = 0;
         CP_TRY(cudaSetDevice(0));
@@ -889,8 +904,8 @@ int main(int argc, char **argv)
     printf("tokens %lld; loss %.7f, unsharded %.7f (%.3f of tolerance); gradient worst %.3f of tolerance\n", (long long)r.total,
            r.loss, r.loss_ref, r.loss_err, r.grad_err);
     printf("labels built on the device: %lld mismatches; per-sequence counts: %lld mismatches; mean NLL worst %.3f of tolerance; "
-           "bad labels %u (unsharded %u)\n", (long long)r.label_mismatch, (long long)r.count_mismatch, r.nll_err, r.errors,
-           r.errors_ref);
+           "perplexity worst %.3f of tolerance; bad labels %u (unsharded %u)\n", (long long)r.label_mismatch,
+           (long long)r.count_mismatch, r.nll_err, r.ppl_err, r.errors, r.errors_ref);
     printf("memory per rank: workspace %zu B; gathering the logits instead would take %zu B\n", r.ws_bytes, r.gathered_bytes);
     if (d.report_memory && !d.use_nccl)
         printf("memory report: net device memory the step allocated: %lld B (cudaMemGetInfo around a second run of every rank)\n",

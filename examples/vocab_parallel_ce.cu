@@ -2389,6 +2389,7 @@ typedef struct tp_demo_result {
     lf_status st;
     cudaError_t cuda;
     double loss, loss_ref, loss_err, lse_err, grad_err; /* errors in units of their tolerance */
+    double z_err;         /* z_loss_out against the single GPU's, in units of its tolerance */
     int64_t rows_checked, rank_mismatch, nondeterministic;
     unsigned errors, errors_ref;
     size_t ws_bytes, shares_bytes, gathered_bytes;
@@ -2842,8 +2843,8 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
      * most 2^-20 (1 + |lse|) (measured well below); the loss by its coefficients times that
      * plus its own rounding (and, with smoothing, the cancellation in W lse - sum w z: 2^-20 of
      * eps W zmax / V) */
-    std::vector<double> tol_row(N > 0 ? N : 1, 0.0);
-    double tol_sum = 0.0;
+    std::vector<double> tol_row(N > 0 ? N : 1, 0.0), tolz_row(N > 0 ? N : 1, 0.0);
+    double tol_sum = 0.0, tolz_sum = 0.0;
     for (int64_t i = 0; i < N; ++i) {
         if (lab[i] == ign || lab[i] < 0 || lab[i] >= V) continue;
         const double L = fabs(refh[2 * N + 2 + i]) < INFINITY ? fabs(refh[2 * N + 2 + i]) : 0.0;
@@ -2851,6 +2852,11 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
         tol_row[i] = (A + 2.0 * lam * L) * 0x1p-20 * (1.0 + L) + 0x1p-21 * (A * (L + zmax) + lam * L * L) +
                      0x1p-20 * eps * W * zmax / V + 1e-30;
         tol_sum += tol_row[i] * (d->use_dloss && d->reduction == LF_REDUCE_NONE ? 1.0 : 1.0);
+        /* the z-loss term lam lse^2: the lse's error (its check's tolerance, 2^-20 (1 + L)) times
+         * 2 lam L, plus fp32's rounding of the product */
+        const double dl = 0x1p-20 * (1.0 + L);
+        tolz_row[i] = lam * (2.0 * L * dl + dl * dl) + 0x1p-22 * lam * L * L + 1e-30;
+        tolz_sum += tolz_row[i];
     }
     const double red_div = d->reduction == LF_REDUCE_MEAN ? (divisor != 0.0 ? fabs(divisor) : INFINITY) : 1.0;
     std::vector<float> oh(nout), o0(nout);
@@ -2874,6 +2880,10 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
                 const double tl = d->reduction == LF_REDUCE_NONE ? tol_row[q] : tol_sum / red_div + 0x1p-22 * fabs(want) + 1e-30;
                 const double er = want != want ? (got != got ? 0.0 : INFINITY) : (got != got ? INFINITY : fabs(got - want) / tl);
                 res.loss_err = fmax(res.loss_err, er);
+                /* z_loss_out, shaped like the loss: lam lse^2 of the same rows */
+                const double zw = refh[N + 1 + q], zg = oh[N + 1 + q];
+                const double tz = d->reduction == LF_REDUCE_NONE ? tolz_row[q] : tolz_sum / red_div + 0x1p-22 * fabs(zw) + 1e-30;
+                res.z_err = fmax(res.z_err, zw != zw ? (zg != zg ? 0.0 : INFINITY) : (zg != zg ? INFINITY : fabs(zg - zw) / tz));
             }
             for (int64_t i = 0; i < N; ++i) {
                 const double want = refh[2 * N + 2 + i], got = oh[2 * N + 2 + i];
@@ -2921,8 +2931,9 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
     for (size_t q = 0; q < 4 * nout; ++q) res.out_hash = (res.out_hash ^ ((const unsigned char *)o0.data())[q]) * 0x100000001b3ull;
     /* rank 0 counts the bad labels: a process holding another rank counts none */
     const unsigned errors_want = r0 == 0 ? res.errors_ref : 0u;
-    res.ok = res.st == LF_OK && res.loss_err <= 1.0 && res.lse_err <= 1.0 && res.grad_err <= 1.0 && res.rank_mismatch == 0 &&
-             res.nondeterministic == 0 && res.errors == errors_want && (!d->graph || res.graph_replays == (d->repeat + 1) / 2);
+    res.ok = res.st == LF_OK && res.loss_err <= 1.0 && res.z_err <= 1.0 && res.lse_err <= 1.0 && res.grad_err <= 1.0 &&
+             res.rank_mismatch == 0 && res.nondeterministic == 0 && res.errors == errors_want &&
+             (!d->graph || res.graph_replays == (d->repeat + 1) / 2);
     if (d->report_memory && !nccl) {
         size_t f0 = 0, f1 = 0, tot = 0;
         TPD_TRY(cudaSetDevice(0));
@@ -3210,9 +3221,10 @@ static int tp_demo_procs(const tp_demo *d, const char *mode, int timeout_s)
         if (status[r] == -2) printf("rank %d: killed at the %d s deadline\n", r, timeout_s);
         else if (!q.done) printf("rank %d: exited (%d) before its report\n", r, status[r]);
         else
-            printf("rank %d (%s): %s%s%s; loss %.7f (%.3f of tolerance), lse worst %.3f, gradient worst %.3f (%lld rows), bad labels %u\n",
+            printf("rank %d (%s): %s%s%s; loss %.7f (%.3f of tolerance), z-loss %.3f, lse worst %.3f, gradient worst %.3f (%lld rows), "
+                   "bad labels %u\n",
                    r, q.device, lf_status_str(q.res.st), q.res.st == LF_OK ? "" : " / ", q.res.st == LF_OK ? "" : cudaGetErrorString(q.res.cuda),
-                   q.res.loss, q.res.loss_err, q.res.lse_err, q.res.grad_err, (long long)q.res.rows_checked, q.res.errors);
+                   q.res.loss, q.res.loss_err, q.res.z_err, q.res.lse_err, q.res.grad_err, (long long)q.res.rows_checked, q.res.errors);
         ok = ok && q.done && q.res.ok && q.res.st == LF_OK && status[r] == 0;
         same = same && q.done && q.res.out_hash == r0.out_hash;
         if (q.done && q.res.ms_tp > ms_tp) ms_tp = q.res.ms_tp;
@@ -3314,8 +3326,8 @@ int main(int argc, char **argv)
     else
         printf("plan: %lld rows per chunk, %lld chunks, %d CTAs per row\n", (long long)r.plan.chunk_rows, (long long)r.plan.chunks,
                r.plan.nsplit);
-    printf("loss %.7f, single GPU %.7f (%.3f of tolerance); lse worst %.3f, gradient worst %.3f of tolerance (%lld rows)\n",
-           r.loss, r.loss_ref, r.loss_err, r.lse_err, r.grad_err, (long long)r.rows_checked);
+    printf("loss %.7f, single GPU %.7f (%.3f of tolerance); z-loss %.3f, lse worst %.3f, gradient worst %.3f of tolerance (%lld rows)\n",
+           r.loss, r.loss_ref, r.loss_err, r.z_err, r.lse_err, r.grad_err, (long long)r.rows_checked);
     printf("every rank the same bits: %s; bad labels %u (single GPU %u)\n", r.rank_mismatch ? "NO" : "yes", r.errors, r.errors_ref);
     if (d.graph)
         printf("CUDA graphs: %d of %d runs replayed every rank's captured step; every run the first run's bits: %s\n", r.graph_replays,

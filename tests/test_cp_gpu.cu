@@ -14,7 +14,7 @@
  * built against lf_ref_cp_labels (exact), the global mean loss (1e-6 relative: sums in another
  * order), every gradient row against the unsharded row at its global position (2 units of the
  * dtype's rounding: only the order of the row's sums may differ), per-sequence valid-token
- * counts (exact) and mean NLL (1e-5 relative), the bad-label count, and that every output was
+ * counts (exact), mean NLL (1e-5 relative) and perplexity, the bad-label count, and that every output was
  * written (poisoned before). A separate check runs lf_cp_local_labels_grid with int32 ids and
  * labels against the host reference.
  */
@@ -85,6 +85,7 @@ static void run(const char *name, const cp_demo &d)
         EXPECT(r.count_mismatch == 0, "%lld per-sequence counts differ", (long long)r.count_mismatch);
         EXPECT(r.seq_unwritten == 0, "%lld per-sequence outputs unwritten", (long long)r.seq_unwritten);
         EXPECT(r.nll_err <= 1.0, "per-sequence mean NLL off by %.3g x tol", r.nll_err);
+        EXPECT(r.ppl_err <= 1.0, "per-sequence perplexity off by %.3g x tol", r.ppl_err);
         EXPECT(r.errors == r.errors_ref, "bad labels %u, unsharded %u", r.errors, r.errors_ref);
     }
     printf("%-4s %s\n", g_fail == fails ? "ok" : "FAIL", g_case);
@@ -160,7 +161,7 @@ int main(int argc, char **argv)
         d.cp = cp;
         d.seed = g_seed * 11 + (uint64_t)cp;
         d.nseq = 1;
-        d.mean_len = 2 * cp; /* one sequence of 2 cp tokens: one token per chunk */
+        d.mean_len = cp; /* one sequence of 2 cp tokens (one unit: cp_demo_run draws 1..2 mean_len / (2 cp) units): one token per chunk */
         d.empty_every = 0;
         run("one tiny sequence", d);
     }

@@ -19,6 +19,8 @@
 
 #include "tests/gpu_test.cuh"
 
+#include <thread>
+
 /* ---------------------------------------------------------------- data --------------------- */
 
 /* Teacher element (row, col): the student's value at the same place plus noise in
@@ -564,15 +566,58 @@ static void run_case(const Case &c)
     std::vector<char> grow((size_t)V * es);
     std::vector<char> tracked(V, 0); /* sparse: the row's top-k entries */
     double rest_rel = 0.0;           /* sparse, spread: an untracked entry's relative uncertainty */
+    /* Row i's reference (lqb: V doubles of scratch, the teacher's log-probabilities unless the
+     * teacher is dense logits; dxb may be NULL) and its loss tolerance. No EXPECT inside: the
+     * reduced-loss check below runs them on host threads. */
+    auto ref_row = [&](int64_t i, double *lqb, double *dxb, bool *rejected) -> lf_kl_row {
+        const float *xsr = hs[i].data();
+        *rejected = false;
+        if (sparse) {
+            if (lf_ref_kl_sparse_teacher(V, &kidx[i * kst], &klp[i * kst], K, c.rest, c.tau, lqb) != LF_OK) {
+                *rejected = true;
+                std::fill(lqb, lqb + V, 0.0); /* a masked row: any finite teacher */
+            }
+            return lf_ref_kl_row_lq(xsr, lqb, V, &o, dxb);
+        }
+        if (c.tkind == KL_TEACHER_LOGITS) return lf_ref_kl_row(xsr, ht[i].data(), V, &o, dxb);
+        for (int64_t j = 0; j < V; ++j) {
+            const double v = c.tkind == KL_TEACHER_PROBS ? log((double)ht[i][j]) : (double)ht[i][j];
+            lqb[j] = v / c.tau;
+        }
+        return lf_ref_kl_row_lq(xsr, lqb, V, &o, dxb);
+    };
+    /* the row's magnitudes in z units (lqb as ref_row left it) */
+    auto row_zmax = [&](int64_t i, const double *lqb) {
+        double zmax = 0.0;
+        for (int64_t j = 0; j < V; ++j) {
+            const double zs = fabs((double)lf_logit_xform(hs[i][j], 1.0f / c.tau, 0.0f));
+            if (zs < INFINITY) zmax = fmax(zmax, zs);
+            const double zt = c.tkind == KL_TEACHER_LOGITS && !sparse ? fabs((double)ht[i][j] / c.tau) : fabs(lqb[j]);
+            if (zt < INFINITY) zmax = fmax(zmax, zt);
+        }
+        return zmax;
+    };
+    auto lse_mag = [](const lf_kl_row &r) {
+        return (fabs(r.lse_s) < INFINITY ? fabs(r.lse_s) : 0.0) + (fabs(r.lse_t) < INFINITY ? fabs(r.lse_t) : 0.0);
+    };
+    /* fp32 work: exp arguments w*cs - shift carry ~2^-24 (|z| + |m|) each, the cross terms and
+     * sums are fp32 chains of <= 2^15 terms per thread then trees, logs of sums <= V; the KL is
+     * a difference of terms of size ~(|z| + |lse|): 2^-19 (1 + |lse_s| + |lse_t| + max|z| +
+     * log V) absolute covers it; 1e-5 relative on top. Soft CE and JSD/TVD (two passes, log2 of
+     * a mixture) get 2x. */
+    auto loss_tol_abs = [&](double lsem, double zmax) {
+        return 0x1p-19 * (1.0 + lsem + zmax + log((double)V + 1.0)) * (c.kind >= LF_KL_JSD ? 2.0 : 1.0);
+    };
+    /* the tolerance of row i's weighted loss */
+    auto loss_tol = [&](double wi, const lf_kl_row &r, double tol_abs) {
+        return wi * scale2 * (1e-5 * fabs(r.loss / scale2) + tol_abs);
+    };
     for (int64_t i : rows) {
         const float *xsr = hs[i].data();
-        lf_kl_row r;
+        bool rejected;
+        const lf_kl_row r = ref_row(i, lq.data(), dx.data(), &rejected);
+        if (rejected) EXPECT(topk_bad[i], "row %lld: the reference rejects its top-k pairs", (long long)i);
         if (sparse) {
-            if (lf_ref_kl_sparse_teacher(V, &kidx[i * kst], &klp[i * kst], K, c.rest, c.tau, lq.data()) != LF_OK) {
-                EXPECT(topk_bad[i], "row %lld: the reference rejects its top-k pairs", (long long)i);
-                std::fill(lq.begin(), lq.end(), 0.0); /* a masked row: any finite teacher */
-            }
-            r = lf_ref_kl_row_lq(xsr, lq.data(), V, &o, dx.data());
             /* A spread rest is log((1 - sum_i exp(lp_i)) / (V - k)): where the pairs carry nearly
              * all the mass, 1 - sum cancels. The device (kl_topk_prep_kernel: lanes, then a
              * 5-level shuffle tree, CUDA's double exp) and the reference (in order, the host's exp)
@@ -590,37 +635,17 @@ static void run_case(const Case &c)
                 }
                 if (in < 1.0) rest_rel = 2.0 * (double)(3 * K + 6) * 0x1p-53 * in / (1.0 - in) / c.tau;
             }
-        } else if (c.tkind == KL_TEACHER_LOGITS) {
-            r = lf_ref_kl_row(xsr, ht[i].data(), V, &o, dx.data());
-        } else {
-            for (int64_t j = 0; j < V; ++j) {
-                const double v = c.tkind == KL_TEACHER_PROBS ? log((double)ht[i][j]) : (double)ht[i][j];
-                lq[j] = v / c.tau;
-            }
-            r = lf_ref_kl_row_lq(xsr, lq.data(), V, &o, dx.data());
         }
-        /* magnitudes of the row in z units */
-        double zmax = 0.0;
-        for (int64_t j = 0; j < V; ++j) {
-            const double zs = fabs((double)lf_logit_xform(xsr[j], 1.0f / c.tau, 0.0f));
-            if (zs < INFINITY) zmax = fmax(zmax, zs);
-            const double zt = c.tkind == KL_TEACHER_LOGITS && !sparse ? fabs((double)ht[i][j] / c.tau) : fabs(lq[j]);
-            if (zt < INFINITY) zmax = fmax(zmax, zt);
-        }
-        const double lsem = (fabs(r.lse_s) < INFINITY ? fabs(r.lse_s) : 0.0) + (fabs(r.lse_t) < INFINITY ? fabs(r.lse_t) : 0.0);
-        /* fp32 work: exp arguments w*cs - shift carry ~2^-24 (|z| + |m|) each, the cross terms and
-         * sums are fp32 chains of <= 2^15 terms per thread then trees, logs of sums <= V; the KL
-         * is a difference of terms of size ~(|z| + |lse|): 2^-19 (1 + |lse_s| + |lse_t| + max|z|
-         * + log V) absolute covers it; 1e-5 relative on top. Soft CE and JSD/TVD (two passes,
-         * log2 of a mixture) get 2x. */
-        const double tol_abs = 0x1p-19 * (1.0 + lsem + zmax + log((double)V + 1.0)) * (c.kind >= LF_KL_JSD ? 2.0 : 1.0);
+        const double zmax = row_zmax(i, lq.data());
+        const double lsem = lse_mag(r);
+        const double tol_abs = loss_tol_abs(lsem, zmax);
         const bool ok_row = valid[i] != 0;
         const double wi = ok_row ? w[i] : 0.0;
         const double loss_w = ok_row ? wi * r.loss : 0.0;
         ref_sum += loss_w;
-        ref_tol += ok_row ? wi * scale2 * (1e-5 * fabs(r.loss / scale2) + tol_abs) : 0.0;
+        ref_tol += ok_row ? loss_tol(wi, r, tol_abs) : 0.0;
         if (c.red == LF_REDUCE_NONE) {
-            const double tl = wi * scale2 * (1e-5 * fabs(r.loss / scale2) + tol_abs);
+            const double tl = loss_tol(wi, r, tol_abs);
             EXPECT(close(lossh[i], loss_w, tl), "row %lld loss %.9g want %.9g (tol %.3g)", (long long)i, lossh[i], loss_w, tl);
         }
         if (c.stats) {
@@ -690,9 +715,41 @@ static void run_case(const Case &c)
             const double want = ref_sum * inv;
             EXPECT(close(lossh[0], want, 1e-6 * fabs(want) + ref_tol * inv), "reduced loss %.9g want %.9g", lossh[0], want);
         } else {
+            /* Sampled rows: the reduced loss is the sum of the rows of a forward-only launch of the
+             * same schedule and plan (4e-7: only the order of one fp32 sum differs), and every one
+             * of those rows is held to the double reference here, so that a row the sample missed
+             * cannot be wrong in both. The references run on host threads (loss only). */
             double s = 0.0;
             for (float v : all_rows) s += v;
             EXPECT(close(lossh[0], s * inv, 4e-7 * fabs(s * inv) + 1e-30), "reduced loss %.9g want %.9g (sum of rows)", lossh[0], s * inv);
+            std::vector<double> rw(N), rt(N);
+            const unsigned nth = std::max(1u, std::min(32u, std::thread::hardware_concurrency()));
+            std::vector<std::thread> pool;
+            for (unsigned k = 0; k < nth; ++k)
+                pool.emplace_back([&, k] {
+                    std::vector<double> lqb(V);
+                    bool rejected;
+                    for (int64_t i = k; i < N; i += nth) {
+                        const lf_kl_row r = ref_row(i, lqb.data(), NULL, &rejected);
+                        const bool ok_row = valid[i] != 0;
+                        const double wi = ok_row ? w[i] : 0.0;
+                        rw[i] = ok_row ? wi * r.loss : 0.0;
+                        rt[i] = ok_row ? loss_tol(wi, r, loss_tol_abs(lse_mag(r), row_zmax(i, lqb.data()))) : 0.0;
+                    }
+                });
+            for (std::thread &t : pool) t.join();
+            int64_t off = 0, worst_i = -1;
+            double full_sum = 0.0, full_tol = 0.0;
+            for (int64_t i = 0; i < N; ++i) {
+                full_sum += rw[i];
+                full_tol += rt[i];
+                if (!close(all_rows[i], rw[i], rt[i]) && ++off == 1) worst_i = i;
+            }
+            EXPECT(off == 0, "%lld of %lld rows of the forward-only launch off the reference; first row %lld: %.9g want %.9g (tol %.3g)",
+                   (long long)off, (long long)N, (long long)worst_i, worst_i >= 0 ? all_rows[worst_i] : 0.0,
+                   worst_i >= 0 ? rw[worst_i] : 0.0, worst_i >= 0 ? rt[worst_i] : 0.0);
+            EXPECT(close(lossh[0], full_sum * inv, 1e-6 * fabs(full_sum * inv) + full_tol * inv),
+                   "reduced loss %.9g want %.9g (every row's reference)", lossh[0], full_sum * inv);
         }
     }
 

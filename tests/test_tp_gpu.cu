@@ -78,6 +78,7 @@ static void run(const char *name, const tp_demo &d)
         EXPECT(r.st == LF_OK, "rank result %zu: tp_demo_run: %s (%s)", k, lf_status_str(r.st), cudaGetErrorString(r.cuda));
         if (r.st != LF_OK) continue;
         EXPECT(r.loss_err <= 1.0, "loss %.9g, single GPU %.9g (%.3g x tol)", r.loss, r.loss_ref, r.loss_err);
+        EXPECT(r.z_err <= 1.0, "z_loss_out off by %.3g x tol", r.z_err);
         EXPECT(r.lse_err <= 1.0, "lse off by %.3g x tol", r.lse_err);
         EXPECT(r.grad_err <= 1.0, "gradient off by %.3g x tol", r.grad_err);
         EXPECT(r.rank_mismatch == 0, "%lld ranks hold other bits than rank 0", (long long)r.rank_mismatch);
