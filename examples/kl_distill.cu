@@ -70,15 +70,15 @@
  *     NaN gradient. Forward KL / soft CE where the student has none: +inf loss, finite gradient.
  *   - An entry at a 16-bit side's lowest finite value (masking with torch.finfo(bf16).min) has
  *     probability exactly 0, as in the double reference, even where w log2(e) / tau overflows
- *     (tau below ~1.44): no NaN from it (tested: both sides at it, and for reverse KL, JSD and
- *     TVD the student alone). Forward KL / soft CE with the student alone at it: the true loss
- *     is ~1e38 q_j, which fp32 may round to +inf (not tested). Reverse KL with the TEACHER alone
- *     at it where the student has mass: the true loss is ~1e38 p_j, and where the kernel's
- *     reverse KL overflows to +inf (log q_j itself is -inf below tau ~1.44) the row is taken as
- *     a support mismatch, as if the entry were -inf: +inf loss, NaN gradient; the double
- *     reference gives the literal finite loss and gradient (not tested; mask the teacher with
- *     -inf, or the student too, where that matters). A row with nothing
- *     else has no mass (NaN), as an all -inf row.
+ *     (tau below ~1.44): no NaN from it (tested: both sides at it; the student alone for reverse
+ *     KL, JSD and TVD; the teacher alone for forward KL, soft CE, JSD and TVD). Forward KL /
+ *     soft CE with the student alone at it: the true loss is ~1e38 q_j, which fp32 may round to
+ *     +inf (not tested). Reverse KL with the TEACHER alone at it where the student has mass: the
+ *     true loss is ~1e38 p_j, and where the kernel's reverse KL overflows to +inf (log q_j
+ *     itself is -inf below tau ~1.44) the row is taken as a support mismatch, as if the entry
+ *     were -inf: +inf loss, NaN gradient; the double reference gives the literal finite loss
+ *     and gradient (tested at tau 1; mask the teacher with -inf, or the student too, where that
+ *     matters). A row with nothing else has no mass (NaN), as an all -inf row.
  *   - Deterministic: fixed-order reductions within a row and over rows; no float atomics.
  *   - No host synchronisation; CUDA-graph capturable; N = 0 launches nothing.
  *

@@ -131,6 +131,10 @@ static double g_peak_bw = 0.0;
 
 static const char *g_only = NULL;
 
+/* |z| from which an entry counts as at the float floor (bf16's finfo.min is -3.39e38): its
+ * probability is exactly 0 in the kernel and the reference alike */
+#define KL_ZFLOOR 1e30
+
 static void run_case(const Case &c)
 {
     if (g_only && !strstr(c.name, g_only)) return;
@@ -227,11 +231,20 @@ static void run_case(const Case &c)
         }
         hs[1][V / 2] = fm;
         ht[1][V / 2] = fmt;
-        for (int64_t i = 0; i < 3; ++i) {
+        /* row 3: the teacher alone on every 17th entry, where q = 0. Forward KL, soft CE, JSD and
+         * TVD: those terms are exactly 0, as in the reference. Reverse KL: the true loss is ~1e38
+         * p_j; below tau ~1.44 log q_j is -inf in fp32 and the contract (kl_distill.cu) takes the
+         * row as a support mismatch: +inf loss, NaN gradient (ref_row below expects that). */
+        if (N >= 4)
+            for (int64_t j = 0; j < V; ++j)
+                if (j % 17 == 8) ht[3][j] = fmt;
+        for (int64_t i = 0; i < std::min<int64_t>(N, 4); ++i) {
             write_row(i);
             planted.insert(i);
         }
     }
+    /* the row the contract's reverse-KL overflow case applies to (the reference is finite there) */
+    const int64_t rev_tmin_row = c.plant_fmin && N >= 4 && c.kind == LF_KL_REVERSE && c.tau < 1.4f ? 3 : -1;
     if (c.plant_spikes) {
         uint64_t h = rs;
         for (int64_t i = 0; i < N; ++i) {
@@ -572,28 +585,38 @@ static void run_case(const Case &c)
     auto ref_row = [&](int64_t i, double *lqb, double *dxb, bool *rejected) -> lf_kl_row {
         const float *xsr = hs[i].data();
         *rejected = false;
+        lf_kl_row r;
         if (sparse) {
             if (lf_ref_kl_sparse_teacher(V, &kidx[i * kst], &klp[i * kst], K, c.rest, c.tau, lqb) != LF_OK) {
                 *rejected = true;
                 std::fill(lqb, lqb + V, 0.0); /* a masked row: any finite teacher */
             }
-            return lf_ref_kl_row_lq(xsr, lqb, V, &o, dxb);
+            r = lf_ref_kl_row_lq(xsr, lqb, V, &o, dxb);
+        } else if (c.tkind == KL_TEACHER_LOGITS) {
+            r = lf_ref_kl_row(xsr, ht[i].data(), V, &o, dxb);
+        } else {
+            for (int64_t j = 0; j < V; ++j) {
+                const double v = c.tkind == KL_TEACHER_PROBS ? log((double)ht[i][j]) : (double)ht[i][j];
+                lqb[j] = v / c.tau;
+            }
+            r = lf_ref_kl_row_lq(xsr, lqb, V, &o, dxb);
         }
-        if (c.tkind == KL_TEACHER_LOGITS) return lf_ref_kl_row(xsr, ht[i].data(), V, &o, dxb);
-        for (int64_t j = 0; j < V; ++j) {
-            const double v = c.tkind == KL_TEACHER_PROBS ? log((double)ht[i][j]) : (double)ht[i][j];
-            lqb[j] = v / c.tau;
+        if (i == rev_tmin_row) { /* the contract, not the literal ~1e38 */
+            r.loss = r.kl_rev = INFINITY;
+            if (dxb) std::fill(dxb, dxb + V, (double)NAN);
         }
-        return lf_ref_kl_row_lq(xsr, lqb, V, &o, dxb);
+        return r;
     };
-    /* the row's magnitudes in z units (lqb as ref_row left it) */
+    /* the row's magnitudes in z units (lqb as ref_row left it); an entry at the float floor
+     * (finfo.min) has probability exactly 0 on both sides of the comparison and adds no
+     * rounding to the kernel's sums, so it is left out, as a -inf one is */
     auto row_zmax = [&](int64_t i, const double *lqb) {
         double zmax = 0.0;
         for (int64_t j = 0; j < V; ++j) {
             const double zs = fabs((double)lf_logit_xform(hs[i][j], 1.0f / c.tau, 0.0f));
-            if (zs < INFINITY) zmax = fmax(zmax, zs);
+            if (zs < KL_ZFLOOR) zmax = fmax(zmax, zs);
             const double zt = c.tkind == KL_TEACHER_LOGITS && !sparse ? fabs((double)ht[i][j] / c.tau) : fabs(lqb[j]);
-            if (zt < INFINITY) zmax = fmax(zmax, zt);
+            if (zt < KL_ZFLOOR) zmax = fmax(zmax, zt);
         }
         return zmax;
     };
@@ -673,7 +696,8 @@ static void run_case(const Case &c)
             const double zt = c.tkind == KL_TEACHER_LOGITS && !sparse ? (double)lf_logit_xform(ht[i][j], 1.0f, c.cap) / c.tau : lq[j];
             pj[j] = zs == -INFINITY ? 0.0 : exp(zs - r.lse_s);
             qj[j] = zt == -INFINITY ? 0.0 : exp(zt - r.lse_t);
-            lr[j] = zs > -INFINITY && zt > -INFINITY ? fabs((zs - r.lse_s) - (zt - r.lse_t)) : 0.0; /* |log p_j - log q_j| */
+            /* |log p_j - log q_j| (0 where a side is exactly 0: -inf or at the float floor) */
+            lr[j] = zs > -KL_ZFLOOR && zt > -KL_ZFLOOR ? fabs((zs - r.lse_s) - (zt - r.lse_t)) : 0.0;
             if (fabs(pj[j] - qj[j]) <= 8.0 * rel32 * (pj[j] + qj[j])) band += pj[j];
         }
         const double ratio = c.kind == LF_KL_REVERSE ? 2.0 * (fabs(r.kl_rev) < INFINITY ? fabs(r.kl_rev) : 0.0) + 60.0 : 60.0;
