@@ -163,6 +163,12 @@ static inline void fill_poison(void *p, size_t n_elems, lf_dtype dt)
     CK(cudaGetLastError());
 }
 
+/* |z| from which a logit counts as at the float floor (masking with torch.finfo(bf16 or
+ * fp32).min leaves about -3.4e38): its probability is exactly 0 in a kernel and in the double
+ * reference alike and it adds no rounding to their sums, so a tolerance built from a row's
+ * magnitudes leaves it out (with it, the bound was ~1e31 and the check could not fail). */
+#define ZFLOOR 1e30
+
 /* |d - r| <= tol, with NaN matching NaN and infinities matching exactly. */
 static inline bool close(double d, double r, double tol)
 {

@@ -131,10 +131,6 @@ static double g_peak_bw = 0.0;
 
 static const char *g_only = NULL;
 
-/* |z| from which an entry counts as at the float floor (bf16's finfo.min is -3.39e38): its
- * probability is exactly 0 in the kernel and the reference alike */
-#define KL_ZFLOOR 1e30
-
 static void run_case(const Case &c)
 {
     if (g_only && !strstr(c.name, g_only)) return;
@@ -614,9 +610,9 @@ static void run_case(const Case &c)
         double zmax = 0.0;
         for (int64_t j = 0; j < V; ++j) {
             const double zs = fabs((double)lf_logit_xform(hs[i][j], 1.0f / c.tau, 0.0f));
-            if (zs < KL_ZFLOOR) zmax = fmax(zmax, zs);
+            if (zs < ZFLOOR) zmax = fmax(zmax, zs);
             const double zt = c.tkind == KL_TEACHER_LOGITS && !sparse ? fabs((double)ht[i][j] / c.tau) : fabs(lqb[j]);
-            if (zt < KL_ZFLOOR) zmax = fmax(zmax, zt);
+            if (zt < ZFLOOR) zmax = fmax(zmax, zt);
         }
         return zmax;
     };
@@ -697,7 +693,7 @@ static void run_case(const Case &c)
             pj[j] = zs == -INFINITY ? 0.0 : exp(zs - r.lse_s);
             qj[j] = zt == -INFINITY ? 0.0 : exp(zt - r.lse_t);
             /* |log p_j - log q_j| (0 where a side is exactly 0: -inf or at the float floor) */
-            lr[j] = zs > -KL_ZFLOOR && zt > -KL_ZFLOOR ? fabs((zs - r.lse_s) - (zt - r.lse_t)) : 0.0;
+            lr[j] = zs > -ZFLOOR && zt > -ZFLOOR ? fabs((zs - r.lse_s) - (zt - r.lse_t)) : 0.0;
             if (fabs(pj[j] - qj[j]) <= 8.0 * rel32 * (pj[j] + qj[j])) band += pj[j];
         }
         const double ratio = c.kind == LF_KL_REVERSE ? 2.0 * (fabs(r.kl_rev) < INFINITY ? fabs(r.kl_rev) : 0.0) + 60.0 : 60.0;
