@@ -74,11 +74,14 @@
  *     KL, JSD and TVD; the teacher alone for forward KL, soft CE, JSD and TVD). Forward KL /
  *     soft CE with the student alone at it: the true loss is ~1e38 q_j, which fp32 may round to
  *     +inf (not tested). Reverse KL with the TEACHER alone at it where the student has mass: the
- *     true loss is ~1e38 p_j, and where the kernel's reverse KL overflows to +inf (log q_j
- *     itself is -inf below tau ~1.44) the row is taken as a support mismatch, as if the entry
- *     were -inf: +inf loss, NaN gradient; the double reference gives the literal finite loss
- *     and gradient (tested at tau 1; mask the teacher with -inf, or the student too, where that
- *     matters). A row with nothing else has no mass (NaN), as an all -inf row.
+ *     true loss is ~3.4e38 / tau times the student's mass on those entries. Pass 1 sums
+ *     e_s (w_s - w_t) in fp32; where that sum overflows the row is taken as a support mismatch,
+ *     as if the entries were -inf: +inf loss, NaN gradient. Where it does not, the loss is the
+ *     finite literal value (as the double reference's), but the gradient is +inf on those
+ *     entries (its log2 p_j - log2 q_j overflows; the reference's p_j 3.4e38 is finite). Which
+ *     form a row takes depends on the row (tested on an H200: V = 1000 gave either, V = 50257
+ *     the support mismatch). Not a supported input: mask the teacher with -inf, or the student
+ *     too. A row with nothing else has no mass (NaN), as an all -inf row.
  *   - Deterministic: fixed-order reductions within a row and over rows; no float atomics.
  *   - No host synchronisation; CUDA-graph capturable; N = 0 launches nothing.
  *
