@@ -35,7 +35,8 @@
  *   4. Logit transform (scale, softcap)
  *   5. Packed sequences: segment lookup, next-token label shift
  *   6. Host validation (labels, cu_seqlens, options)
- *   7. Host references: cross-entropy (lf_ref_ce_row, lf_ref_cross_entropy)
+ *   7. Host references: cross-entropy (lf_ref_ce_row, lf_ref_cross_entropy); lf_check_err, a
+ *      result against its reference in units of a tolerance
  *   8. Host references: distillation (lf_ref_kl_row, lf_ref_kl: forward / reverse KL, JSD,
  *      soft-target cross-entropy, total variation; a teacher as log-probabilities or sparse
  *      top-k: lf_ref_kl_row_lq, lf_ref_kl_sparse_teacher)
@@ -807,6 +808,23 @@ static inline lf_status lf_check_cu_seqlens(const int32_t *cu_seqlens, int64_t n
  *    times dz_j/dx_j (lf_logit_xform_grad). A valid row whose lse is not finite (a NaN or +inf
  *    logit, or every logit -inf) has NaN loss and an all-NaN gradient.
  * ========================================================================================== */
+
+/* A result against its reference, for the checks of tests and examples: how far `got` is from
+ * `want` in units of `tol`. 0 where both are NaN, or equal (the same infinity included); +inf
+ * where exactly one is NaN, where one is infinite and the other is not the same infinity, or
+ * where they differ and tol is 0 or NaN; else |got - want| / tol. Never NaN: a check that
+ * keeps the worst error with fmax drops a NaN, and could not fail on the very values (a
+ * non-finite output) it exists to catch. */
+static inline double lf_check_err(double got, double want, double tol)
+{
+    const double inf = (double)LF_INF_F;
+    double e;
+    if (got != got || want != want) return (got != got && want != want) ? 0.0 : inf;
+    if (got == want) return 0.0;
+    if (fabs(got) == inf || fabs(want) == inf) return inf;
+    e = fabs(got - want) / tol;
+    return e == e ? e : inf;
+}
 
 typedef enum lf_reduction { LF_REDUCE_NONE = 0, LF_REDUCE_SUM = 1, LF_REDUCE_MEAN = 2 } lf_reduction;
 

@@ -744,8 +744,7 @@ static cp_demo_result cp_demo_run(const cp_demo *d)
         res->loss = oh[0];
         /* the loss: a sum of T fp32 terms in another order, then / count */
         const double tol = 1e-6 * fabs(res->loss_ref) + 1e-7;
-        res->loss_err = fmax(res->loss_err, res->loss_ref != res->loss_ref ? (oh[0] != oh[0] ? 0.0 : INFINITY)
-                                                                            : fabs(oh[0] - res->loss_ref) / tol);
+        res->loss_err = fmax(res->loss_err, lf_check_err(oh[0], res->loss_ref, tol));
         for (int64_t k = 0; k < nseq; ++k) {
             uint32_t b0, b1, b2;
             memcpy(&b0, &oh[1 + k], 4);
@@ -759,15 +758,9 @@ static cp_demo_result cp_demo_run(const cp_demo *d)
              * perplexity exp(m), computed in double from the same m and rounded once: relative error
              * up to the NLL's absolute tolerance plus fp32's rounding */
             const double tol_m = 1e-5 * fabs(want) + 1e-6;
-            if (want == want) {
-                res->nll_err = fmax(res->nll_err, fabs(nll - want) / tol_m);
-                const double pw = exp(want), pf = (double)(float)pw;
-                if (pf == INFINITY) res->ppl_err = fmax(res->ppl_err, ppl >= 3.4e38f ? 0.0 : INFINITY);
-                else res->ppl_err = fmax(res->ppl_err, ppl == ppl ? fabs(ppl - pw) / (pw * (1.5 * tol_m + 0x1p-23)) : INFINITY);
-            } else {
-                if (nll == nll) res->nll_err = INFINITY;
-                if (ppl == ppl) res->ppl_err = INFINITY;
-            }
+            const double pw = exp(want), pwant = (double)(float)pw == INFINITY ? INFINITY : pw; /* NaN for NaN */
+            res->nll_err = fmax(res->nll_err, lf_check_err(nll, want, tol_m));
+            res->ppl_err = fmax(res->ppl_err, lf_check_err(ppl, pwant, pw * (1.5 * tol_m + 0x1p-23)));
         }
         /* the device labels (in the workspace) against the host reference */
         const cp_ws w = cp_ws_carve(ws[r], n_local, nseq);
@@ -786,8 +779,7 @@ static cp_demo_result cp_demo_run(const cp_demo *d)
                 /* (fp16: one step of its subnormal grid, 2^-24, where such small elements land) */
                 const double tl = 2.0 * unit_r * fmax(fabs(g), fabs(want)) + 0x1p-16 * (fabs(want) + smooth_floor) +
                                   (d->dt == LF_F16 ? 0x1p-24 : 0.0) + 1e-30;
-                const double err = (want != want) ? (g != g ? 0.0 : INFINITY) : (g != g ? INFINITY : fabs(g - want) / tl);
-                res->grad_err = fmax(res->grad_err, err);
+                res->grad_err = fmax(res->grad_err, lf_check_err(g, want, tl));
             }
         }
     }

@@ -2391,7 +2391,10 @@ typedef struct tp_demo_result {
     double loss, loss_ref, loss_err, lse_err, grad_err; /* errors in units of their tolerance */
     double z_err;         /* z_loss_out against the single GPU's, in units of its tolerance */
     int64_t rows_checked, rank_mismatch, nondeterministic;
+    int64_t unwritten;    /* loss, z and lse words still holding the poison, every rank */
+    int64_t pad_written;  /* gradient padding elements changed (separate gradient), every rank */
     unsigned errors, errors_ref;
+    unsigned errors_not_rank0; /* bad labels counted by ranks other than 0 (none should) */
     size_t ws_bytes, shares_bytes, gathered_bytes;
     tp_plan plan;
     double ms_tp, ms_tp_chunked, ms_tp_chunked_nopdl, ms_single; /* with time_iters */
@@ -2729,9 +2732,13 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
         if (!nccl && d->sim_lsa && r < (int)simw.ex.size()) return &simw.ex[r];
         return nullptr;
     };
-    /* poison every output (NaN in every dtype), then run (twice with repeat) */
+    /* poison every output (NaN in every dtype), then run (twice with repeat). The loss, z and lse
+     * words get TPD_POISON, a signalling NaN that no arithmetic writes (it would be quieted), so
+     * that an unwritten word is told from a NaN output (a NaN row's) below. */
+    const uint32_t TPD_POISON = 0x7FBADBADu;
+    const std::vector<uint32_t> out_poison(nout, TPD_POISON);
     std::vector<std::vector<char>> first_grad(P);
-    std::vector<float> first_loss;
+    std::vector<std::vector<float>> first_out(P);
     for (int rep = 0; rep < 1 + (d->repeat > 0 ? d->repeat : 0); ++rep) {
         for (int r = 0; r < P; ++r) {
             if (!here(r)) continue;
@@ -2742,7 +2749,7 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
             if (rep > 0 && d->in_place && !d->forward_only && N > 0 && v1 > v0) /* the logits again: the last run overwrote them */
                 TPD_TRY(cudaMemcpy2D(xs[r], (v1 - v0 + d->pad) * esz, (char *)xg + v0 * esz, V * esz, (v1 - v0) * esz, N,
                                      cudaMemcpyDefault));
-            TPD_TRY(cudaMemset(outs[r], 0xff, 4 * (3 * N + 4)));
+            TPD_TRY(cudaMemcpy(outs[r], out_poison.data(), 4 * nout, cudaMemcpyHostToDevice));
             TPD_TRY(cudaMemset(errs[r], 0, 4)); /* counted afresh each run */
         }
         /* the shares an earlier launch left in every window made NaN, their generations, flags
@@ -2805,22 +2812,29 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
             TPD_TRY(cudaGetLastError());
             TPD_TRY(cudaDeviceSynchronize());
         }
-        if (d->repeat) { /* keep rank r0's outputs of the first run, compare the later runs' bits */
-            TPD_TRY(cudaSetDevice(dev0));
-            std::vector<float> lo(nout);
-            TPD_TRY(cudaMemcpy(lo.data(), outs[r0], 4 * nout, cudaMemcpyDeviceToHost));
-            int64_t v0, v1;
-            lf_tp_shard(V, P, r0, &v0, &v1);
-            const void *gbuf = d->forward_only ? NULL : d->in_place ? xs[r0] : gs[r0];
-            const size_t gb = gbuf ? (size_t)N * (v1 - v0 + d->pad) * esz : 0;
-            std::vector<char> g(gb);
-            if (gb) TPD_TRY(cudaMemcpy(g.data(), gbuf, gb, cudaMemcpyDeviceToHost));
-            if (rep == 0) {
-                first_loss = lo;
-                first_grad[0] = g;
-            } else {
-                res.nondeterministic += memcmp(lo.data(), first_loss.data(), 4 * nout) != 0;
-                res.nondeterministic += gb && memcmp(g.data(), first_grad[0].data(), gb) != 0;
+        if (d->repeat) { /* keep every rank's outputs of the first run, compare the later runs' bits
+                          * (graph replays included: the last run is a plain launch), and each
+                          * run's loss, z and lse across the ranks */
+            for (int r = 0; r < P; ++r) {
+                if (!here(r)) continue;
+                TPD_TRY(cudaSetDevice(dev_of(r)));
+                std::vector<float> lo(nout);
+                TPD_TRY(cudaMemcpy(lo.data(), outs[r], 4 * nout, cudaMemcpyDeviceToHost));
+                int64_t v0, v1;
+                lf_tp_shard(V, P, r, &v0, &v1);
+                const void *gbuf = d->forward_only ? NULL : d->in_place ? xs[r] : gs[r];
+                const size_t gb = gbuf ? (size_t)N * (v1 - v0 + d->pad) * esz : 0;
+                std::vector<char> g(gb);
+                if (gb) TPD_TRY(cudaMemcpy(g.data(), gbuf, gb, cudaMemcpyDeviceToHost));
+                if (rep == 0) {
+                    first_out[r] = lo;
+                    first_grad[r] = g;
+                } else {
+                    res.nondeterministic += memcmp(lo.data(), first_out[r].data(), 4 * nout) != 0;
+                    res.nondeterministic += gb && memcmp(g.data(), first_grad[r].data(), gb) != 0;
+                }
+                if (r != r0 && here(r0) && !first_out[r0].empty() && rep == 0)
+                    res.rank_mismatch += memcmp(lo.data(), first_out[r0].data(), 4 * nout) != 0;
             }
         }
     }
@@ -2868,9 +2882,18 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
         TPD_TRY(cudaDeviceSynchronize());
         unsigned e;
         TPD_TRY(cudaMemcpy(&e, errs[r], 4, cudaMemcpyDeviceToHost));
-        res.errors += e;
+        if (r == 0) res.errors += e;
+        else res.errors_not_rank0 += e;
         TPD_TRY(cudaMemcpy(oh.data(), outs[r], 4 * nout, cudaMemcpyDeviceToHost));
         if (r == r0) o0 = oh;
+        /* every word of loss, z and lse written (the NaN comparisons below cannot tell) */
+        auto poisoned = [&](size_t q) {
+            uint32_t b;
+            memcpy(&b, &oh[q], 4);
+            return b == TPD_POISON;
+        };
+        for (size_t q = 0; q < nloss; ++q) res.unwritten += poisoned(q) + poisoned(N + 1 + q);
+        for (int64_t i = 0; i < N; ++i) res.unwritten += poisoned(2 * N + 2 + i);
         /* every rank holds the same bits: loss, z, lse */
         if (memcmp(oh.data(), o0.data(), 4 * nout) != 0 && r > 0) ++res.rank_mismatch; /* all poisoned alike first */
         if (r == r0) {
@@ -2878,19 +2901,16 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
             for (size_t q = 0; q < nloss; ++q) {
                 const double want = refh[q], got = oh[q];
                 const double tl = d->reduction == LF_REDUCE_NONE ? tol_row[q] : tol_sum / red_div + 0x1p-22 * fabs(want) + 1e-30;
-                const double er = want != want ? (got != got ? 0.0 : INFINITY) : (got != got ? INFINITY : fabs(got - want) / tl);
-                res.loss_err = fmax(res.loss_err, er);
+                res.loss_err = fmax(res.loss_err, lf_check_err(got, want, tl));
                 /* z_loss_out, shaped like the loss: lam lse^2 of the same rows */
                 const double zw = refh[N + 1 + q], zg = oh[N + 1 + q];
                 const double tz = d->reduction == LF_REDUCE_NONE ? tolz_row[q] : tolz_sum / red_div + 0x1p-22 * fabs(zw) + 1e-30;
-                res.z_err = fmax(res.z_err, zw != zw ? (zg != zg ? 0.0 : INFINITY) : (zg != zg ? INFINITY : fabs(zg - zw) / tz));
+                res.z_err = fmax(res.z_err, lf_check_err(zg, zw, tz));
             }
             for (int64_t i = 0; i < N; ++i) {
                 const double want = refh[2 * N + 2 + i], got = oh[2 * N + 2 + i];
                 const double tl = 0x1p-20 * (1.0 + (fabs(want) < INFINITY ? fabs(want) : 0.0));
-                const double er = want != want ? (got != got ? 0.0 : INFINITY)
-                                               : (got != got ? INFINITY : (got == want ? 0.0 : fabs(got - want) / tl));
-                res.lse_err = fmax(res.lse_err, er);
+                res.lse_err = fmax(res.lse_err, lf_check_err(got, want, tl));
             }
         }
         if (d->forward_only) continue;
@@ -2899,12 +2919,19 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
         lf_tp_shard(V, P, r, &v0, &v1);
         const int64_t vs = v1 - v0, st = vs + d->pad;
         if (vs == 0) continue;
-        std::vector<char> gh((size_t)vs * esz), rh((size_t)V * esz);
+        std::vector<char> gh((size_t)st * esz), rh((size_t)V * esz);
         const int64_t nchk = d->check_rows > 0 && d->check_rows < N ? d->check_rows : N;
         for (int64_t c = 0; c < nchk; ++c) {
             const int64_t i = nchk == N ? c : (c == nchk - 1 ? N - 1 : c * (N / nchk));
             if (r == r0) ++res.rows_checked;
-            TPD_TRY(cudaMemcpy(gh.data(), (char *)(d->in_place ? xs[r] : gs[r]) + (size_t)i * st * esz, vs * esz, cudaMemcpyDefault));
+            TPD_TRY(cudaMemcpy(gh.data(), (char *)(d->in_place ? xs[r] : gs[r]) + (size_t)i * st * esz, st * esz, cudaMemcpyDefault));
+            /* a separate gradient's padding columns keep their poison (0xff bytes) */
+            if (!d->in_place)
+                for (int64_t j = vs; j < st; ++j) {
+                    bool kept = true;
+                    for (size_t q = 0; q < esz; ++q) kept = kept && (unsigned char)gh[(size_t)j * esz + q] == 0xffu;
+                    res.pad_written += !kept;
+                }
             TPD_TRY(cudaMemcpy(rh.data(), (char *)gref + (size_t)i * V * esz, V * esz, cudaMemcpyDefault));
             const bool valid = lab[i] != ign && lab[i] >= 0 && lab[i] < V;
             const double L = valid && fabs(refh[2 * N + 2 + i]) < INFINITY ? fabs(refh[2 * N + 2 + i]) : 0.0;
@@ -2922,8 +2949,7 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
                  * cancel against e and b: bounded by their sizes), fp16's subnormal step */
                 const double tl = 2.0 * unit_r * fmax(fabs(g), fabs(want)) + rho * (fabs(want) + 2.0 * e + b) +
                                   (d->dt == LF_F16 ? 0x1p-24 : 0.0) + 1e-30;
-                const double er = (want != want) ? (g != g ? 0.0 : INFINITY) : (g != g ? INFINITY : (g == want ? 0.0 : fabs(g - want) / tl));
-                res.grad_err = fmax(res.grad_err, er);
+                res.grad_err = fmax(res.grad_err, lf_check_err(g, want, tl));
             }
         }
     }
@@ -2932,7 +2958,8 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
     /* rank 0 counts the bad labels: a process holding another rank counts none */
     const unsigned errors_want = r0 == 0 ? res.errors_ref : 0u;
     res.ok = res.st == LF_OK && res.loss_err <= 1.0 && res.z_err <= 1.0 && res.lse_err <= 1.0 && res.grad_err <= 1.0 &&
-             res.rank_mismatch == 0 && res.nondeterministic == 0 && res.errors == errors_want &&
+             res.rank_mismatch == 0 && res.nondeterministic == 0 && res.unwritten == 0 && res.pad_written == 0 &&
+             res.errors == errors_want && res.errors_not_rank0 == 0 &&
              (!d->graph || res.graph_replays == (d->repeat + 1) / 2);
     if (d->report_memory && !nccl) {
         size_t f0 = 0, f1 = 0, tot = 0;

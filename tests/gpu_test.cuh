@@ -85,6 +85,14 @@ __global__ void fill_bits(W *p, int64_t n, W v)
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) p[i] = v;
 }
 
+/* columns [0, V) of n rows of `stride` elements set to v (the padding left as it is) */
+template <typename W>
+__global__ void fill_cols(W *p, int64_t n, int64_t V, int64_t stride, W v)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n * V; i += (int64_t)gridDim.x * blockDim.x)
+        p[(i / V) * stride + i % V] = v;
+}
+
 /* counts[0]: elements of columns [0, V) still holding the poison bits (never written);
  * counts[1]: padding elements (columns [V, stride)) that no longer hold `pad_bits` (overrun). */
 template <typename W>

@@ -21,6 +21,8 @@
 
 #include "tests/gpu_test.cuh"
 
+#include <thread>
+
 struct Case {
     const char *name = "";
     int64_t N = 1, V = 1, pad = 0;
@@ -290,19 +292,27 @@ static void run_case(const Case &c)
     CK(cudaMemset(cnt.p, 0, 8));
     const int64_t gstride = c.grad == 1 ? V + c.gpad : stride;
     DevBuf gbuf(c.grad == 1 ? (size_t)N * gstride * esz : 4);
-    if (c.grad == 1) {
-        /* poison in columns [0, V); known padding bits in [V, gstride) */
-        if (c.gpad == 0) fill_poison(gbuf.p, (size_t)N * gstride, c.dt);
-        else {
-            if (c.dt == LF_F32) fill_bits<uint32_t><<<1024, 256>>>((uint32_t *)gbuf.p, N * gstride, PAD32);
-            else fill_bits<uint16_t><<<1024, 256>>>((uint16_t *)gbuf.p, N * gstride, PAD16);
-            for (int64_t i = 0; i < N; ++i) {
-                if (c.dt == LF_F32) fill_bits<uint32_t><<<8, 256>>>((uint32_t *)gbuf.p + i * gstride, V, POISON32);
-                else fill_bits<uint16_t><<<8, 256>>>((uint16_t *)gbuf.p + i * gstride, V, POISON16);
-            }
-        }
+    /* a separate gradient's columns [0, V) poisoned (again before each relaunch below) */
+    auto poison_grad = [&]() {
+        if (c.dt == LF_F32) fill_cols<uint32_t><<<1024, 256>>>((uint32_t *)gbuf.p, N, V, gstride, POISON32);
+        else fill_cols<uint16_t><<<1024, 256>>>((uint16_t *)gbuf.p, N, V, gstride, POISON16);
         CK(cudaGetLastError());
+    };
+    if (c.grad == 1) {
+        /* known padding bits in [V, gstride), poison in [0, V) */
+        if (c.dt == LF_F32) fill_bits<uint32_t><<<1024, 256>>>((uint32_t *)gbuf.p, N * gstride, PAD32);
+        else fill_bits<uint16_t><<<1024, 256>>>((uint16_t *)gbuf.p, N * gstride, PAD16);
+        CK(cudaGetLastError());
+        poison_grad();
     }
+    /* before a relaunch: the loss, z and (separate) gradient poisoned, so that a relaunch that
+     * wrote nothing cannot match the first launch's bits */
+    auto poison_relaunch = [&]() {
+        fill_poison(loss.p, nloss, LF_F32);
+        fill_poison(zo.p, nloss, LF_F32);
+        if (c.grad == 1) poison_grad();
+        CK(cudaDeviceSynchronize());
+    };
 
     ce_args a = ce_args_default();
     a.logits = x.p;
@@ -342,7 +352,44 @@ static void run_case(const Case &c)
 
     /* For reduced losses over sampled rows: all per-row losses from a forward-only launch first
      * (before an in-place launch overwrites the logits); the reduction is checked against them. */
+    /* A row's loss tolerance, from its logits xr (floats) and its reference r: the absolute part
+     * (tol_abs, in z units) and lse's magnitude. */
+    const double wmax = c.weights ? 2.0 : 1.0;
+    auto row_tol_abs = [&](const float *xr, const lf_ce_row &r, double *lsea_out, double *zmax_out) {
+        /* the row's magnitude: lse and the largest finite |z| below the float floor (ZFLOOR).
+         * Without smoothing (whose sum of w_j z_j carries every |z|), an entry more than 128
+         * below the lse is left out too: its exponential is 0 (or flushed) in the kernel and the
+         * reference alike, whatever its argument's rounding (fp16's finfo.min, -65504, had made
+         * the bound 0.06) */
+        const double zcut = c.eps == 0.0f && fabs(r.lse) < INFINITY ? r.lse - 128.0 : -INFINITY;
+        double zmax = 0.0;
+        for (int64_t j = 0; j < V; ++j) {
+            const double z = (double)lf_logit_xform(xr[j], c.scale, c.cap);
+            if (fabs(z) < ZFLOOR && z >= zcut) zmax = fmax(zmax, fabs(z));
+        }
+        const double lsea = fabs(r.lse) < INFINITY ? fabs(r.lse) : 0.0;
+        *lsea_out = lsea;
+        *zmax_out = zmax;
+        /* fp32 work of the kernel: exp arguments carry ~2^-24 (|z| + |lse|) absolute error each
+         * (one rounded shared shift, FFMA), sums of up to 2^18 terms in per-thread chains and
+         * trees, log of a sum <= V: 2^-20 (1 + |lse| + max|z| + log V) covers it with room,
+         * scaled by the largest class weight; relative 1e-5 on top (the issue's target). Label
+         * smoothing adds the mean of w_j z_j over V, a long fp32 sum: 4x more room then. */
+        return 0x1p-20 * (1.0 + lsea + zmax + log((double)V + 1.0)) * wmax * (c.eps > 0 ? 4.0 : 1.0);
+    };
+    auto loss_tol = [&](const lf_ce_row &r, double tol_abs, double lsea) {
+        return 1e-5 * fabs(r.loss) + tol_abs * (1.0 + c.lam * 2.0 * lsea);
+    };
+    auto z_tol = [&](const lf_ce_row &r, double tol_abs, double lsea) {
+        return 1e-5 * fabs(r.z_term) + 4 * c.lam * lsea * tol_abs;
+    };
+
+    /* Sampled rows with a reduction: a forward-only launch of the same kernel gives every row's
+     * loss and z, whose sum must give the reduced values; and every one of those rows is held
+     * to the reference here (host threads, the logits copied in chunks), so that a row the
+     * sample missed cannot be wrong in both. */
     std::vector<float> all_rows;
+    double full_sum = 0.0, full_tol = 0.0, full_zsum = 0.0, full_ztol = 0.0;
     if (c.red != LF_REDUCE_NONE && rows.size() < (size_t)N) {
         ce_args f = a;
         DevBuf l2(N * 4), ws2(ce_workspace_bytes(N)), cnt2(8);
@@ -350,7 +397,8 @@ static void run_case(const Case &c)
         f.reduction = LF_REDUCE_NONE;
         f.grad = NULL;
         f.loss = (float *)l2.p;
-        f.z_loss_out = NULL;
+        DevBuf z2(N * 4);
+        f.z_loss_out = (float *)z2.p;
         f.logprob = f.lse = f.entropy = NULL;
         f.argmax = NULL;
         f.n_correct = NULL;
@@ -362,7 +410,51 @@ static void run_case(const Case &c)
         EXPECT(ce_launch(&f, 0, &ce) == LF_OK, "forward-only launch failed: %s", cudaGetErrorString(ce));
         CK(cudaDeviceSynchronize());
         all_rows.resize(N);
+        std::vector<float> all_z(N);
         CK(cudaMemcpy(all_rows.data(), l2.p, N * 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(all_z.data(), z2.p, N * 4, cudaMemcpyDeviceToHost));
+        std::vector<double> rl(N), rt(N), rz(N), rzt(N);
+        const int64_t chunk = std::max<int64_t>(1, ((int64_t)256 << 20) / (stride * esz));
+        std::vector<char> hx;
+        const unsigned nth = std::max(1u, std::min(32u, std::thread::hardware_concurrency()));
+        for (int64_t i0 = 0; i0 < N; i0 += chunk) {
+            const int64_t n = std::min(chunk, N - i0);
+            hx.resize((size_t)n * stride * esz);
+            CK(cudaMemcpy(hx.data(), (const char *)x.p + (size_t)i0 * stride * esz, hx.size(), cudaMemcpyDeviceToHost));
+            std::vector<std::thread> pool;
+            for (unsigned k = 0; k < nth; ++k)
+                pool.emplace_back([&, k] {
+                    std::vector<float> xr(V);
+                    for (int64_t i = i0 + k; i < i0 + n; i += nth) {
+                        const char *row = hx.data() + (size_t)(i - i0) * stride * esz;
+                        for (int64_t j = 0; j < V; ++j) xr[j] = elem_to_f32(row, j, c.dt);
+                        const lf_ce_row r = lf_ref_ce_row(xr.data(), V, y[i], &oh, NULL);
+                        double lsea, zm;
+                        const double ta = row_tol_abs(xr.data(), r, &lsea, &zm);
+                        const bool valid = r.status == LF_ROW_OK;
+                        rl[i] = r.loss;
+                        rz[i] = r.z_term;
+                        rt[i] = valid ? loss_tol(r, ta, lsea) : 0.0;
+                        rzt[i] = valid ? z_tol(r, ta, lsea) : 0.0;
+                    }
+                });
+            for (std::thread &t : pool) t.join();
+        }
+        int64_t off = 0, zoff = 0, first = -1;
+        for (int64_t i = 0; i < N; ++i) {
+            full_sum += rl[i];
+            full_tol += rt[i];
+            full_zsum += rz[i];
+            full_ztol += rzt[i];
+            const bool lb = !close(all_rows[i], rl[i], rt[i]), zb = !close(all_z[i], rz[i], rzt[i]);
+            off += lb;
+            zoff += zb;
+            if ((lb || zb) && first < 0) first = i;
+        }
+        EXPECT(off == 0 && zoff == 0,
+               "forward-only launch: %lld rows' loss and %lld rows' z off the reference; first row %lld: loss %.9g want %.9g, z %.9g want %.9g",
+               (long long)off, (long long)zoff, (long long)first, first >= 0 ? all_rows[first] : 0.0, first >= 0 ? rl[first] : 0.0,
+               first >= 0 ? all_z[first] : 0.0, first >= 0 ? rz[first] : 0.0);
     }
 
     cudaError_t ce;
@@ -442,7 +534,6 @@ static void run_case(const Case &c)
 
     /* ---- checked rows against the double reference ---- */
     const double unit_round = c.dt == LF_BF16 ? 0x1p-8 : c.dt == LF_F16 ? 0x1p-11 : 0.0;
-    const double wmax = c.weights ? 2.0 : 1.0;
     double ref_sum = 0.0, ref_zsum = 0.0, ref_tol = 0.0;
     int64_t ref_correct = 0; /* valid checked rows whose argmax is the label */
     int k = 0;
@@ -455,26 +546,15 @@ static void run_case(const Case &c)
         ref_zsum += r.z_term;
         ref_correct += r.status == LF_ROW_OK && r.argmax == y[i];
         const bool valid = r.status == LF_ROW_OK;
-        /* the row's magnitude: lse and the largest finite |z| below the float floor (ZFLOOR) */
-        double zmax = 0.0;
-        for (int64_t j = 0; j < V; ++j) {
-            const double z = (double)lf_logit_xform(xr[j], c.scale, c.cap);
-            if (fabs(z) < ZFLOOR) zmax = fmax(zmax, fabs(z));
-        }
-        const double lsea = fabs(r.lse) < INFINITY ? fabs(r.lse) : 0.0;
-        /* fp32 work of the kernel: exp arguments carry ~2^-24 (|z| + |lse|) absolute error each
-         * (one rounded shared shift, FFMA), sums of up to 2^18 terms in per-thread chains and
-         * trees, log of a sum <= V: 2^-20 (1 + |lse| + max|z| + log V) covers it with room,
-         * scaled by the largest class weight; relative 1e-5 on top (the issue's target). Label
-         * smoothing adds the mean of w_j z_j over V, a long fp32 sum: 4x more room then. */
-        const double tol_abs = 0x1p-20 * (1.0 + lsea + zmax + log((double)V + 1.0)) * wmax * (c.eps > 0 ? 4.0 : 1.0);
-        const double tol_l = 1e-5 * fabs(r.loss) + tol_abs * (1.0 + c.lam * 2.0 * lsea);
+        double lsea, zmax;
+        const double tol_abs = row_tol_abs(xr.data(), r, &lsea, &zmax);
+        const double tol_l = loss_tol(r, tol_abs, lsea);
         ref_tol += valid ? tol_l : 0.0;
         const double G = (double)c.grad_scale * (c.dloss ? dl[c.red == LF_REDUCE_NONE ? i : 0] : 1.0) *
                          (c.red == LF_REDUCE_MEAN ? (D == 0.0 ? 0.0 : 1.0 / D) : 1.0);
         if (c.red == LF_REDUCE_NONE) {
             EXPECT(close(lossh[i], r.loss, tol_l), "row %lld loss %.9g want %.9g (tol %.3g)", (long long)i, lossh[i], r.loss, tol_l);
-            EXPECT(close(zoh[i], r.z_term, 1e-5 * fabs(r.z_term) + 4 * c.lam * lsea * tol_abs), "row %lld z %.9g want %.9g", (long long)i, zoh[i], r.z_term);
+            EXPECT(close(zoh[i], r.z_term, z_tol(r, tol_abs, lsea)), "row %lld z %.9g want %.9g", (long long)i, zoh[i], r.z_term);
         }
         if (c.stats) {
             EXPECT(close(lph[i], valid ? r.logprob : 0.0, 1e-5 * fabs(r.logprob) + tol_abs), "row %lld logprob %.9g want %.9g", (long long)i, lph[i], r.logprob);
@@ -529,6 +609,11 @@ static void run_case(const Case &c)
             double s = 0.0;
             for (float v : all_rows) s += v;
             EXPECT(close(lossh[0], s * inv, 4e-7 * fabs(s * inv) + 1e-30), "reduced loss %.9g want %.9g (sum of rows)", lossh[0], s * inv);
+            /* and the reduced values against every row's reference (the forward-only block) */
+            EXPECT(close(lossh[0], full_sum * inv, 1e-6 * fabs(full_sum * inv) + full_tol * inv), "reduced loss %.9g want %.9g (every row)",
+                   lossh[0], full_sum * inv);
+            EXPECT(close(zoh[0], full_zsum * inv, 1e-5 * fabs(full_zsum * inv) + full_ztol * inv + 1e-9), "reduced z %.9g want %.9g (every row)",
+                   zoh[0], full_zsum * inv);
         }
     }
 
@@ -541,6 +626,7 @@ static void run_case(const Case &c)
                 gen_device(x.p, c, stride, data_seed);
                 CK(cudaDeviceSynchronize());
             }
+            poison_relaunch();
             EXPECT(ce_launch(&a, 0, &ce) == LF_OK, "relaunch failed");
             CK(cudaDeviceSynchronize());
             float l2;
@@ -562,6 +648,7 @@ static void run_case(const Case &c)
                 gen_device(x.p, c, stride, data_seed);
                 CK(cudaDeviceSynchronize());
             }
+            poison_relaunch();
             EXPECT(ce_launch(&b, 0, &ce) == LF_OK, "relaunch (static_rows %d) failed", b.static_rows);
             CK(cudaDeviceSynchronize());
             float l2, z1 = zoh[0], z2;
@@ -587,6 +674,7 @@ static void run_case(const Case &c)
                 gen_device(x.p, c, stride, data_seed);
                 CK(cudaDeviceSynchronize());
             }
+            poison_relaunch();
             EXPECT(ce_launch(&b, 0, &ce) == LF_OK, "relaunch with the divisor given failed");
             CK(cudaDeviceSynchronize());
             float l2, z1 = zoh[0], z2;
@@ -951,6 +1039,8 @@ static void test_graph(void)
     CK(cudaGraphInstantiate(&exec, graph, 0));
     for (int r = 0; r < 3; ++r) {
         CK(cudaMemset(g.p, 0xff, N * V * 2));
+        fill_poison(l.p, 1, LF_F32); /* written by the replay's last CTA only: a stale count would leave it */
+        CK(cudaDeviceSynchronize());  /* (the poison, on the default stream, lands before the replay on s) */
         CK(cudaGraphLaunch(exec, s));
         CK(cudaStreamSynchronize(s));
         float l1;

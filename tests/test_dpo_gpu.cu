@@ -192,11 +192,15 @@ static void run_dcase(const DCase &c)
         }
     }
     std::vector<float> xf((size_t)T * V);
+    /* the logits as launched (kept, up to 1 GiB, to check what the launch leaves of them) */
+    const bool keep_x = (size_t)T * stride * esz <= ((size_t)1 << 30);
+    std::vector<char> x_before;
     {
         std::vector<char> h((size_t)T * stride * esz);
         CK(cudaMemcpy(h.data(), x.p, h.size(), cudaMemcpyDeviceToHost));
         for (int64_t t = 0; t < T; ++t)
             for (int64_t j = 0; j < V; ++j) xf[(size_t)t * V + j] = elem_to_f32(h.data() + (size_t)t * stride * esz, j, c.dt);
+        if (keep_x) x_before.swap(h);
     }
     std::vector<float> refl(nseq);
     for (int64_t k = 0; k < nseq; ++k) refl[k] = (float)(-(double)(cu[k + 1] - cu[k]) * (1.0 + rng_u(&rs)));
@@ -271,6 +275,18 @@ static void run_dcase(const DCase &c)
     dpo_launch_sync(a, seqd, pmd, err); /* (it checks that a refused launch left no error behind) */
     EXPECT(coop_ran == (coop_dev && !c.separate && !c.coop_refuse ? 1 : 0), "tail_cooperative %d (separate %d, refusal test %d)",
            coop_ran, (int)c.separate, (int)c.coop_refuse);
+    if (keep_x) { /* the logits untouched, but for their V columns when the gradient is written in place */
+        std::vector<char> xa(x_before.size());
+        CK(cudaMemcpy(xa.data(), x.p, xa.size(), cudaMemcpyDeviceToHost));
+        int64_t changed = 0;
+        for (int64_t t = 0; t < T; ++t)
+            for (int64_t j = c.grad == 2 ? V : 0; j < stride; ++j) {
+                const size_t o = ((size_t)t * stride + j) * esz;
+                changed += memcmp(xa.data() + o, x_before.data() + o, esz) != 0;
+            }
+        EXPECT(changed == 0, "%lld logit elements changed (%s)", (long long)changed,
+               c.grad == 2 ? "padding columns, gradient in place" : "the gradient not in place");
+    }
     cudaError_t ce;
     float lh;
     unsigned eh;
@@ -438,8 +454,10 @@ static void run_dcase(const DCase &c)
             char what[64];
             poison_outputs();
             CK(cudaMemset(ws.p, 0x5a, ws.bytes)); /* nothing left over from the other form */
+            coop_ran = -1;
             dpo_launch_sync(a, seqd, pmd, err);
             snprintf(what, sizeof what, "separate_launches = %d", other);
+            EXPECT(coop_ran == (coop_dev && !other ? 1 : 0), "%s: tail_cooperative %d", what, coop_ran);
             expect_first_bits(what);
             /* CUDA graphs (the header says capturable): that launch captured on a stream, then
              * replayed twice onto poisoned outputs and a workspace left as the last run left it:

@@ -560,6 +560,18 @@ static void run_case(const Case &c)
         EXPECT(ch[0] == 0, "%llu gradient elements never written", ch[0]);
         EXPECT(ch[1] == 0, "%llu padding elements overwritten", ch[1]);
     }
+    if (c.grad == 2 && ss > V) { /* in place: the student's padding columns as gen_logits wrote them */
+        DevBuf pc(8);
+        CK(cudaMemset(pc.p, 0, 8));
+        unsigned long long changed;
+        unsigned long long *const pcp = (unsigned long long *)pc.p;
+        if (c.sdt == LF_F32) count_pad_changed<float><<<1024, 256>>>((const float *)xs.p, N, V, ss, seed_s, c.outlier, pcp);
+        else if (c.sdt == LF_BF16) count_pad_changed<__nv_bfloat16><<<1024, 256>>>((const __nv_bfloat16 *)xs.p, N, V, ss, seed_s, c.outlier, pcp);
+        else count_pad_changed<__half><<<1024, 256>>>((const __half *)xs.p, N, V, ss, seed_s, c.outlier, pcp);
+        CK(cudaGetLastError());
+        CK(cudaMemcpy(&changed, pc.p, 8, cudaMemcpyDeviceToHost));
+        EXPECT(changed == 0, "%llu student padding elements overwritten (gradient in place)", changed);
+    }
 
     /* ---- checked rows against the double reference ---- */
     lf_kl_opts o = lf_kl_opts_default();
@@ -1021,6 +1033,8 @@ static void test_graph(lf_kl_kind kind)
     CK(cudaGraphInstantiate(&exec, graph, 0));
     for (int r = 0; r < 3; ++r) {
         CK(cudaMemset(g.p, 0xff, N * V * 2));
+        fill_poison(l.p, 1, LF_F32); /* written by the replay's last CTA only: a stale count would leave it */
+        CK(cudaDeviceSynchronize());  /* (the poison, on the default stream, lands before the replay on s) */
         CK(cudaGraphLaunch(exec, s));
         CK(cudaStreamSynchronize(s));
         float l1;

@@ -244,6 +244,11 @@ static void run_pcase(const PCase &c)
             CK(cudaStreamEndCapture(cs, &graph));
             EXPECT(gst == LF_OK, "capture");
             CK(cudaGraphInstantiate(&gexec, graph, 0));
+            /* the outputs poisoned first, so that what is checked is the replays' writes */
+            fill_poison(grad.p, S, LF_F32);
+            fill_poison(loss.p, 3, LF_F32);
+            fill_poison(hist.p, B + 1, LF_F32);
+            CK(cudaDeviceSynchronize());
             for (int r = 0; r < 3; ++r) CK(cudaGraphLaunch(gexec, cs));
             CK(cudaStreamSynchronize(cs));
             std::vector<float> g3(S);
@@ -251,6 +256,12 @@ static void run_pcase(const PCase &c)
             CK(cudaMemcpy(g3.data(), grad.p, 4 * S, cudaMemcpyDeviceToHost));
             CK(cudaMemcpy(l3, loss.p, 12, cudaMemcpyDeviceToHost));
             check_grad(g3, "graph replay");
+            if (c.bins) {
+                CK(cudaMemcpy(hh.data(), hist.p, 4 * (B + 1), cudaMemcpyDeviceToHost));
+                int hb = 0;
+                for (int64_t b = 0; b < B; ++b) hb += !close(hh[b], rh[b], herr[b] + 1e-30);
+                EXPECT(hb == 0, "graph replay: %d bin totals off", hb);
+            }
             EXPECT(memcmp(&l3[1], &lh[1], 4) == 0, "fast-mode pair loss changed bits on graph replay");
             for (int q = 0; q < 3; q += 2) /* the penalty comes from a float-atomic histogram */
                 EXPECT(close(l3[q], ref[q], 1e-5 * (1.0 + fabs(ref[q])) + pen_tol), "graph replay loss[%d] %.9g want %.9g", q, l3[q], ref[q]);
@@ -300,16 +311,21 @@ static void run_pcase(const PCase &c)
             CK(cudaMemcpy(&eh, err.p, 4, cudaMemcpyDeviceToHost));
             EXPECT((int64_t)eh == 9 * n_bad, "n_errors after 5 more calls %u want %lld", eh, (long long)(9 * n_bad));
         }
-        if (c.det) { /* run again on a garbage workspace: the same bits */
+        if (c.det) { /* run again on a garbage workspace, the outputs poisoned: the same bits */
             CK(cudaMemset(ws.p, 0x3c, wsb));
+            fill_poison(grad.p, S, LF_F32);
+            fill_poison(loss.p, 3, LF_F32);
+            fill_poison(hist.p, B + 1, LF_F32);
             EXPECT(pref_launch(&a, 0, &ce) == LF_OK, "relaunch");
             CK(cudaDeviceSynchronize());
-            std::vector<float> g2(S);
+            std::vector<float> g2(S), h2(B + 1);
             float l2[3];
             CK(cudaMemcpy(g2.data(), grad.p, 4 * S, cudaMemcpyDeviceToHost));
             CK(cudaMemcpy(l2, loss.p, 12, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(h2.data(), hist.p, 4 * (B + 1), cudaMemcpyDeviceToHost));
             EXPECT(memcmp(g2.data(), gh.data(), 4 * S) == 0, "deterministic gradient not bit-identical");
             EXPECT(memcmp(l2, lh, 12) == 0, "deterministic loss not bit-identical");
+            if (c.bins) EXPECT(memcmp(h2.data(), hh.data(), 4 * B) == 0, "deterministic histogram not bit-identical");
         }
     }
     printf("%-4s %s\n", g_fail == fails ? "ok" : "FAIL", g_case);

@@ -151,14 +151,24 @@ static void check_chunked(const std::vector<int32_t> &cu, const std::vector<floa
     const std::vector<float> h = fetch(of, nseq * 5);
     std::vector<double> hd(nseq);
     CK(cudaMemcpy(hd.data(), od.p, nseq * 8, cudaMemcpyDeviceToHost));
-    int bad = 0, badd = 0, diff = 0;
+    int bad = 0, badd = 0, diff = 0, unwritten = 0;
     for (int64_t k = 0; k < nseq; ++k) {
         const double sa = sum_abs(v, cu[k], cu[k + 1]), n = (double)(cu[k + 1] - cu[k]);
         const double tol = (n + 1.0) * 0x1p-53 * sa;
         bad += !close(h[k], ref[k], 0x1p-24 * fabs(ref[k]) + tol);
         badd += !close(hd[k], ref[k], tol + 1e-300);
         for (int r = 1; r < 5; ++r) diff += memcmp(&h[k], &h[k + r * nseq], 4) != 0;
+        /* the poisons are NaNs: a NaN sum (kind 2) left unwritten would pass the checks above */
+        for (int r = 0; r < 5; ++r) {
+            uint32_t b;
+            memcpy(&b, &h[k + r * nseq], 4);
+            unwritten += b == POISON32;
+        }
+        uint64_t bd;
+        memcpy(&bd, &hd[k], 8);
+        unwritten += bd == ((uint64_t)POISON32 << 32 | POISON32);
     }
+    EXPECT(unwritten == 0, "%d chunked sums left unwritten (poison)", unwritten);
     EXPECT(bad == 0, "%d chunked sums off", bad);
     EXPECT(badd == 0, "%d chunked double sums off", badd);
     EXPECT(diff == 0, "%d chunked sums differ between grids / runs / alignments (must be bit-identical)", diff);
