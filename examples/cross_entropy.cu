@@ -60,7 +60,9 @@
  *   - -inf entries (masked vocabulary) weigh nothing, and so do entries at the dtype's lowest
  *     finite value (masking with torch.finfo(dtype).min: -3.39e38 in bf16, whose exp2 argument
  *     overflows to -inf): their share of the mass is exactly the reference's 0. Only a row with
- *     nothing else is different: no mass, as an all -inf row (NaN loss), not uniform.
+ *     nothing else is different: no mass, as an all -inf row (NaN loss), not uniform. (A known
+ *     defect: where the row has unaligned head / tail elements the kernel counts those and
+ *     gives a finite loss, and the double reference gives 0; bench/RESULTS.md, session 40.)
  *   - The batch loss never depends on timing: per-row values in the workspace summed in a fixed
  *     order by the last CTA to finish, or in the row-resident schedule an exact, order-free sum
  *     (lossfuse.h lf_xsum: integer buckets, integer atomics) that is the same bits whichever CTA
