@@ -2929,7 +2929,7 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
             if (!d->in_place)
                 for (int64_t j = vs; j < st; ++j) {
                     bool kept = true;
-                    for (size_t q = 0; q < esz; ++q) kept = kept && (unsigned char)gh[(size_t)j * esz + q] == 0xffu;
+                    for (int q = 0; q < esz; ++q) kept = kept && (unsigned char)gh[(size_t)j * esz + q] == 0xffu;
                     res.pad_written += !kept;
                 }
             TPD_TRY(cudaMemcpy(rh.data(), (char *)gref + (size_t)i * V * esz, V * esz, cudaMemcpyDefault));
