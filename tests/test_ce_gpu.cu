@@ -864,6 +864,10 @@ static void test_ex2_fma(void)
     DevBuf xr(V * 2), g0(V * 2), g4(V * 2);
     gen_device(xr.p, c, V, mix64(g_seed + 13));
     const float cc = 1.4426950f, kk = 12.0f;
+    /* the two outputs poisoned differently (a NaN, a small finite value), so that an element
+     * neither variant wrote cannot pass as equal */
+    fill_bits<uint16_t><<<8, 256>>>((uint16_t *)g0.p, V, POISON16);
+    fill_bits<uint16_t><<<8, 256>>>((uint16_t *)g4.p, V, PAD16);
     grad_mix_kernel<0><<<1, 256>>>((const __nv_bfloat16 *)xr.p, (__nv_bfloat16 *)g0.p, V, cc, kk);
     grad_mix_kernel<4><<<1, 256>>>((const __nv_bfloat16 *)xr.p, (__nv_bfloat16 *)g4.p, V, cc, kk);
     CK(cudaGetLastError());
@@ -882,9 +886,11 @@ static void test_ex2_fma(void)
      * NPOLY 4 within fp32 summation error (2^-20 relative) of NPOLY 0 */
     DevBuf so(16);
     float s0[2], s4[2];
+    fill_poison(so.p, 4, LF_F32); /* before each variant: an unwritten result is NaN, and fails */
     stats_mix_kernel<0><<<1, 256>>>((const __nv_bfloat16 *)xr.p, V, (float *)so.p);
     CK(cudaGetLastError());
     CK(cudaMemcpy(s0, so.p, 8, cudaMemcpyDeviceToHost));
+    fill_poison(so.p, 4, LF_F32);
     stats_mix_kernel<4><<<1, 256>>>((const __nv_bfloat16 *)xr.p, V, (float *)so.p);
     CK(cudaGetLastError());
     CK(cudaMemcpy(s4, so.p, 8, cudaMemcpyDeviceToHost));
