@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <set>
+#include <thread>
 #include <time.h>
 #include <unistd.h>
 #include <vector>
@@ -177,12 +178,19 @@ static inline void fill_poison(void *p, size_t n_elems, lf_dtype dt)
  * magnitudes leaves it out (with it, the bound was ~1e31 and the check could not fail). */
 #define ZFLOOR 1e30
 
-/* |d - r| <= tol, with NaN matching NaN and infinities matching exactly. */
-static inline bool close(double d, double r, double tol)
+/* |d - r| <= tol, with NaN matching NaN and infinities matching exactly: lossfuse.h's
+ * lf_check_err (the rule the examples' own checks use) within one tolerance. */
+static inline bool close(double d, double r, double tol) { return lf_check_err(d, r, tol) <= 1.0; }
+
+/* f(worker, workers) on up to 32 host threads (one per core), joined before it returns: the
+ * tests' double references over every row of a large case. */
+template <typename F>
+static void host_workers(F f)
 {
-    if (r != r) return d != d;
-    if (r == INFINITY || r == -INFINITY) return d == r;
-    return fabs(d - r) <= tol;
+    const unsigned n = std::max(1u, std::min(32u, std::thread::hardware_concurrency()));
+    std::vector<std::thread> pool;
+    for (unsigned k = 0; k < n; ++k) pool.emplace_back([&f, k, n] { f(k, n); });
+    for (std::thread &t : pool) t.join();
 }
 
 static inline const char *dt_name(lf_dtype d) { return d == LF_F32 ? "fp32" : d == LF_F16 ? "fp16" : "bf16"; }

@@ -21,8 +21,6 @@
 
 #include "tests/gpu_test.cuh"
 
-#include <thread>
-
 struct Case {
     const char *name = "";
     int64_t N = 1, V = 1, pad = 0;
@@ -416,29 +414,25 @@ static void run_case(const Case &c)
         std::vector<double> rl(N), rt(N), rz(N), rzt(N);
         const int64_t chunk = std::max<int64_t>(1, ((int64_t)256 << 20) / (stride * esz));
         std::vector<char> hx;
-        const unsigned nth = std::max(1u, std::min(32u, std::thread::hardware_concurrency()));
         for (int64_t i0 = 0; i0 < N; i0 += chunk) {
             const int64_t n = std::min(chunk, N - i0);
             hx.resize((size_t)n * stride * esz);
             CK(cudaMemcpy(hx.data(), (const char *)x.p + (size_t)i0 * stride * esz, hx.size(), cudaMemcpyDeviceToHost));
-            std::vector<std::thread> pool;
-            for (unsigned k = 0; k < nth; ++k)
-                pool.emplace_back([&, k] {
-                    std::vector<float> xr(V);
-                    for (int64_t i = i0 + k; i < i0 + n; i += nth) {
-                        const char *row = hx.data() + (size_t)(i - i0) * stride * esz;
-                        for (int64_t j = 0; j < V; ++j) xr[j] = elem_to_f32(row, j, c.dt);
-                        const lf_ce_row r = lf_ref_ce_row(xr.data(), V, y[i], &oh, NULL);
-                        double lsea, zm;
-                        const double ta = row_tol_abs(xr.data(), r, &lsea, &zm);
-                        const bool valid = r.status == LF_ROW_OK;
-                        rl[i] = r.loss;
-                        rz[i] = r.z_term;
-                        rt[i] = valid ? loss_tol(r, ta, lsea) : 0.0;
-                        rzt[i] = valid ? z_tol(r, ta, lsea) : 0.0;
-                    }
-                });
-            for (std::thread &t : pool) t.join();
+            host_workers([&](unsigned k, unsigned nth) {
+                std::vector<float> xr(V);
+                for (int64_t i = i0 + k; i < i0 + n; i += nth) {
+                    const char *row = hx.data() + (size_t)(i - i0) * stride * esz;
+                    for (int64_t j = 0; j < V; ++j) xr[j] = elem_to_f32(row, j, c.dt);
+                    const lf_ce_row r = lf_ref_ce_row(xr.data(), V, y[i], &oh, NULL);
+                    double lsea, zm;
+                    const double ta = row_tol_abs(xr.data(), r, &lsea, &zm);
+                    const bool valid = r.status == LF_ROW_OK;
+                    rl[i] = r.loss;
+                    rz[i] = r.z_term;
+                    rt[i] = valid ? loss_tol(r, ta, lsea) : 0.0;
+                    rzt[i] = valid ? z_tol(r, ta, lsea) : 0.0;
+                }
+            });
         }
         int64_t off = 0, zoff = 0, first = -1;
         for (int64_t i = 0; i < N; ++i) {

@@ -19,8 +19,6 @@
 
 #include "tests/gpu_test.cuh"
 
-#include <thread>
-
 /* ---------------------------------------------------------------- data --------------------- */
 
 /* Teacher element (row, col): the student's value at the same place plus noise in
@@ -767,21 +765,17 @@ static void run_case(const Case &c)
             for (float v : all_rows) s += v;
             EXPECT(close(lossh[0], s * inv, 4e-7 * fabs(s * inv) + 1e-30), "reduced loss %.9g want %.9g (sum of rows)", lossh[0], s * inv);
             std::vector<double> rw(N), rt(N);
-            const unsigned nth = std::max(1u, std::min(32u, std::thread::hardware_concurrency()));
-            std::vector<std::thread> pool;
-            for (unsigned k = 0; k < nth; ++k)
-                pool.emplace_back([&, k] {
-                    std::vector<double> lqb(V);
-                    bool rejected;
-                    for (int64_t i = k; i < N; i += nth) {
-                        const lf_kl_row r = ref_row(i, lqb.data(), NULL, &rejected, false);
-                        const bool ok_row = valid[i] != 0;
-                        const double wi = ok_row ? w[i] : 0.0;
-                        rw[i] = ok_row ? wi * r.loss : 0.0;
-                        rt[i] = ok_row ? loss_tol(wi, r, loss_tol_abs(lse_mag(r), row_zmax(i, lqb.data()))) : 0.0;
-                    }
-                });
-            for (std::thread &t : pool) t.join();
+            host_workers([&](unsigned k, unsigned nth) {
+                std::vector<double> lqb(V);
+                bool rejected;
+                for (int64_t i = k; i < N; i += nth) {
+                    const lf_kl_row r = ref_row(i, lqb.data(), NULL, &rejected, false);
+                    const bool ok_row = valid[i] != 0;
+                    const double wi = ok_row ? w[i] : 0.0;
+                    rw[i] = ok_row ? wi * r.loss : 0.0;
+                    rt[i] = ok_row ? loss_tol(wi, r, loss_tol_abs(lse_mag(r), row_zmax(i, lqb.data()))) : 0.0;
+                }
+            });
             int64_t off = 0, worst_i = -1;
             double full_sum = 0.0, full_tol = 0.0;
             for (int64_t i = 0; i < N; ++i) {

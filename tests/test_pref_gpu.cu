@@ -218,6 +218,21 @@ static void run_pcase(const PCase &c)
         EXPECT(close(lh[k], ref[k], 1e-5 * (1.0 + fabs(ref[k])) + (k != 1 ? pen_tol : 0.0)), "loss[%d] %.9g want %.9g", k, lh[k], ref[k]);
     if (c.bins)
         for (int64_t b = 0; b < B; ++b) EXPECT(close(hh[b], rh[b], herr[b] + 1e-30), "hist[%lld] %.9g want %.9g", (long long)b, hh[b], rh[b]);
+    /* every output poisoned before a rerun, so that what is checked is that run's writes */
+    auto poison_outputs = [&]() {
+        fill_poison(grad.p, S, LF_F32);
+        fill_poison(loss.p, 3, LF_F32);
+        fill_poison(hist.p, B + 1, LF_F32);
+        CK(cudaDeviceSynchronize()); /* (on the default stream: it lands before a launch on another) */
+    };
+    /* the bin totals now in hist against the reference (with bins) */
+    auto check_hist = [&](const char *when, int call) {
+        if (!c.bins) return;
+        CK(cudaMemcpy(hh.data(), hist.p, 4 * (B + 1), cudaMemcpyDeviceToHost));
+        int hb = 0;
+        for (int64_t b = 0; b < B; ++b) hb += !close(hh[b], rh[b], herr[b] + 1e-30);
+        EXPECT(hb == 0, "%s: %d bin totals off (call %d)", when, hb, call);
+    };
     auto check_grad = [&](const std::vector<float> &gv, const char *when) {
         int bad = 0;
         int64_t wi = -1;
@@ -245,10 +260,7 @@ static void run_pcase(const PCase &c)
             EXPECT(gst == LF_OK, "capture");
             CK(cudaGraphInstantiate(&gexec, graph, 0));
             /* the outputs poisoned first, so that what is checked is the replays' writes */
-            fill_poison(grad.p, S, LF_F32);
-            fill_poison(loss.p, 3, LF_F32);
-            fill_poison(hist.p, B + 1, LF_F32);
-            CK(cudaDeviceSynchronize());
+            poison_outputs();
             for (int r = 0; r < 3; ++r) CK(cudaGraphLaunch(gexec, cs));
             CK(cudaStreamSynchronize(cs));
             std::vector<float> g3(S);
@@ -256,12 +268,7 @@ static void run_pcase(const PCase &c)
             CK(cudaMemcpy(g3.data(), grad.p, 4 * S, cudaMemcpyDeviceToHost));
             CK(cudaMemcpy(l3, loss.p, 12, cudaMemcpyDeviceToHost));
             check_grad(g3, "graph replay");
-            if (c.bins) {
-                CK(cudaMemcpy(hh.data(), hist.p, 4 * (B + 1), cudaMemcpyDeviceToHost));
-                int hb = 0;
-                for (int64_t b = 0; b < B; ++b) hb += !close(hh[b], rh[b], herr[b] + 1e-30);
-                EXPECT(hb == 0, "graph replay: %d bin totals off", hb);
-            }
+            check_hist("graph replay", 3);
             EXPECT(memcmp(&l3[1], &lh[1], 4) == 0, "fast-mode pair loss changed bits on graph replay");
             for (int q = 0; q < 3; q += 2) /* the penalty comes from a float-atomic histogram */
                 EXPECT(close(l3[q], ref[q], 1e-5 * (1.0 + fabs(ref[q])) + pen_tol), "graph replay loss[%d] %.9g want %.9g", q, l3[q], ref[q]);
@@ -275,10 +282,7 @@ static void run_pcase(const PCase &c)
             pref_args az = a;
             az.workspace_zeroed = 1;
             for (int r = 0; r < 5; ++r) {
-                fill_poison(grad.p, S, LF_F32);
-                fill_poison(loss.p, 3, LF_F32);
-                fill_poison(hist.p, B + 1, LF_F32);
-                CK(cudaDeviceSynchronize()); /* the poison (default stream) lands before the launch on cs */
+                poison_outputs();
                 if (r < 2) {
                     EXPECT(pref_launch(&az, cs, &ce) == LF_OK, "zeroed launch: %s", cudaGetErrorString(ce));
                 } else {
@@ -296,12 +300,7 @@ static void run_pcase(const PCase &c)
                 CK(cudaMemcpy(g3.data(), grad.p, 4 * S, cudaMemcpyDeviceToHost));
                 CK(cudaMemcpy(l3, loss.p, 12, cudaMemcpyDeviceToHost));
                 check_grad(g3, r < 2 ? "workspace_zeroed" : "workspace_zeroed graph");
-                if (c.bins) { /* a bin total left over from the call before would show here */
-                    CK(cudaMemcpy(hh.data(), hist.p, 4 * (B + 1), cudaMemcpyDeviceToHost));
-                    int hb = 0;
-                    for (int64_t b = 0; b < B; ++b) hb += !close(hh[b], rh[b], herr[b] + 1e-30);
-                    EXPECT(hb == 0, "workspace_zeroed: %d bin totals off (call %d)", hb, r);
-                }
+                check_hist("workspace_zeroed", r); /* a bin total left over from the call before would show */
                 EXPECT(memcmp(&l3[1], &lh[1], 4) == 0, "workspace_zeroed: pair loss changed bits (call %d)", r);
                 for (int q = 0; q < 3; q += 2)
                     EXPECT(close(l3[q], ref[q], 1e-5 * (1.0 + fabs(ref[q])) + pen_tol), "workspace_zeroed loss[%d] %.9g want %.9g", q,
@@ -313,9 +312,7 @@ static void run_pcase(const PCase &c)
         }
         if (c.det) { /* run again on a garbage workspace, the outputs poisoned: the same bits */
             CK(cudaMemset(ws.p, 0x3c, wsb));
-            fill_poison(grad.p, S, LF_F32);
-            fill_poison(loss.p, 3, LF_F32);
-            fill_poison(hist.p, B + 1, LF_F32);
+            poison_outputs();
             EXPECT(pref_launch(&a, 0, &ce) == LF_OK, "relaunch");
             CK(cudaDeviceSynchronize());
             std::vector<float> g2(S), h2(B + 1);
