@@ -261,12 +261,21 @@ LF_HD void lf_impl_lse_rescale(float m_old, float m_new, float *s, float *u)
     *s = s_new;
 }
 
-/* Push one value x. */
+/* True for a value with no mass: z log2(e) overflows fp32 to -inf, which is z below about
+ * -2.3587e38 (-FLT_MAX / log2 e) -- bf16's and fp32's finfo.min are (-3.39e38, -3.40e38); fp16's
+ * -65504 is not. The kernels take exp(z - m) as exp2(z log2 e - m log2 e), so such an entry
+ * weighs exactly 0 there, as -inf does, whatever else is in the row: a row with nothing else has
+ * no mass (lse -inf, NaN loss), not a uniform distribution. lf_lse_push and the references
+ * follow the same rule, so every path of a kernel gives one answer. NaN is not massless. */
+LF_HD int lf_massless(float z) { return z * LF_LOG2E < -3.402823466e38f; }
+
+/* Push one value x (a massless x, lf_massless, counts as -inf). */
 LF_HD void lf_lse_push(lf_lse *st, float x)
 {
-    float m_new = fmaxf(st->m, x); /* fmaxf ignores a NaN x: the NaN reaches s below */
-    float shift = (m_new == -LF_INF_F) ? 0.0f : m_new;
-    float e, d;
+    float m_new, shift, e, d;
+    if (lf_massless(x)) x = -LF_INF_F;
+    m_new = fmaxf(st->m, x); /* fmaxf ignores a NaN x: the NaN reaches s below */
+    shift = (m_new == -LF_INF_F) ? 0.0f : m_new;
     lf_impl_lse_rescale(st->m, m_new, &st->s, &st->u);
     e = lf_exp_diff(x, shift); /* NaN for x NaN, and for x == +inf (inf - inf) */
     d = fmaxf(x - shift, -3.402823466e38f);
@@ -910,7 +919,7 @@ static inline lf_ce_row lf_ref_ce_row(const float *x, int64_t V, int64_t label, 
     for (j = 0; j < V; ++j) {
         double z = lf_impl_ref_xform(x[j], o);
         if (z != z || z == (double)LF_INF_F) bad_num = 1;
-        else if (z > m) m = z;
+        else if (z > m && !lf_massless((float)z)) m = z; /* as the kernels: no massless maximum */
         lf_argmax_push(&am, x[j], (int32_t)j);
     }
     r.argmax = am.i;
@@ -1557,8 +1566,8 @@ static inline lf_status lf_ref_dpo_packed(int64_t T, int64_t V, const float *log
                 ++bad;
                 continue;
             }
-            for (j = 0; j < V; ++j) m = (double)x[j] > m ? (double)x[j] : m;
-            for (j = 0; j < V; ++j) s += exp((double)x[j] - m);
+            for (j = 0; j < V; ++j) m = (double)x[j] > m && !lf_massless(x[j]) ? (double)x[j] : m;
+            for (j = 0; j < V; ++j) s += exp((double)x[j] - m); /* m -inf: NaN, no distribution */
             lp[k] += (double)x[y] - m - log(s);
             nt[k] += 1.0;
         }
@@ -1601,7 +1610,7 @@ static inline lf_status lf_ref_dpo_packed(int64_t T, int64_t V, const float *log
                 int64_t y = labels[t];
                 for (j = 0; j < V; ++j) g[j] = 0.0;
                 if (y == o->ignore_index || y < 0 || y >= V) continue;
-                for (j = 0; j < V; ++j) m = (double)x[j] > m ? (double)x[j] : m;
+                for (j = 0; j < V; ++j) m = (double)x[j] > m && !lf_massless(x[j]) ? (double)x[j] : m;
                 for (j = 0; j < V; ++j) s += exp((double)x[j] - m);
                 for (j = 0; j < V; ++j) g[j] = -coef[k] * exp((double)x[j] - m) / s;
                 g[y] += coef[k];

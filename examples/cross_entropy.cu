@@ -60,9 +60,14 @@
  *   - -inf entries (masked vocabulary) weigh nothing, and so do entries at the dtype's lowest
  *     finite value (masking with torch.finfo(dtype).min: -3.39e38 in bf16, whose exp2 argument
  *     overflows to -inf): their share of the mass is exactly the reference's 0. Only a row with
- *     nothing else is different: no mass, as an all -inf row (NaN loss), not uniform. (A known
- *     defect: where the row has unaligned head / tail elements the kernel counts those and
- *     gives a finite loss, and the double reference gives 0; bench/RESULTS.md, session 40.)
+ *     nothing else is different: no mass, as an all -inf row (NaN loss and gradient, lse -inf),
+ *     not uniform as in PyTorch -- lossfuse.h lf_massless, the one rule of the body's one-FFMA
+ *     exponent, the edge elements' pushes and the references. fp16's finfo.min (-65504) has mass:
+ *     a row of nothing else is uniform, loss log V.
+ *   - Accuracy: lse to ~1 ulp of the row's maximum m (one rounded shift m log2 e is shared by
+ *     every term), so the loss to ~1 ulp of |m| absolute (~1e-3 at |m| = 1e4). Beyond |m| ~ 1e7
+ *     that shift's rounding is no longer a fraction of one (e.g. a row masked with -1e9 and
+ *     nothing else): the loss and gradient of such a row are not meaningful.
  *   - The batch loss never depends on timing: per-row values in the workspace summed in a fixed
  *     order by the last CTA to finish, or in the row-resident schedule an exact, order-free sum
  *     (lossfuse.h lf_xsum: integer buckets, integer atomics) that is the same bits whichever CTA

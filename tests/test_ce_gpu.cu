@@ -153,18 +153,26 @@ static void run_case(const Case &c)
          * row 0 every 11th entry and the last 40% (whole slices and pieces of a thread all
          * masked, the tail edges too); row 1 every entry but the label's (1) and V/2; row 2 the
          * first 8 entries (the head edges) and V/2, its label at V/3. Reference: their terms are
-         * exp(-3.4e38 - m) = 0, exactly as the kernel's. */
+         * exp(-3.4e38 - m) = 0, exactly as the kernel's.
+         * Row 3, where the losses are per row (a NaN row would hide the others in a reduced
+         * loss) and no ties are planted: EVERY entry at the floor, label V/2. In bf16 and fp32
+         * the row has no mass (lf_massless): NaN loss, NaN gradient, lse -inf, whichever of its
+         * entries are head / tail edges (pushed one by one) and which are body vectors (the
+         * one-FFMA exponent); in fp16 it is an ordinary uniform row, loss log V. */
         const float fmin = c.dt == LF_F32 ? -3.402823466e38f : c.dt == LF_BF16 ? -3.3895314e38f : -65504.0f;
         std::vector<char> h((size_t)V * esz);
-        for (int64_t i : {(int64_t)0, (int64_t)1, (int64_t)2}) {
+        std::vector<int64_t> frows = {0, 1, 2};
+        if (N >= 4 && c.red == LF_REDUCE_NONE && !c.plant_ties) frows.push_back(3);
+        for (int64_t i : frows) {
             if (y[i] < 0 || y[i] >= V) n_bad -= (y[i] != c.ignore_index);
-            y[i] = i == 2 ? V / 3 : 1;
+            y[i] = i == 2 ? V / 3 : i == 3 ? V / 2 : 1;
             planted.insert(i);
             CK(cudaMemcpy(h.data(), (char *)x.p + i * stride * esz, V * esz, cudaMemcpyDeviceToHost));
             for (int64_t j = 0; j < V; ++j) {
                 const bool m = i == 0 ? (j % 11 == 4 || j >= V - (4 * V) / 10) && j != 1
                              : i == 1 ? j != 1 && j != V / 2
-                                      : j < 8 || j == V / 2;
+                             : i == 2 ? j < 8 || j == V / 2
+                                      : true;
                 if (!m) continue;
                 if (c.dt == LF_F32) ((float *)h.data())[j] = fmin;
                 else ((uint16_t *)h.data())[j] = c.dt == LF_BF16 ? lf_f32_to_bf16(fmin) : lf_f32_to_f16(fmin);

@@ -387,6 +387,21 @@ static void test_lse_special(void)
         CHECK(isnan(lf_lse_final(lf_lse_merge(b, a))), "+inf state merged first: %g",
               lf_lse_final(lf_lse_merge(b, a)));
     }
+    /* massless values (lf_massless: x log2 e overflows fp32) count as -inf: a state of only
+     * bf16's / fp32's finfo.min is empty (lse -inf, as the kernels' one-FFMA exponent gives),
+     * beside a finite value they add exactly 0; fp16's -65504 and NaN are not massless */
+    {
+        static const float fl[3] = {-3.3895314e38f, -3.402823466e38f, -2.4e38f};
+        lf_lse st = lf_lse_init();
+        for (i = 0; i < 3; ++i) lf_lse_push(&st, fl[i]);
+        CHECK(lf_lse_final(st) == -INFINITY && st.s == 0.0f, "massless state: lse %g s %g", lf_lse_final(st), st.s);
+        lf_lse_push(&st, 1.5f);
+        lf_lse_push(&st, fl[0]);
+        CHECK(lf_lse_final(st) == 1.5f && st.s == 1.0f, "massless beside 1.5: lse %.9g s %.9g", lf_lse_final(st), st.s);
+        CHECK(lf_massless(-2.4e38f) && !lf_massless(-2.3e38f) && !lf_massless(-65504.0f) && !lf_massless(NAN) &&
+                  lf_massless(-INFINITY) && !lf_massless(INFINITY),
+              "lf_massless at -2.4e38 / -2.3e38 / -65504 / NaN / -inf / +inf");
+    }
     /* +inf after -inf only, NaN alone, +inf alone, NaN in both halves */
     {
         static const float c1[] = {-INFINITY, INFINITY}, c2[] = {NAN}, c3[] = {INFINITY},

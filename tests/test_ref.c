@@ -313,6 +313,36 @@ static void test_rows(void)
             CHECK(fabs(r.lse - (log(100.0) - 3.0)) < 1e-13 && fabs(r.entropy - log(100.0)) < 1e-13,
                   "equal logits: lse %.17g entropy %.17g", r.lse, r.entropy);
         }
+        /* massless entries (lf_massless), as the kernels take them: a row with every entry at
+         * bf16's or fp32's finfo.min has no mass (NaN loss and gradient, lse -inf: not the
+         * uniform row, not the 0 that log V absorbed into |m| = 3.4e38 had given); beside one
+         * finite entry they weigh exactly 0, a label among them is finite (3.4e38); fp16's
+         * finfo.min (-65504) has mass: a row of it is uniform */
+        {
+            static const float floors[2] = {-3.3895314e38f, -3.402823466e38f};
+            float e[100];
+            double dx[100];
+            int f;
+            for (f = 0; f < 2; ++f) {
+                for (j = 0; j < 100; ++j) e[j] = floors[f];
+                r = lf_ref_ce_row(e, 100, 5, &o, dx);
+                CHECK(isnan(r.loss) && r.lse == -INFINITY && isnan(r.entropy) && isnan(dx[0]) && isnan(dx[5]) &&
+                          r.argmax == 0 && r.status == LF_ROW_OK,
+                      "row at floor %g: loss %g lse %g entropy %g dx %g %g argmax %lld", floors[f], r.loss, r.lse,
+                      r.entropy, dx[0], dx[5], (long long)r.argmax);
+                e[7] = 2.0f;
+                r = lf_ref_ce_row(e, 100, 7, &o, dx);
+                CHECK(r.loss == 0.0 && r.lse == 2.0 && dx[7] == 0.0 && dx[0] == 0.0 && dx[99] == 0.0,
+                      "one entry above floor %g: loss %g lse %g dx %g %g", floors[f], r.loss, r.lse, dx[7], dx[0]);
+                r = lf_ref_ce_row(e, 100, 5, &o, dx);
+                CHECK(r.loss == 2.0 - (double)floors[f] && dx[5] == -1.0 && dx[7] == 1.0 && dx[6] == 0.0,
+                      "label at floor %g: loss %g dx %g %g", floors[f], r.loss, dx[5], dx[7]);
+            }
+            for (j = 0; j < 100; ++j) e[j] = -65504.0f;
+            r = lf_ref_ce_row(e, 100, 5, &o, dx);
+            CHECK(fabs(r.loss - log(100.0)) < 1e-9 && fabs(dx[5] - (0.01 - 1.0)) < 1e-12 && fabs(dx[0] - 0.01) < 1e-12,
+                  "row at fp16's floor: loss %.17g want log 100, dx %g %g", r.loss, dx[5], dx[0]);
+        }
     }
 }
 
