@@ -238,6 +238,24 @@ static void run_case(const Case &c)
             planted.insert(i);
         }
     }
+    if (c.outlier >= 1000.0f && c.tkind == KL_TEACHER_LOGITS && c.topk < 0 && N >= 1 && V >= 2) {
+        /* "huge logits": the outliers put most rows' mass on one maximum shared by both sides
+         * (the rest below exp(-745)), so their KLs are exactly 0 and a wrong kernel could still
+         * match. Rows 0, N/2 and N-1 get two maxima at 7488 (a bf16 value: every dtype holds it,
+         * above every outlier), tied on the student and 32 apart on the teacher: at tau 1 forward
+         * KL ~ log 2, reverse KL ~ 15.3, TVD 0.5, all from logits ~7.5e3, where the cancellation of
+         * the maxima is what is tested */
+        const float H = lf_bf16_to_f32(lf_f32_to_bf16(7500.0f));
+        const int64_t ja = V / 3, jb = (V / 3 + V / 2) % V == ja ? (ja + 1) % V : (V / 3 + V / 2) % V;
+        for (int64_t i : {(int64_t)0, N / 2, N - 1}) {
+            if (planted.count(i)) continue;
+            hs[i][ja] = hs[i][jb] = H;
+            ht[i][ja] = H;
+            ht[i][jb] = H - 32.0f;
+            write_row(i);
+            planted.insert(i);
+        }
+    }
     /* the row the contract's reverse-KL overflow case applies to (the reference is finite there) */
     const int64_t rev_tmin_row = c.plant_fmin && N >= 4 && c.kind == LF_KL_REVERSE && c.red == LF_REDUCE_NONE ? 3 : -1;
     if (c.plant_spikes) {
