@@ -209,7 +209,7 @@ LF_HD uint16_t lf_f32_to_f16(float f)
  * 3. Online log-sum-exp state
  *
  *    lf_lse holds, for the values x_j pushed so far,
- *        m = max_j x_j                    (-inf when empty)
+ *        m = max_j x_j                    (-inf when empty; massless x_j, lf_massless, left out)
  *        s = sum_j exp(x_j - m)           (0 when empty)
  *        u = sum_j exp(x_j - m) (x_j - m) (for the entropy; 0 when empty)
  *    so that   lse = m + log(s)   and   entropy(softmax(x)) = log(s) - u / s.
@@ -265,9 +265,15 @@ LF_HD void lf_impl_lse_rescale(float m_old, float m_new, float *s, float *u)
  * -2.3587e38 (-FLT_MAX / log2 e) -- bf16's and fp32's finfo.min are (-3.39e38, -3.40e38); fp16's
  * -65504 is not. The kernels take exp(z - m) as exp2(z log2 e - m log2 e), so such an entry
  * weighs exactly 0 there, as -inf does, whatever else is in the row: a row with nothing else has
- * no mass (lse -inf, NaN loss), not a uniform distribution. lf_lse_push and the references
- * follow the same rule, so every path of a kernel gives one answer. NaN is not massless. */
-LF_HD int lf_massless(float z) { return z * LF_LOG2E < -3.402823466e38f; }
+ * no mass (lse -inf, NaN loss), not a uniform distribution. lf_lse_push, the cross-entropy and
+ * DPO references and the tensor-parallel shares (lf_tp_share_from) follow the same rule, so every
+ * path of those kernels gives one answer (at logit_scale 1; another scale moves the body's
+ * threshold by up to an ulp, inside the |m| > 1e7 range where cross_entropy.cu's contract
+ * promises nothing). NaN is not massless. */
+LF_HD int lf_massless(float z)
+{
+    return (float)(z * LF_LOG2E) < -3.402823466e38f; /* the cast rounds where the product has more precision */
+}
 
 /* Push one value x (a massless x, lf_massless, counts as -inf). */
 LF_HD void lf_lse_push(lf_lse *st, float x)
@@ -1991,6 +1997,12 @@ LF_HD lf_tp_share lf_tp_share_from(float m, float s, int has_y, float zy, float 
                                    float eps)
 {
     lf_tp_share sh;
+    /* A shard with no mass (every column -inf or massless, lf_massless) whose label z_y is finite
+     * is taken at m = z_y: t's m - z_y is then 0 instead of -inf - z_y, and lf_tp_move adds the
+     * label's A_r (M - z_y), so the loss is the full row's (M - z_y) + log S, finite, as the
+     * single-GPU kernel's. (A shard read as body vectors holds its largest massless column as m,
+     * one read as edge elements -inf: both give this loss.) */
+    if (has_y && m == -LF_INF_F && zy > -LF_INF_F && zy < LF_INF_F) m = zy;
     sh.m = m;
     sh.s = s;
     sh.t = 0.0f;

@@ -2545,7 +2545,10 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
     if (d->fmin_rows && N > 3) {
         /* bf16 and fp32's lowest values overflow x log2(e) to -inf (fp16's -65504 does not); a
          * whole shard so masked makes that rank's share m = finfo.min, which the merge must move
-         * to the global max without NaN (its terms are exactly 0 there, as in the reference) */
+         * to the global max without NaN (its terms are exactly 0 there, as in the reference).
+         * Every other whole-shard row (k % 4 == 2) has its valid label moved into that shard and
+         * masked too: a shard with no mass holding the label (lf_tp_share_from), whose loss is
+         * the single GPU's finite (M - z_y) + log S ~ 3.4e38 (+inf with smoothing) */
         const float fm = d->dt == LF_F32 ? -FLT_MAX : d->dt == LF_BF16 ? -3.3895314e38f : -65504.0f;
         const uint16_t fm16 = d->dt == LF_BF16 ? lf_f32_to_bf16(fm) : lf_f32_to_f16(fm);
         std::vector<char> h((size_t)V * esz);
@@ -2553,9 +2556,14 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
             const int64_t k = (i - 3) / 13;
             int64_t a = 0, e = V;
             if (k % 2 == 0) lf_tp_shard(V, P, (int)((k / 2) % P), &a, &e);
+            const bool with_label = P > 1 && k % 4 == 2 && lab[i] >= 0 && lab[i] < V && e > a;
+            if (with_label) {
+                lab[i] = a + (e - a) / 2;
+                lab32[i] = (int32_t)lab[i];
+            }
             TPD_TRY(cudaMemcpy(h.data(), (char *)xg + (size_t)i * V * esz, V * esz, cudaMemcpyDeviceToHost));
             for (int64_t j = a; j < e; ++j) {
-                if (j == lab[i] || (k % 2 == 1 && j % 11 != 4)) continue;
+                if ((j == lab[i] && !with_label) || (k % 2 == 1 && j % 11 != 4)) continue;
                 if (d->dt == LF_F32) ((float *)h.data())[j] = fm;
                 else ((uint16_t *)h.data())[j] = fm16;
             }

@@ -222,6 +222,37 @@ static void test_share_rules(void)
         coef = lf_tp_grad_coef(mg, lse, 0.0f);
         CHECK(coef == coef && fabs(coef) < 2.0f, "finfo.min shard with smoothing: gradient coefficient %g", coef);
     }
+    { /* the label inside a shard with no mass (every column massless, lf_massless; pushed one by
+       * one its m is -inf, as a shard of edge elements is on a GPU): the loss is the full row's
+       * finite (M - z_y) + log S (~3.4e38), as lf_ref_ce_row and the single-GPU kernel give, not
+       * -inf - z_y + inf = NaN; without smoothing and with it (then +inf, as there) */
+        enum { FV = 8, FP = 2 };
+        static const float floors[2] = {-3.3895314e38f, -3.402823466e38f};
+        int f, sm;
+        for (f = 0; f < 2; ++f)
+            for (sm = 0; sm < 2; ++sm) {
+                float x[FV], lse = 0.0f, loss;
+                lf_tp_share g[FP];
+                lf_tp_merged mg;
+                lf_ce_opts o = lf_ce_opts_default();
+                lf_ce_row ref;
+                int64_t j;
+                o.label_smoothing = sm ? 0.1f : 0.0f;
+                for (j = 0; j < FV; ++j) x[j] = j < 4 ? floors[f] : (float)(j - 3);
+                for (r = 0; r < FP; ++r) {
+                    lf_tp_acc a = lf_tp_acc_init();
+                    lf_tp_shard(FV, FP, r, &v0, &v1);
+                    for (j = v0; j < v1; ++j) lf_tp_acc_push(&a, x[j], 1.0f, j == 1, sm);
+                    g[r] = lf_tp_share_make(a, 1.0f, (float)(v1 - v0), FV, o.label_smoothing);
+                }
+                mg = lf_tp_merge(g, 1, FP, 0, 1, 1.0f, NULL, FV, o.label_smoothing);
+                loss = lf_tp_loss(mg, 0.0f, &lse);
+                ref = lf_ref_ce_row(x, FV, 1, &o, NULL);
+                CHECK(sm ? loss == INFINITY : (loss < INFINITY && fabs(loss - ref.loss) <= 1e-6 * fabs(ref.loss)),
+                      "label in a massless shard (floor %g, smoothing %d): loss %g, reference %g", floors[f], sm, loss, ref.loss);
+                CHECK(fabs(lse - ref.lse) <= 1e-6 * fabs(ref.lse), "label in a massless shard: lse %.9g, reference %.9g", lse, ref.lse);
+            }
+    }
     for (r = 0; r < 5; ++r) {
         lf_tp_shard(13, 5, r, &v0, &v1);
         CHECK(v0 == total && v1 - v0 == (r < 3 ? 3 : 2), "shard %d of 13 over 5: [%lld, %lld)", r, (long long)v0, (long long)v1);
