@@ -265,10 +265,12 @@ LF_HD void lf_impl_lse_rescale(float m_old, float m_new, float *s, float *u)
  * -2.3587e38 (-FLT_MAX / log2 e) -- bf16's and fp32's finfo.min are (-3.39e38, -3.40e38); fp16's
  * -65504 is not. The kernels take exp(z - m) as exp2(z log2 e - m log2 e), so such an entry
  * weighs exactly 0 there, as -inf does, whatever else is in the row: a row with nothing else has
- * no mass (lse -inf, NaN loss), not a uniform distribution. lf_lse_push, the cross-entropy and
- * DPO references and the tensor-parallel shares (lf_tp_share_from) follow the same rule, so every
- * path of those kernels gives one answer (at logit_scale 1; another scale moves the body's
- * threshold by up to an ulp, inside the |m| > 1e7 range where cross_entropy.cu's contract
+ * no mass (lse -inf, NaN loss), not a uniform distribution. The same rule is followed by
+ * lf_lse_push, the cross-entropy and DPO references, the KL reference's log-sum-exp of each side
+ * (lf_ref_kl_row: a side of nothing else has no distribution, both KLs NaN, as the dual-softmax
+ * kernels' held shift gives) and the tensor-parallel shares (lf_tp_share_from), so every path of
+ * those kernels gives one answer (at logit_scale 1 and temperature 1; another scale moves the
+ * body's threshold by up to an ulp, inside the |m| > 1e7 range where cross_entropy.cu's contract
  * promises nothing). NaN is not massless. */
 LF_HD int lf_massless(float z)
 {
@@ -1128,7 +1130,8 @@ static inline double lf_impl_ref_kl_dz(float x, const lf_kl_opts *o)
     return (c > 0.0 ? 1.0 - t * t : 1.0) / (double)o->temperature;
 }
 
-/* Internal: log-sum-exp of one side: NaN for a NaN or +inf, -inf for no mass. */
+/* Internal: log-sum-exp of one side: NaN for a NaN or +inf, -inf for no mass (every entry -inf
+ * or massless, lf_massless: as the kernels' exponent z log2 e, such a side has no distribution). */
 static inline double lf_impl_ref_kl_lse(const float *x, int64_t V, const lf_kl_opts *o)
 {
     double m = -(double)LF_INF_F, s = 0.0;
@@ -1136,7 +1139,7 @@ static inline double lf_impl_ref_kl_lse(const float *x, int64_t V, const lf_kl_o
     for (j = 0; j < V; ++j) {
         double z = lf_impl_ref_kl_z(x[j], o);
         if (z != z || z == (double)LF_INF_F) return (double)NAN;
-        if (z > m) m = z;
+        if (z > m && !lf_massless((float)z)) m = z;
     }
     if (m == -(double)LF_INF_F) return m;
     for (j = 0; j < V; ++j) {

@@ -253,6 +253,32 @@ static void test_dual(void)
         y[0] = 1.0f; y[1] = 2.0f; y[2] = 3.0f; y[3] = 4.0f;
         check_dual(x, y, 4, "student all -inf");
         check_dual(y, x, 4, "teacher all -inf");
+        { /* a side with every entry at bf16's / fp32's finfo.min (lf_massless) has no mass either:
+           * lf_dual and lf_ref_kl_row give NaN KLs, as the kernels do (their shift held at -FLT_MAX
+           * makes every term 0); fp16's -65504 is an ordinary uniform side */
+            static const float floors[3] = {-3.3895314e38f, -3.402823466e38f, -65504.0f};
+            lf_kl_opts ko = lf_kl_opts_default();
+            lf_kl_row kr;
+            double g4[4];
+            int f, side;
+            for (f = 0; f < 3; ++f)
+                for (side = 0; side < 2; ++side) {
+                    float fl[4];
+                    for (k = 0; k < 4; ++k) fl[k] = floors[f];
+                    st = lf_dual_init();
+                    for (k = 0; k < 4; ++k) lf_dual_push(&st, side ? y[k] : fl[k], side ? fl[k] : y[k]);
+                    o = lf_dual_final(st);
+                    kr = lf_ref_kl_row(side ? y : fl, side ? fl : y, 4, &ko, g4);
+                    if (f < 2)
+                        CHECK(isnan(o.kl_fwd) && isnan(o.kl_rev) && isnan(kr.kl_fwd) && isnan(kr.kl_rev) && isnan(kr.loss),
+                              "%s all at %g: dual KL %g %g, reference %g %g loss %g", side ? "teacher" : "student", floors[f],
+                              o.kl_fwd, o.kl_rev, kr.kl_fwd, kr.kl_rev, kr.loss);
+                    else
+                        CHECK(isfinite(o.kl_fwd) && isfinite(kr.kl_fwd) && isfinite(kr.loss),
+                              "%s all at fp16's floor: dual KL %g, reference %g loss %g", side ? "teacher" : "student",
+                              o.kl_fwd, kr.kl_fwd, kr.loss);
+                }
+        }
         x[0] = 1.0f; x[1] = NAN; x[2] = 0.0f; x[3] = 0.0f;
         check_dual(x, y, 4, "NaN student");
         check_dual(y, x, 4, "NaN teacher");

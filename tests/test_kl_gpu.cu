@@ -234,7 +234,15 @@ static void run_case(const Case &c)
         if (N >= 4)
             for (int64_t j = 0; j < V; ++j)
                 if (j % 17 == 8) ht[3][j] = fmt;
-        for (int64_t i = 0; i < std::min<int64_t>(N, 4); ++i) {
+        /* rows 4 and 5: the student, then the teacher, with EVERY entry at the floor: a side
+         * with no mass (lossfuse.h lf_massless), no distribution, as a side of -inf: NaN loss
+         * and gradient in the kernel (its held shift makes every term 0) and in the reference */
+        if (N >= 6)
+            for (int64_t j = 0; j < V; ++j) {
+                hs[4][j] = fm;
+                ht[5][j] = fmt;
+            }
+        for (int64_t i = 0; i < std::min<int64_t>(N, N >= 6 ? 6 : 4); ++i) {
             write_row(i);
             planted.insert(i);
         }
