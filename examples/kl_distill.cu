@@ -81,7 +81,8 @@
  *     entries (its log2 p_j - log2 q_j overflows; the reference's p_j 3.4e38 is finite). Which
  *     form a row takes depends on the row (tested on an H200: V = 1000 gave either, V = 50257
  *     the support mismatch). Not a supported input: mask the teacher with -inf, or the student
- *     too. A row with nothing else has no mass (NaN), as an all -inf row.
+ *     too. A side with nothing else has no mass (NaN), as an all -inf side (lossfuse.h
+ *     lf_massless; tested: the student, and the teacher, entirely at it).
  *   - Deterministic: fixed-order reductions within a row and over rows; no float atomics.
  *   - No host synchronisation; CUDA-graph capturable; N = 0 launches nothing.
  *
