@@ -2000,12 +2000,16 @@ LF_HD lf_tp_share lf_tp_share_from(float m, float s, int has_y, float zy, float 
                                    float eps)
 {
     lf_tp_share sh;
+    int moved = 0;
     /* A shard with no mass (every column -inf or massless, lf_massless) whose label z_y is finite
      * is taken at m = z_y: t's m - z_y is then 0 instead of -inf - z_y, and lf_tp_move adds the
      * label's A_r (M - z_y), so the loss is the full row's (M - z_y) + log S, finite, as the
      * single-GPU kernel's. (A shard read as body vectors holds its largest massless column as m,
      * one read as edge elements -inf: both give this loss.) */
-    if (has_y && m == -LF_INF_F && zy > -LF_INF_F && zy < LF_INF_F) m = zy;
+    if (has_y && m == -LF_INF_F && zy > -LF_INF_F && zy < LF_INF_F) {
+        m = zy;
+        moved = 1;
+    }
     sh.m = m;
     sh.s = s;
     sh.t = 0.0f;
@@ -2016,9 +2020,14 @@ LF_HD lf_tp_share lf_tp_share_from(float m, float s, int has_y, float zy, float 
          * W_r m and wz both -inf (a shard of columns near the float floor, e.g. masked at
          * torch.finfo.min: both sums overflow) would give -inf - -inf = NaN from finite logits;
          * the term is then +inf, what examples/cross_entropy.cu's (W lse - wz) / V gives on the
-         * full row (the double reference's ~1e37-1e38 is out of a float sum's reach) */
+         * full row (the double reference's ~1e37-1e38 is out of a float sum's reach). With m
+         * moved to z_y (not the shard's maximum) W_r m may overflow where wz does not (class
+         * weights): one rounding, fmaf, then, and +inf only where wz itself overflowed */
         const float wm = Wr * m;
-        const float sm = m == -LF_INF_F ? (wz != 0.0f ? LF_INF_F : 0.0f) : wm == -LF_INF_F && wz == -LF_INF_F ? LF_INF_F : wm - wz;
+        const float sm = moved                 ? (wz == -LF_INF_F ? LF_INF_F : fmaf(Wr, m, -wz))
+                       : m == -LF_INF_F        ? (wz != 0.0f ? LF_INF_F : 0.0f)
+                       : wm == -LF_INF_F && wz == -LF_INF_F ? LF_INF_F
+                                               : wm - wz;
         sh.t += eps * sm / (float)V;
     }
     return sh;

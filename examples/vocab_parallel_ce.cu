@@ -2556,7 +2556,7 @@ static tp_demo_result tp_demo_run(const tp_demo *d)
             const int64_t k = (i - 3) / 13;
             int64_t a = 0, e = V;
             if (k % 2 == 0) lf_tp_shard(V, P, (int)((k / 2) % P), &a, &e);
-            const bool with_label = P > 1 && k % 4 == 2 && lab[i] >= 0 && lab[i] < V && e > a;
+            const bool with_label = P > 1 && k % 4 == 2 && lab[i] != ign && lab[i] >= 0 && lab[i] < V && e > a;
             if (with_label) {
                 lab[i] = a + (e - a) / 2;
                 lab32[i] = (int32_t)lab[i];

@@ -252,6 +252,33 @@ static void test_share_rules(void)
                       "label in a massless shard (floor %g, smoothing %d): loss %g, reference %g", floors[f], sm, loss, ref.loss);
                 CHECK(fabs(lse - ref.lse) <= 1e-6 * fabs(ref.lse), "label in a massless shard: lse %.9g, reference %.9g", lse, ref.lse);
             }
+        { /* ... with class weights and smoothing, where W_r z_y overflows but sum w z does not (a
+           * review's case: -inf before the fmaf in lf_tp_share_from); the true loss ~9.1e36 */
+            static const float xw[4] = {-2.4e38f, -3.4e38f, 1.0f, 2.0f}, cw[4] = {1.0f, 0.01f, 1.0f, 1.0f};
+            float Wr[2], lse = 0.0f, loss;
+            lf_tp_share g[2];
+            lf_tp_merged mg;
+            lf_ce_opts o = lf_ce_opts_default();
+            lf_ce_row ref;
+            int64_t j;
+            o.label_smoothing = 0.1f;
+            o.class_weights = cw;
+            for (r = 0; r < 2; ++r) {
+                lf_tp_acc a = lf_tp_acc_init();
+                lf_tp_shard(4, 2, r, &v0, &v1);
+                Wr[r] = 0.0f;
+                for (j = v0; j < v1; ++j) {
+                    lf_tp_acc_push(&a, xw[j], cw[j], j == 1, 1);
+                    Wr[r] += cw[j];
+                }
+                g[r] = lf_tp_share_make(a, cw[1], Wr[r], 4, o.label_smoothing);
+            }
+            mg = lf_tp_merge(g, 1, 2, 0, 1, cw[1], Wr, 4, o.label_smoothing);
+            loss = lf_tp_loss(mg, 0.0f, &lse);
+            ref = lf_ref_ce_row(xw, 4, 1, &o, NULL);
+            CHECK(fabs(loss - ref.loss) <= 1e-5 * fabs(ref.loss), "label in a massless shard, weights + smoothing: loss %.9g, reference %.9g",
+                  loss, ref.loss);
+        }
     }
     for (r = 0; r < 5; ++r) {
         lf_tp_shard(13, 5, r, &v0, &v1);
