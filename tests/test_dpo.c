@@ -361,6 +361,34 @@ static void test_dpo(void)
                                 NULL) == LF_OK && loss == 0.0,
               "divisor 0: loss %g", loss);
     }
+    /* a labelled token whose row is entirely at bf16's / fp32's finfo.min (lf_massless): no
+     * distribution, so its sequence's log-probability and the loss are NaN, as in the kernels
+     * (not the uniform row's -log V); fp16's -65504 is an ordinary uniform row */
+    {
+        static const float floors[3] = {-3.3895314e38f, -3.402823466e38f, -65504.0f};
+        lf_dpo_opts o = lf_dpo_opts_default();
+        int f;
+        for (f = 0; f < 3; ++f) {
+            int64_t k = -1, t = -1, tt, j, p;
+            double loss = 0.0;
+            make_dpo_case(&c);
+            for (p = 0; p < c.npairs && t < 0; ++p)
+                for (k = c.pairs[2 * p], tt = c.cu[k]; tt < c.cu[k + 1] && t < 0; ++tt)
+                    if (c.labels[tt] >= 0 && c.labels[tt] < V_DPO) t = tt;
+            CHECK(t >= 0, "no labelled token in a paired sequence");
+            if (t < 0) continue;
+            for (j = 0; j < V_DPO; ++j) c.x[t * V_DPO + j] = floors[f];
+            CHECK(lf_ref_dpo_packed(c.T, V_DPO, c.x, V_DPO, c.labels, c.cu, c.nseq, c.pairs, c.npairs, NULL, &o, -1.0, &loss, seq, NULL,
+                                    grad, NULL) == LF_OK,
+                  "row at the floor: status");
+            if (f < 2)
+                CHECK(isnan(seq[k]) && isnan(loss) && isnan(grad[t * V_DPO]), "token row at %g: sequence logp %g, loss %g, grad %g",
+                      floors[f], seq[k], loss, grad[t * V_DPO]);
+            else
+                CHECK(isfinite(seq[k]) && isfinite(loss) && isfinite(grad[t * V_DPO]),
+                      "token row at fp16's floor: sequence logp %g, loss %g, grad %g", seq[k], loss, grad[t * V_DPO]);
+        }
+    }
 }
 
 /* ------------------------------------------------------------------ pairwise preference -- */
