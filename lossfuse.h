@@ -1544,6 +1544,18 @@ static inline double lf_impl_dpo_pair(const lf_dpo_opts *o, double h, double *d)
     }
 }
 
+/* Internal: a raw logits row's maximum m over the entries with mass (lf_massless) and, in *s,
+ * sum_j exp(x_j - m), in double. m -inf (no mass) makes *s NaN: no distribution. */
+static inline double lf_impl_ref_row_ms(const float *x, int64_t V, double *s)
+{
+    double m = -(double)LF_INF_F, acc = 0.0;
+    int64_t j;
+    for (j = 0; j < V; ++j) m = (double)x[j] > m && !lf_massless(x[j]) ? (double)x[j] : m;
+    for (j = 0; j < V; ++j) acc += exp((double)x[j] - m);
+    *s = acc;
+    return m;
+}
+
 static inline lf_status lf_ref_dpo_packed(int64_t T, int64_t V, const float *logits, int64_t stride,
                                           const int64_t *labels, const int32_t *cu_seqlens, int64_t nseq,
                                           const int32_t *pairs, int64_t n_pairs, const float *ref_logps,
@@ -1569,14 +1581,13 @@ static inline lf_status lf_ref_dpo_packed(int64_t T, int64_t V, const float *log
         for (t = cu_seqlens[k]; t < cu_seqlens[k + 1]; ++t) {
             const float *x = logits + t * stride;
             int64_t y = labels[t];
-            double m = -(double)LF_INF_F, s = 0.0;
+            double m, s;
             if (y == o->ignore_index) continue;
             if (y < 0 || y >= V) {
                 ++bad;
                 continue;
             }
-            for (j = 0; j < V; ++j) m = (double)x[j] > m && !lf_massless(x[j]) ? (double)x[j] : m;
-            for (j = 0; j < V; ++j) s += exp((double)x[j] - m); /* m -inf: NaN, no distribution */
+            m = lf_impl_ref_row_ms(x, V, &s);
             lp[k] += (double)x[y] - m - log(s);
             nt[k] += 1.0;
         }
@@ -1615,12 +1626,11 @@ static inline lf_status lf_ref_dpo_packed(int64_t T, int64_t V, const float *log
         for (k = 0; k < nseq; ++k)
             for (t = cu_seqlens[k]; t < cu_seqlens[k + 1]; ++t) {
                 const float *x = logits + t * stride;
-                double *g = grad + t * V, m = -(double)LF_INF_F, s = 0.0;
+                double *g = grad + t * V, m, s;
                 int64_t y = labels[t];
                 for (j = 0; j < V; ++j) g[j] = 0.0;
                 if (y == o->ignore_index || y < 0 || y >= V) continue;
-                for (j = 0; j < V; ++j) m = (double)x[j] > m && !lf_massless(x[j]) ? (double)x[j] : m;
-                for (j = 0; j < V; ++j) s += exp((double)x[j] - m);
+                m = lf_impl_ref_row_ms(x, V, &s);
                 for (j = 0; j < V; ++j) g[j] = -coef[k] * exp((double)x[j] - m) / s;
                 g[y] += coef[k];
             }
