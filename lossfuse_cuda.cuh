@@ -718,6 +718,23 @@ static __device__ __forceinline__ lf_row_span lf_row_span_make(const T *row, int
  * entry above -FLT_MAX / log2(e). */
 static __device__ __forceinline__ float lf_shift_l2e(float m) { return m == -LF_INF_F ? 0.0f : fmaxf(m * LF_LOG2E, -FLT_MAX); }
 
+/* The rounding of that shift, c = m log2(e) - sh (sh = lf_shift_l2e(m)), recovered exactly by one
+ * FFMA (the product is exact inside it): a sum of exp2(z log2(e) - sh) is the sum against m
+ * itself times 2^c, so lse = m + log(s) would carry c ln 2, up to half an ulp of m log2(e)
+ * (1.3e-6 at |m| = 40, 3.4e-4 at |m| = 1e4), and so would the loss (m - z_y) + log(s). A pass
+ * multiplies its sums by 2^-c (lf_ex2(-c)) before they join a state (whose s is relative to m):
+ * an FFMA, an EX2 and an FMUL per thread and piece, and the loss is then good to fp32 rounding
+ * of its own terms, whatever |m|. 0 (no correction) where |c| is not below 1: |m| beyond ~1.2e7,
+ * where the exponents themselves are not meaningful; m = -inf (an empty state, sh = 0); a shift
+ * held at -FLT_MAX (a massless maximum); NaN. The exponents of the fast passes are
+ * x (scale log2 e) - sh, so with a logit scale whose product with log2(e) is not exact in fp32
+ * (a scale that is not a power of 2) an error of ~2^-24 |m| remains: the scale's rounding. */
+static __device__ __forceinline__ float lf_shift_err(float m, float sh)
+{
+    const float c = fmaf(m, LF_LOG2E, -sh);
+    return fabsf(c) < 1.0f ? c : 0.0f;
+}
+
 /* 16-byte store of data nobody reads in this kernel (streaming, evict-first). */
 static __device__ __forceinline__ void lf_st16(uint4 *p, uint4 v) { __stcs(p, v); }
 
@@ -882,8 +899,9 @@ static __device__ __forceinline__ lf_edge lf_row_edge_load(const T *row, const l
  *                 class_w; without class weights only sum_j z_j (st.w is left alone: W = V).
  * Two sweeps over the thread's vectors: the max first, so the running sum is rescaled once per
  * piece instead of once per element; then exp(z - m) as one FFMA + EX2 per element,
- * exp2(x * scale*log2e - m*log2e). All terms share the one rounded shift m*log2e, so the
- * rounding of that product cancels in lse = m + log(s) up to ~1 ulp of m. No barrier. */
+ * exp2(x * scale*log2e - m*log2e). All terms share the one rounded shift m*log2e, whose
+ * rounding is taken out of the piece's sums (lf_shift_err), so s is relative to m itself. No
+ * barrier. */
 template <int THREADS, typename T, bool FULL, bool SOFTCAP>
 static __device__ __forceinline__ void lf_piece_stats(lf_row_stats &st, const uint4 *buf, const lf_row_span &sp,
                                                       int vbeg, int vend, const lf_xform &t, const float *class_w)
@@ -913,6 +931,7 @@ static __device__ __forceinline__ void lf_piece_stats(lf_row_stats &st, const ui
     const float shift = (m_new == -LF_INF_F) ? 0.0f : m_new;
     const float shift_l2e = lf_shift_l2e(m_new);
     float s0 = 0.0f, s1 = 0.0f; /* two chains halve the FADD dependency latency */
+    float u = 0.0f;
 #pragma unroll 4
     for (int v = vbeg + (int)threadIdx.x; v < vend; v += THREADS) {
         float x[PV];
@@ -924,7 +943,7 @@ static __device__ __forceinline__ void lf_piece_stats(lf_row_stats &st, const ui
             if (e & 1) s1 += p;
             else s0 += p;
             if (FULL) {
-                st.lse.u = fmaf(p, fmaxf(z - shift, -FLT_MAX), st.lse.u);
+                u = fmaf(p, fmaxf(z - shift, -FLT_MAX), u);
                 if (class_w) {
                     const float w = __ldg(class_w + (sp.head + v * PV + e));
                     st.wz += (w != 0.0f) ? w * z : 0.0f;
@@ -935,7 +954,10 @@ static __device__ __forceinline__ void lf_piece_stats(lf_row_stats &st, const ui
             }
         }
     }
-    st.lse.s += s0 + s1;
+    /* onto m itself (lf_shift_err); u is relative to m already, its terms p carry the factor */
+    const float fix = lf_ex2(-lf_shift_err(m_new, shift_l2e));
+    st.lse.s = fmaf(s0 + s1, fix, st.lse.s);
+    if (FULL) st.lse.u = fmaf(u, fix, st.lse.u);
 }
 
 /* The fast row pass (no softcap, no class weights): the same statistics as lf_piece_stats with
@@ -1082,9 +1104,12 @@ static __device__ __forceinline__ void lf_piece_stats_fast(lf_row_stats &st, lf_
     if (!FULL) lf_piece_sumexp<THREADS, T, false, false, NPOLY>(buf, vbeg, vend, t.scale_l2e, sh, &s, &u2, &sx);
     else if (sumx) lf_piece_sumexp<THREADS, T, true, true, NPOLY>(buf, vbeg, vend, t.scale_l2e, sh, &s, &u2, &sx);
     else lf_piece_sumexp<THREADS, T, true, false, NPOLY>(buf, vbeg, vend, t.scale_l2e, sh, &s, &u2, &sx);
-    st.lse.s += s;
+    /* onto m itself (lf_shift_err): s 2^-c; u2 = sum q (x c - sh) is relative to sh, so
+     * u = ln 2 2^-c (u2 - c s) */
+    const float c = lf_shift_err(m_new, sh), fix = lf_ex2(-c);
+    st.lse.s = fmaf(s, fix, st.lse.s);
     if (FULL) {
-        st.lse.u += u2 * LF_LN2;
+        st.lse.u = fmaf(fmaf(-c, s, u2), fix * LF_LN2, st.lse.u);
         st.wz += sx * t.scale;
     }
 }
@@ -1224,9 +1249,11 @@ static __device__ __forceinline__ void lf_impl_warp_batch(lf_row_stats &st, floa
             }
         }
     }
-    st.lse.s += s0 + s1;
+    /* onto m itself (lf_shift_err), as lf_piece_stats_fast */
+    const float c = lf_shift_err(st.lse.m, sh), fix = lf_ex2(-c);
+    st.lse.s = fmaf(s0 + s1, fix, st.lse.s);
     if (FULL) {
-        st.lse.u += (u0 + u1) * LF_LN2;
+        st.lse.u = fmaf(fmaf(-c, s0 + s1, u0 + u1), fix * LF_LN2, st.lse.u);
         if (MODE == 1) st.wz += SOFTCAP ? a0 + a1 : (a0 + a1) * t.scale;
         if (MODE == 2) {
             st.wz += a0;

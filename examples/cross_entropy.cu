@@ -64,10 +64,16 @@
  *     not uniform as in PyTorch -- lossfuse.h lf_massless, the one rule of the body's one-FFMA
  *     exponent, the edge elements' pushes and the references. fp16's finfo.min (-65504) has mass:
  *     a row of nothing else is uniform, loss log V.
- *   - Accuracy: lse to ~1 ulp of the row's maximum m (one rounded shift m log2 e is shared by
- *     every term), so the loss to ~1 ulp of |m| absolute (~1e-3 at |m| = 1e4). Beyond |m| ~ 1e7
- *     that shift's rounding is no longer a fraction of one (e.g. a row masked with -1e9 and
- *     nothing else): the loss and gradient of such a row are not meaningful.
+ *   - Accuracy: the loss is (m - z_y) + log(s), m the row's maximum and s the sum of exp(z - m)
+ *     made exact relative to m (lossfuse_cuda.cuh lf_shift_err: the rounding of the one shift
+ *     m log2 e that every exponent shares is taken out of each piece's sum), so it is good to
+ *     fp32 rounding of its own terms whatever |m| (without label smoothing, at logit_scale 1 or
+ *     a power of 2; the smoothing term W lse - sum w z and a scale's rounding carry ~1 ulp of
+ *     |m|). lse itself is a float: ~half an ulp of |lse|. The gradient's p_j = exp2(x log2 e -
+ *     lse log2 e) carries the rounding of lse log2 e: ~2^-24 |lse| relative (6e-4 at |lse| =
+ *     1e4, within half a bf16 ulp up to |lse| ~ 3e4). Beyond |m| ~ 1e7 the shift's rounding is no
+ *     longer a fraction of one (e.g. a row masked with -1e9 and nothing else): the loss and
+ *     gradient of such a row are not meaningful.
  *   - The batch loss never depends on timing: per-row values in the workspace summed in a fixed
  *     order by the last CTA to finish, or in the row-resident schedule an exact, order-free sum
  *     (lossfuse.h lf_xsum: integer buckets, integer atomics) that is the same bits whichever CTA

@@ -260,7 +260,7 @@ static __device__ __forceinline__ void dpo_body_lse(const uint4 *body, int nvec,
                 if (e & 1) s1 += t;
                 else s0 += t;
             }
-        *s += s0 + s1;
+        *s = fmaf(s0 + s1, lf_ex2(-lf_shift_err(m_new, sh)), *s); /* onto m itself (lf_shift_err) */
     }
 }
 
