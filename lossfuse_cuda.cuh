@@ -720,13 +720,14 @@ static __device__ __forceinline__ float lf_shift_l2e(float m) { return m == -LF_
 
 /* The rounding of that shift, c = m log2(e) - sh (sh = lf_shift_l2e(m)), recovered exactly by one
  * FFMA (the product is exact inside it): a sum of exp2(z log2(e) - sh) is the sum against m
- * itself times 2^c, so lse = m + log(s) would carry c ln 2, up to half an ulp of m log2(e)
- * (1.3e-6 at |m| = 40, 3.4e-4 at |m| = 1e4), and so would the loss (m - z_y) + log(s). A pass
- * multiplies its sums by 2^-c (lf_ex2(-c)) before they join a state (whose s is relative to m):
- * an FFMA, an EX2 and an FMUL per thread and piece, and the loss is then good to fp32 rounding
- * of its own terms, whatever |m|. 0 (no correction) where |c| is not below 1: |m| beyond ~1.2e7,
- * where the exponents themselves are not meaningful; m = -inf (an empty state, sh = 0); a shift
- * held at -FLT_MAX (a massless maximum); NaN. The exponents of the fast passes are
+ * itself times 2^c, so lse = m + log(s) would carry c ln 2 nats, c being up to half an ulp of
+ * m log2(e) (so c ln 2 up to 1.3e-6 nats at |m| = 40, 3.4e-4 at |m| = 1e4), and so would the loss
+ * (m - z_y) + log(s). A pass multiplies its sums by 2^-c (lf_ex2(-c)) before they join a state
+ * (whose s is relative to m): an FFMA, an EX2 and an FMUL per thread and piece, and the loss is
+ * then good to fp32 rounding of its own terms for |m| up to ~1.2e7 (|m log2 e| < 2^24, where
+ * |c| <= 1/2 always). 0 (no correction) where |c| is not below 1: only beyond that, where it
+ * depends on m's bits (the contract promises nothing there); m = -inf (an empty state,
+ * sh = 0); a shift held at -FLT_MAX (a massless maximum); NaN. The exponents of the fast passes are
  * x (scale log2 e) - sh, so with a logit scale whose product with log2(e) is not exact in fp32
  * (a scale that is not a power of 2) an error of ~2^-24 |m| remains: the scale's rounding. */
 static __device__ __forceinline__ float lf_shift_err(float m, float sh)
@@ -966,8 +967,9 @@ static __device__ __forceinline__ void lf_piece_stats(lf_row_stats &st, const ui
  *   sweep 1  the thread's maximum in the element type (lf_elem::mx_push: a packed max per two
  *            bf16/fp16 elements, nothing unpacked);
  *   sweep 2  p = exp2(x * scale*log2e - m*log2e): unpack + FFMA + EX2 + FADD per element; with
- *            FULL also u += p * t (t, the exponent, is (z - m) log2 e: entropy in log2 units,
- *            converted once per piece) and optionally sum x (label smoothing: sum z = scale sum x).
+ *            FULL also u += p * t (t, the exponent, is (z - m) log2 e + c, c the shift's rounding,
+ *            lf_shift_err: entropy in log2 units, converted once per piece, c s taken off) and
+ *            optionally sum x (label smoothing: sum z = scale sum x).
  * The argmax is found lazily (lf_lazy_argmax): sweep 1 only yields the thread's maximum; when
  * that improves on the thread's row maximum so far and is its warp's largest such value, it is
  * offered to a CTA-wide running maximum in shared memory (one shared atomicMax per warp and

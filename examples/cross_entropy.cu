@@ -67,9 +67,10 @@
  *   - Accuracy: the loss is (m - z_y) + log(s), m the row's maximum and s the sum of exp(z - m)
  *     made exact relative to m (lossfuse_cuda.cuh lf_shift_err: the rounding of the one shift
  *     m log2 e that every exponent shares is taken out of each piece's sum), so it is good to
- *     fp32 rounding of its own terms whatever |m| (without label smoothing, at logit_scale 1 or
- *     a power of 2; the smoothing term W lse - sum w z and a scale's rounding carry ~1 ulp of
- *     |m|). lse itself is a float: ~half an ulp of |lse|. The gradient's p_j = exp2(x log2 e -
+ *     fp32 rounding of its own terms for |m| up to ~1e7 (without label smoothing, at
+ *     logit_scale 1 or a power of 2, without softcap; the smoothing term W lse - sum w z and a
+ *     scale's rounding carry ~1 ulp of |m|, the cap's tanhf ~cap 2^-22). lse itself is a float:
+ *     ~half an ulp of |lse|. The gradient's p_j = exp2(x log2 e -
  *     lse log2 e) carries the rounding of lse log2 e: ~2^-24 |lse| relative (6e-4 at |lse| =
  *     1e4, within half a bf16 ulp up to |lse| ~ 3e4). Beyond |m| ~ 1e7 the shift's rounding is no
  *     longer a fraction of one (e.g. a row masked with -1e9 and nothing else): the loss and
@@ -340,7 +341,9 @@ static __device__ __forceinline__ void ce_row_outputs(const ce_kparams &p, int64
     const float w_y = p.class_w ? __ldg(p.class_w + y) : 1.0f;
     const float wsum = (FULL && p.class_w) ? rs.w : (float)p.vocab;
     const float z_y = lf_xform_apply<SOFTCAP>(x_y, p.xf);
-    /* lse - z_y as (m - z_y) + log(s): exact when the label is the max, even at |x| ~ 1e4 */
+    /* lse - z_y as (m - z_y) + log(s), s relative to m itself (lf_shift_err): without the
+     * cancellation of lse's rounding against z_y; at the label the max, log of a sum ~1, good
+     * to a few 2^-24 even at |x| ~ 1e4 */
     const float nll = (rs.lse.m - z_y) + logf(rs.lse.s);
     const float smooth = (FULL && p.eps > 0.0f) ? (wsum * lse - rs.wz) / (float)p.vocab : 0.0f;
     const float zterm = p.lam * lse * lse;
