@@ -736,6 +736,18 @@ static __device__ __forceinline__ float lf_shift_err(float m, float sh)
     return fabsf(c) < 1.0f ? c : 0.0f;
 }
 
+/* Add to st a piece's sums taken against the rounded shift sh = lf_shift_l2e(st.m): s = sum q and,
+ * with FULL, u2 = sum q t (t = x c - sh, the exponent in log2 units), moved onto st.m itself:
+ * s 2^-c and u = ln 2 2^-c (u2 - c s), c = lf_shift_err(st.m, sh). For the passes whose entropy
+ * term is in the exponent's units (lf_piece_stats_fast, the warp pass). */
+template <bool FULL>
+static __device__ __forceinline__ void lf_lse_add_shifted(lf_lse &st, float sh, float s, float u2)
+{
+    const float c = lf_shift_err(st.m, sh), fix = lf_ex2(-c);
+    st.s = fmaf(s, fix, st.s);
+    if (FULL) st.u = fmaf(fmaf(-c, s, u2), fix * LF_LN2, st.u);
+}
+
 /* 16-byte store of data nobody reads in this kernel (streaming, evict-first). */
 static __device__ __forceinline__ void lf_st16(uint4 *p, uint4 v) { __stcs(p, v); }
 
@@ -1106,14 +1118,8 @@ static __device__ __forceinline__ void lf_piece_stats_fast(lf_row_stats &st, lf_
     if (!FULL) lf_piece_sumexp<THREADS, T, false, false, NPOLY>(buf, vbeg, vend, t.scale_l2e, sh, &s, &u2, &sx);
     else if (sumx) lf_piece_sumexp<THREADS, T, true, true, NPOLY>(buf, vbeg, vend, t.scale_l2e, sh, &s, &u2, &sx);
     else lf_piece_sumexp<THREADS, T, true, false, NPOLY>(buf, vbeg, vend, t.scale_l2e, sh, &s, &u2, &sx);
-    /* onto m itself (lf_shift_err): s 2^-c; u2 = sum q (x c - sh) is relative to sh, so
-     * u = ln 2 2^-c (u2 - c s) */
-    const float c = lf_shift_err(m_new, sh), fix = lf_ex2(-c);
-    st.lse.s = fmaf(s, fix, st.lse.s);
-    if (FULL) {
-        st.lse.u = fmaf(fmaf(-c, s, u2), fix * LF_LN2, st.lse.u);
-        st.wz += sx * t.scale;
-    }
+    lf_lse_add_shifted<FULL>(st.lse, sh, s, u2); /* onto m itself (st.lse.m is m_new) */
+    if (FULL) st.wz += sx * t.scale;
 }
 
 /* Push this thread's edge element (if any) into st. */
@@ -1251,11 +1257,8 @@ static __device__ __forceinline__ void lf_impl_warp_batch(lf_row_stats &st, floa
             }
         }
     }
-    /* onto m itself (lf_shift_err), as lf_piece_stats_fast */
-    const float c = lf_shift_err(st.lse.m, sh), fix = lf_ex2(-c);
-    st.lse.s = fmaf(s0 + s1, fix, st.lse.s);
+    lf_lse_add_shifted<FULL>(st.lse, sh, s0 + s1, u0 + u1); /* onto m itself */
     if (FULL) {
-        st.lse.u = fmaf(fmaf(-c, s0 + s1, u0 + u1), fix * LF_LN2, st.lse.u);
         if (MODE == 1) st.wz += SOFTCAP ? a0 + a1 : (a0 + a1) * t.scale;
         if (MODE == 2) {
             st.wz += a0;
