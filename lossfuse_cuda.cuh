@@ -1720,7 +1720,8 @@ static __device__ __forceinline__ lf_row_stats lf_cluster_stats_collect(const lf
  *    both shifts (maxima so far), sums, entropy terms and the cross terms of lossfuse.h §3b; a
  *    piece is summed against the shifts it has (on a thread's first piece of a row, the maxima
  *    of its first unit), and its maximum (packed bf16/fp16 max) is only looked for when a sum
- *    passes 2^64, so sums are rarely rescaled. The fast
+ *    passes 2^64, so sums are rarely rescaled; a piece's sums, taken against the shifts' rounded
+ *    products m cs, join the state relative to the maxima themselves (lf_impl_acc_fold). The fast
  *    sweep does no special-value tests: a -inf entry turns a cross term NaN, and then (only
  *    then) the thread's share of the piece is summed again with the exact conventions (0 log 0
  *    = 0, +inf KL on a support mismatch). lf_dual_acc_final gives the thread's lf_dual (z
@@ -2003,6 +2004,35 @@ static __device__ __forceinline__ void lf_impl_acc_move(float *m, float *s, floa
  * above -FLT_MAX / cs. */
 static __device__ __forceinline__ float lf_impl_acc_shift(float m, float cs) { return m == -LF_INF_F ? 0.0f : fmaxf(m * cs, -FLT_MAX); }
 
+/* The rounding of that shift, c = m cs - sh (sh = lf_impl_acc_shift(m, cs)), exact in one FFMA,
+ * 0 where |c| is not below 1 (lf_shift_err's rule: an empty side, a held -FLT_MAX shift, NaN,
+ * |m cs| beyond 2^24). A sum of exp2(w cs - sh) is the sum against m itself times 2^c. */
+static __device__ __forceinline__ float lf_impl_acc_shift_err(float m, float cs)
+{
+    const float c = fmaf(m, cs, -lf_impl_acc_shift(m, cs));
+    return fabsf(c) < 1.0f ? c : 0.0f;
+}
+
+/* A piece's sums q[0..5] = ss, st, us, ut, ra, rb, taken against the held shifts of a's maxima
+ * (lf_impl_acc_shift), added to a, whose sums are relative to its maxima themselves: each side's
+ * sums times 2^-c first (lf_impl_acc_shift_err), so that lse = m + log s and the KLs' (ms - mt) +
+ * (log ss - log st) do not carry the two shifts' roundings (up to half an ulp of m cs each: 1.3e-6
+ * nats at |m| = 40, 3.4e-4 at 1e4, where a KL between close rows may be 1e-3). An FFMA, an EX2 and
+ * an FMUL per side and piece. +inf cross terms (a support mismatch) stay +inf. */
+template <bool ENT>
+static __device__ __forceinline__ void lf_impl_acc_fold(lf_dual_acc &a, const float *q, float cs)
+{
+    const float fs = lf_ex2(-lf_impl_acc_shift_err(a.ms, cs)), ft = lf_ex2(-lf_impl_acc_shift_err(a.mt, cs));
+    a.ss = fmaf(q[0], fs, a.ss);
+    a.st = fmaf(q[1], ft, a.st);
+    if (ENT) {
+        a.us = fmaf(q[2], fs, a.us);
+        a.ut = fmaf(q[3], ft, a.ut);
+    }
+    a.ra = (a.ra == LF_INF_F || q[4] == LF_INF_F) ? LF_INF_F : fmaf(q[4], fs, a.ra);
+    a.rb = (a.rb == LF_INF_F || q[5] == LF_INF_F) ? LF_INF_F : fmaf(q[5], ft, a.rb);
+}
+
 /* Which pass-1 terms a loss needs (the fast sweep computes only those):
  *   LF_DUAL_RB    rb (forward KL; also JSD and TVD, whose pass 2 needs only the two lse)
  *   LF_DUAL_RA    ra (reverse KL)
@@ -2042,8 +2072,10 @@ static __device__ __forceinline__ void lf_dual_edge_push(lf_dual_acc &a, float w
 {
     lf_impl_acc_move(&a.ms, &a.ss, &a.us, &a.ra, fmaxf(a.ms, ws), cs);
     lf_impl_acc_move(&a.mt, &a.st, &a.ut, &a.rb, fmaxf(a.mt, wt), cs);
-    lf_impl_dual_terms<ENT>(ws, wt, a.ms, a.mt, lf_impl_acc_shift(a.ms, cs), lf_impl_acc_shift(a.mt, cs), cs, &a.ss,
-                            &a.st, &a.us, &a.ut, &a.ra, &a.rb);
+    float q[6] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    lf_impl_dual_terms<ENT>(ws, wt, a.ms, a.mt, lf_impl_acc_shift(a.ms, cs), lf_impl_acc_shift(a.mt, cs), cs, &q[0],
+                            &q[1], &q[2], &q[3], &q[4], &q[5]);
+    lf_impl_acc_fold<ENT>(a, q, cs); /* onto the maxima themselves */
 }
 
 /* Internal: the sums of this thread's units of a piece with the shifts a.ms, a.mt (w units),
@@ -2153,12 +2185,7 @@ static __device__ __forceinline__ bool lf_dual_piece_stats(lf_dual_acc &a, const
             if (!RB) q[5] = 0.0f;
         }
     }
-    a.ss += q[0];
-    a.st += q[1];
-    a.us += q[2];
-    a.ut += q[3];
-    a.ra = (a.ra == LF_INF_F || q[4] == LF_INF_F) ? LF_INF_F : a.ra + q[4];
-    a.rb = (a.rb == LF_INF_F || q[5] == LF_INF_F) ? LF_INF_F : a.rb + q[5];
+    lf_impl_acc_fold<ENT>(a, q, cs); /* onto the maxima themselves */
     return !done;
 }
 

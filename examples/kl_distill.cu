@@ -83,6 +83,14 @@
  *     the support mismatch). Not a supported input: mask the teacher with -inf, or the student
  *     too. A side with nothing else has no mass (NaN), as an all -inf side (lossfuse.h
  *     lf_massless; tested: the student, and the teacher, entirely at it).
+ *   - Accuracy: the forward and reverse KL (and soft CE) are rb / st + dl and ra / ss - dl,
+ *     dl = (ms - mt) + (log ss - log st) (lossfuse.h section 3b), with both sides' sums
+ *     relative to their maxima themselves (lossfuse_cuda.cuh
+ *     lf_impl_acc_fold: the rounding of each side's shift m log2 e / tau is taken out of its
+ *     sums), so a small KL between rows of large logits keeps its digits: fp32 rounding of the
+ *     cross terms w_t - w_s and of ms - mt, at a temperature that is a power of 2 (another
+ *     temperature's m / tau carries ~2^-24 |m| / tau). JSD and TVD take p_j = exp2(w cs - lse
+ *     log2 e) in their second pass, whose shift carries ~2^-24 |lse| (their loss ~that relative).
  *   - Deterministic: fixed-order reductions within a row and over rows; no float atomics.
  *   - No host synchronisation; CUDA-graph capturable; N = 0 launches nothing.
  *
