@@ -2006,7 +2006,8 @@ static __device__ __forceinline__ float lf_impl_acc_shift(float m, float cs) { r
 
 /* The rounding of that shift, c = m cs - sh (sh = lf_impl_acc_shift(m, cs)), exact in one FFMA,
  * 0 where |c| is not below 1 (lf_shift_err's rule: an empty side, a held -FLT_MAX shift, NaN,
- * |m cs| beyond 2^24). A sum of exp2(w cs - sh) is the sum against m itself times 2^c. */
+ * and where |m cs| is 2^24 or more, where half an ulp of it reaches 1). A sum of
+ * exp2(w cs - sh) is the sum against m itself times 2^c. */
 static __device__ __forceinline__ float lf_impl_acc_shift_err(float m, float cs)
 {
     const float c = fmaf(m, cs, -lf_impl_acc_shift(m, cs));
@@ -2018,7 +2019,9 @@ static __device__ __forceinline__ float lf_impl_acc_shift_err(float m, float cs)
  * sums times 2^-c first (lf_impl_acc_shift_err), so that lse = m + log s and the KLs' (ms - mt) +
  * (log ss - log st) do not carry the two shifts' roundings (up to half an ulp of m cs each: 1.3e-6
  * nats at |m| = 40, 3.4e-4 at 1e4, where a KL between close rows may be 1e-3). An FFMA, an EX2 and
- * an FMUL per side and piece. +inf cross terms (a support mismatch) stay +inf. */
+ * a few FFMAs per side and piece; in lf_dual_edge_push per edge element (2 EX2 more per element
+ * where a pair is read element by element: not measured). +inf cross terms (a support mismatch)
+ * stay +inf. */
 template <bool ENT>
 static __device__ __forceinline__ void lf_impl_acc_fold(lf_dual_acc &a, const float *q, float cs)
 {

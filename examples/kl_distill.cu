@@ -83,14 +83,17 @@
  *     the support mismatch). Not a supported input: mask the teacher with -inf, or the student
  *     too. A side with nothing else has no mass (NaN), as an all -inf side (lossfuse.h
  *     lf_massless; tested: the student, and the teacher, entirely at it).
- *   - Accuracy: the forward and reverse KL (and soft CE) are rb / st + dl and ra / ss - dl,
- *     dl = (ms - mt) + (log ss - log st) (lossfuse.h section 3b), with both sides' sums
- *     relative to their maxima themselves (lossfuse_cuda.cuh
+ *   - Accuracy: the forward and reverse KL are rb / st + dl and ra / ss - dl, dl = (ms - mt) +
+ *     (log ss - log st) (lossfuse.h section 3b; soft CE adds H(q) = log st - ut / st), with
+ *     both sides' sums relative to their maxima themselves (lossfuse_cuda.cuh
  *     lf_impl_acc_fold: the rounding of each side's shift m log2 e / tau is taken out of its
  *     sums), so a small KL between rows of large logits keeps its digits: fp32 rounding of the
- *     cross terms w_t - w_s and of ms - mt, at a temperature that is a power of 2 (another
- *     temperature's m / tau carries ~2^-24 |m| / tau). JSD and TVD take p_j = exp2(w cs - lse
- *     log2 e) in their second pass, whose shift carries ~2^-24 |lse| (their loss ~that relative).
+ *     cross terms w_t - w_s and of ms - mt, for |m| / tau up to ~1.2e7, where both sides are
+ *     linear (logits without a cap, or a log-prob teacher: with a cap or a probs teacher each z
+ *     carries ~2^-24 |z|) and at a temperature that is a power of 2 (another temperature's m /
+ *     tau carries ~2^-24 |m| / tau). JSD and TVD take p_j = exp2(w cs - lse log2 e) in their
+ *     second pass, whose shift carries ~2^-24 |lse| in every p_j and q_j: their loss is off by
+ *     about that much absolute (a few 1e-4 nats at |lse| ~ 8e3), even where it is 0.
  *   - Deterministic: fixed-order reductions within a row and over rows; no float atomics.
  *   - No host synchronisation; CUDA-graph capturable; N = 0 launches nothing.
  *
