@@ -46,9 +46,10 @@
  *      option), lf_piece_stats_fast (no softcap / class weights: about half the instructions,
  *      lazy argmax), lf_edge_stats; lf_warp_row_pass (one warp reads a row straight from global
  *      memory through registers: no shared memory, no barrier; lf_ld16_stream)
- *   6. Cross-entropy gradient writer: lf_grad_coef_make, lf_ce_grad_elem, lf_ce_label_grad,
- *      lf_piece_grad_store, lf_piece_grad_fast (coefficient folded into the exponent),
- *      lf_edge_grad_store, lf_row_zero
+ *   6. Cross-entropy gradient writer: lf_grad_coef_make, lf_grad_coef_onto_max(_for) (p_j
+ *      against the row maximum: no lse rounding), lf_ce_grad_elem, lf_ce_label_grad, lf_piece_grad_store,
+ *      lf_piece_grad_fast (coefficient folded into the exponent), lf_piece_grad_fast_if_ok
+ *      (there where its one rounded k is harmless), lf_edge_grad_store, lf_row_zero
  *   7. Clusters (sm_90): lf_cluster_row_stats, lf_cluster_sync (= lf_cluster_arrive + _wait), and
  *      the barrier-free exchange lf_cluster_stats_post / _collect (mbarriers, one per row set),
  *      for any record lf_cluster_post / _posts_wait, and one CTA's extra bytes on the same phase
@@ -1374,10 +1375,11 @@ static __device__ __forceinline__ lf_row_stats lf_warp_row_pass(const T *row, in
  * ========================================================================================== */
 
 typedef struct lf_grad_coef {
-    float a;       /* multiplies p_j */
-    float b;       /* subtracted at the label */
-    float e;       /* multiplies w_j, subtracted everywhere (label smoothing) */
-    float lse_l2e; /* lse * log2(e): p_j = exp2(z_j log2e - lse_l2e) */
+    float a;  /* multiplies exp2(z_j log2e - sh): a p_j */
+    float b;  /* subtracted at the label */
+    float e;  /* multiplies w_j, subtracted everywhere (label smoothing) */
+    float sh; /* the exponent's shift in log2 units: lse log2(e) (lf_grad_coef_make), or the row
+               * maximum's m log2(e) with 2^-c / s folded into a (lf_grad_coef_onto_max) */
 } lf_grad_coef;
 
 /* Coefficients for loss_i = (1-eps) w_y (lse - z_y) + eps (W lse - sum w z)/V + lam lse^2,
@@ -1392,9 +1394,39 @@ static __device__ __forceinline__ lf_grad_coef lf_grad_coef_make(float g, float 
     c.a = gs * ((1.0f - eps) * w_y + eps * wsum * invV + 2.0f * lam * lse);
     c.b = gs * (1.0f - eps) * w_y;
     c.e = gs * eps * invV;
-    c.lse_l2e = lse * LF_LOG2E;
+    c.sh = lse * LF_LOG2E;
     if (!(fabsf(lse) < LF_INF_F)) c.a = NAN;
     return c;
+}
+
+/* The same coefficients with p_j taken against the row's maximum m instead of its lse: m and s
+ * are the row's merged state (s = sum exp(z - m), relative to m itself, as the passes leave it:
+ * lf_shift_err). exp2(z log2e - lse log2e) carries the rounding of the one float lse log2(e) in
+ * every p_j: ~2^-24 |lse| relative (up to 1.7e-4 at |lse| = 4000), which fp32 gradients show and
+ * cancels badly at a confident label (a p_y - b). Against the maximum instead, p_j = exp2(z
+ * log2e - sh) 2^-c / s with sh = lf_shift_l2e(m) and c its exact rounding, and the per-row
+ * factor 2^-c / s goes into a: the exponent's own error is then relative to |z - m|, small
+ * wherever p_j is not. Free per element (the general writer multiplies by a anyway; the fast
+ * form's k = sh - log2|a| is still one rounded float: lf_grad_fast_ok). Where c.a is NaN (a
+ * non-finite lse) nothing changes. */
+static __device__ __forceinline__ void lf_grad_coef_onto_max(lf_grad_coef &c, float m, float s)
+{
+    if (c.a != c.a) return;
+    const float sh = lf_shift_l2e(m);
+    c.a *= __fdividef(lf_ex2(-lf_shift_err(m, sh)), s); /* s <= V sqrt 2: far below __fdividef's 2^126 */
+    c.sh = sh;
+}
+
+/* lf_grad_coef_onto_max where a gradient of T would show the lse's rounding: always for fp32;
+ * for bf16 / fp16 only where |lse log2 e| >= 256 (below, half an ulp of it is under 2^-17
+ * relative: 1/64 of fp16's unit roundoff). It puts an EX2 and a division on each row's path
+ * before its gradient (on an H200 a bf16 fused forward+backward was 0.4-1.8% slower with it on
+ * every row and a second inlined copy of the general writer, both since removed), so the 16-bit
+ * rows that gain nothing from it skip it. */
+template <typename T>
+static __device__ __forceinline__ void lf_grad_coef_onto_max_for(lf_grad_coef &c, float m, float s)
+{
+    if (sizeof(T) == 4 || !(fabsf(c.sh) < 256.0f)) lf_grad_coef_onto_max(c, m, s);
 }
 
 /* g_j for one element (the dense part: without the label's -b). */
@@ -1403,7 +1435,7 @@ static __device__ __forceinline__ float lf_ce_grad_elem(float x, int32_t j, cons
                                                         const float *class_w)
 {
     const float z = lf_xform_apply<SOFTCAP>(x, t);
-    const float p = lf_ex2(SOFTCAP ? fmaf(z, LF_LOG2E, -c.lse_l2e) : fmaf(x, t.scale_l2e, -c.lse_l2e));
+    const float p = lf_ex2(SOFTCAP ? fmaf(z, LF_LOG2E, -c.sh) : fmaf(x, t.scale_l2e, -c.sh));
     float g = c.a * p;
     if (FULL) g -= c.e * (class_w ? __ldg(class_w + j) : 1.0f);
     if (SOFTCAP) {
@@ -1457,7 +1489,17 @@ static __device__ __forceinline__ void lf_piece_grad_store(T *out_row, bool vec_
  * afterwards as with lf_piece_grad_store. 16-byte stores: the output row must have the input
  * row's phase (vec_ok). NPOLY: as lf_piece_stats_fast (its x c - k <= log2|a|: |a| >= 2^127.5
  * gives +inf where lf_ex2 is finite up to 2^128). */
-static __device__ __forceinline__ float lf_grad_fast_k(const lf_grad_coef &c) { return c.lse_l2e - log2f(fabsf(c.a)); }
+static __device__ __forceinline__ float lf_grad_fast_k(const lf_grad_coef &c) { return c.sh - log2f(fabsf(c.a)); }
+
+/* Whether the fast form may write a row of T: its k is one float, so every p_j carries up to
+ * half an ulp of k (relative: that times ln 2; 1.7e-4 at |k| ~ 6000). With 16-bit outputs and
+ * |k| < 256 (|lse| up to ~177 nats) that is below 2^-17: 1/64 of fp16's unit roundoff (2^-11),
+ * 1/512 of bf16's (2^-8). A fp32 output, or a row beyond that, takes a p_j with a's multiply
+ * instead (lf_piece_grad_fast_if_ok, then lf_piece_grad_store). */
+template <typename T> static __device__ __forceinline__ bool lf_grad_fast_ok(float k)
+{
+    return sizeof(T) == 2 && fabsf(k) < 256.0f;
+}
 
 template <int THREADS, typename T, bool NEG, int NPOLY = 0>
 static __device__ __forceinline__ void lf_piece_grad_fast(T *out_row, const uint4 *buf, const lf_row_span &sp, int vbeg,
@@ -1476,6 +1518,23 @@ static __device__ __forceinline__ void lf_piece_grad_fast(T *out_row, const uint
         }
         lf_st16(body + v, lf_elem<T>::pack(g));
     }
+}
+
+/* The fast form of the plain loss's dense gradient (no softcap, class weights or smoothing),
+ * its sign taken from c.a, where lf_grad_fast_ok(k) allows it (k = lf_grad_fast_k(c), passed in
+ * so a caller can take it once per row): true when written; false, nothing written, for the
+ * caller's lf_piece_grad_store (a p_j with a's multiply, as exact as c: lf_grad_coef_onto_max).
+ * One call site of each writer per kernel: a second inlined copy of the general writer cost a
+ * bf16 fused forward+backward up to 1% on an H200. 16-byte stores (vec_ok). */
+template <int THREADS, typename T, int NPOLY = 0>
+static __device__ __forceinline__ bool lf_piece_grad_fast_if_ok(T *out_row, const uint4 *buf, const lf_row_span &sp,
+                                                                int vbeg, int vend, const lf_grad_coef &c, float k,
+                                                                float scale_l2e)
+{
+    if (!lf_grad_fast_ok<T>(k)) return false;
+    if (c.a < 0.0f) lf_piece_grad_fast<THREADS, T, true, NPOLY>(out_row, buf, sp, vbeg, vend, scale_l2e, k);
+    else lf_piece_grad_fast<THREADS, T, false, NPOLY>(out_row, buf, sp, vbeg, vend, scale_l2e, k);
+    return true;
 }
 
 /* Write the gradient of this thread's edge element (if any). */

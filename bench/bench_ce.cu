@@ -2,7 +2,7 @@
  *
  *   bench_ce [--shapes 4096x32768,16384x262144,...] [--iters 20] [--variants] [--clusters 0,1,2,4]
  *            [--stages 2,3,4] [--modes fwdbwd,fwd] [--separate-grad] [--fwd-flush] [--fwdbwd-probes]
- *            [--tag _name]
+ *            [--tag _name] [--dtype bf16|f32]
  *
  * Prints machine-readable lines that bench/report.py turns into the table and chart:
  *   DEVICE name=...
@@ -21,6 +21,8 @@
  * (lossfuse_cN); --stages 2,3,4 each stage count of the row-resident schedule (lossfuse_sN).
  * --separate-grad writes the gradient to another buffer instead of in place (same floor bytes).
  * --tag appends to every impl name (bench/tune.sh builds variants with other tile macros).
+ * --dtype f32: fp32 logits and gradient (floor 8 B/elem fwd+bwd, 4 B/elem forward only; the
+ * fill's values kept in fp32, not rounded to bf16); its impl names end in _f32.
  * --fwdbwd-probes also times the fused forward+backward three other ways, to split its cost:
  * impl=<name>_rnone (reduction none: no divisor kernel, no batch sum), <name>_divgiven (mean with
  * the divisor given as a device scalar: no divisor kernel) and <name>_rot (no restore and no
@@ -63,6 +65,7 @@ int main(int argc, char **argv)
     bool separate = false; /* gradient to another buffer */
     bool fwd_flush = false; /* forward passes also timed after the L2 flush (impl suffix _l2dirty) */
     bool probes = false;    /* fwdbwd also timed as _rnone, _divgiven and _rot (see above) */
+    bool f32 = false;       /* --dtype f32 */
     for (int i = 1; i < argc; ++i) {
         if (!strcmp(argv[i], "--shapes") && i + 1 < argc) shapes = argv[++i];
         else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
@@ -77,6 +80,14 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--separate-grad")) separate = true;
         else if (!strcmp(argv[i], "--fwd-flush")) fwd_flush = true;
         else if (!strcmp(argv[i], "--fwdbwd-probes")) probes = true;
+        else if (!strcmp(argv[i], "--dtype") && i + 1 < argc) {
+            const char *d = argv[++i];
+            if (strcmp(d, "f32") && strcmp(d, "bf16")) {
+                fprintf(stderr, "bench_ce: --dtype bf16 or f32, not %s\n", d);
+                return 2;
+            }
+            f32 = !strcmp(d, "f32");
+        }
         else if (!strcmp(argv[i], "--clusters") && i + 1 < argc) { /* e.g. 0,1,2,4,8 */
             variants.clear();
             for (char *t = strtok(argv[++i], ","); t; t = strtok(NULL, ",")) {
@@ -113,7 +124,7 @@ int main(int argc, char **argv)
     size_t pos = 0;
     int64_t N, V;
     while (bench_next_shape(shapes, &pos, &N, &V)) {
-        const size_t nel = (size_t)N * V, bytes = nel * 2;
+        const size_t esz = f32 ? 4 : 2, nel = (size_t)N * V, bytes = nel * esz;
         void *x, *pristine, *ws;
         int64_t *y;
         float *loss, *lp, *lse, *ent;
@@ -134,8 +145,12 @@ int main(int argc, char **argv)
         CK(cudaMalloc(&ws, wsb));
         CK(cudaMemset(ws, 0, wsb));
         CK(cudaMemset(cnt, 0, 8));
-        fill_logits<<<4096, 256>>>((__nv_bfloat16 *)pristine, (int64_t)nel, 12345u + (uint64_t)V);
-        CK(cudaGetLastError());
+        auto fill_pristine = [&]() {
+            if (f32) fill_logits<<<4096, 256>>>((float *)pristine, (int64_t)nel, 12345u + (uint64_t)V);
+            else fill_logits<<<4096, 256>>>((__nv_bfloat16 *)pristine, (int64_t)nel, 12345u + (uint64_t)V);
+            CK(cudaGetLastError());
+        };
+        fill_pristine();
         std::vector<int64_t> yh(N);
         for (int64_t i = 0; i < N; ++i) yh[i] = (i % 20 == 7) ? -100 : (int64_t)((i * 2654435761ull) % (uint64_t)V);
         CK(cudaMemcpy(y, yh.data(), N * 8, cudaMemcpyHostToDevice));
@@ -145,7 +160,7 @@ int main(int argc, char **argv)
 
         ce_args a = ce_args_default();
         a.logits = x;
-        a.dtype = LF_BF16;
+        a.dtype = f32 ? LF_F32 : LF_BF16;
         a.n_rows = N;
         a.vocab = V;
         a.stride = V;
@@ -157,7 +172,7 @@ int main(int argc, char **argv)
         a.n_errors = cnt + 1;
 
         for (const variant &va : variants) {
-            const std::string impl = va.name + tag;
+            const std::string impl = va.name + tag + (f32 ? "_f32" : "");
             /* 0 fwdbwd; 1 fwd, rotating two copies of the logits; 2 fwd after the L2 flush; 3 fwdbwd with
              * reduction none; 4 fwdbwd rotating two buffers, each the previous gradient, nothing between;
              * 5 fwdbwd with the mean's divisor given (a device scalar: no divisor kernel) */
@@ -223,8 +238,7 @@ int main(int argc, char **argv)
                 }
                 CK(cudaGetLastError());
                 if (mode == 4) { /* pristine holds gradients now */
-                    fill_logits<<<4096, 256>>>((__nv_bfloat16 *)pristine, (int64_t)nel, 12345u + (uint64_t)V);
-                    CK(cudaGetLastError());
+                    fill_pristine();
                 }
                 const size_t floor_bytes = fwd ? bytes : 2 * bytes;
 #ifdef CE_RES_TRACE
@@ -237,9 +251,9 @@ int main(int argc, char **argv)
                     bench_res_trace_lines(impl.c_str(), fwd ? "mode=fwd" : "mode=fwdbwd", N, V, tr, tm, nb, 3);
                 }
 #endif
-                printf("RESULT impl=%s%s mode=%s N=%lld V=%lld dtype=bf16 ms=%.4f bytes=%zu extra_bytes=%zu status=ok "
+                printf("RESULT impl=%s%s mode=%s N=%lld V=%lld dtype=%s ms=%.4f bytes=%zu extra_bytes=%zu status=ok "
                        "schedule=%s cluster=%d pieces=%d stages=%d ctas=%d dynamic=%d\n", impl.c_str(), mode == 2 ? "_l2dirty" : mode == 3 ? "_rnone" : mode == 4 ? "_rot" : mode == 5 ? "_divgiven" : "",
-                       fwd ? "fwd" : "fwdbwd", (long long)N, (long long)V, median(t), floor_bytes, wsb,
+                       fwd ? "fwd" : "fwdbwd", (long long)N, (long long)V, f32 ? "f32" : "bf16", median(t), floor_bytes, wsb,
                        plan.schedule == CE_SCHED_RESIDENT ? "resident" : plan.schedule == CE_SCHED_WARP ? "warp" : "streamed",
                        plan.cluster, plan.pieces, plan.stages,
                        plan.ctas, plan.dynamic);

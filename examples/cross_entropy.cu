@@ -70,11 +70,15 @@
  *     fp32 rounding of its own terms for |m| up to ~1e7 (without label smoothing, at
  *     logit_scale 1 or a power of 2, without softcap; the smoothing term W lse - sum w z and a
  *     scale's rounding carry ~1 ulp of |m|, the cap's tanhf ~cap 2^-22). lse itself is a float:
- *     ~half an ulp of |lse|. The gradient's p_j = exp2(x log2 e -
- *     lse log2 e) carries the rounding of lse log2 e: ~2^-24 |lse| relative (6e-4 at |lse| =
- *     1e4, within half a bf16 ulp up to |lse| ~ 3e4). Beyond |m| ~ 1e7 the shift's rounding is no
- *     longer a fraction of one (e.g. a row masked with -1e9 and nothing else): the loss and
- *     gradient of such a row are not meaningful.
+ *     ~half an ulp of |lse|. An fp32 gradient takes p_j against m too, p_j = exp2(x log2 e -
+ *     sh) 2^-c / s with the row's factor 2^-c / s in the coefficient (lossfuse_cuda.cuh
+ *     lf_grad_coef_onto_max), so it has no error of ~2^-24 |lse| (1.7e-4 relative at |lse| =
+ *     4000, as exp2(x log2 e - lse log2 e) had): p_j's error is relative to |z_j - m|, same
+ *     conditions as the loss. A 16-bit gradient does the same only where |lse log2 e| >= 256
+ *     (below, the lse's rounding is under 1/64 of fp16's and 1/512 of bf16's), and keeps the
+ *     fast form (the coefficient in the exponent: one rounded k) while |k| < 256. Beyond
+ *     |m| ~ 1e7 the shift's rounding is no longer a fraction of one (e.g. a row masked with -1e9
+ *     and nothing else): the loss and gradient of such a row are not meaningful.
  *   - The batch loss never depends on timing: per-row values in the workspace summed in a fixed
  *     order by the last CTA to finish, or in the row-resident schedule an exact, order-free sum
  *     (lossfuse.h lf_xsum: integer buckets, integer atomics) that is the same bits whichever CTA
@@ -765,6 +769,7 @@ __global__ void __launch_bounds__(CE_THREADS, CE_CTAS_PER_SM) ce_kernel(const ce
                             const float wsum = (FULL && p.class_w) ? st.w : (float)V;
                             const float g = p.grad_scale * (p.reduction == LF_REDUCE_NONE ? cur.dl : dl_all);
                             coef = lf_grad_coef_make(g * inv_div, lse, p.eps, p.lam, w_y, wsum, V, p.xf);
+                            lf_grad_coef_onto_max_for<T>(coef, st.lse.m, st.lse.s); /* p_j against m: no lse rounding */
                             fast_k = lf_grad_fast_k(coef);
                         }
                         /* the row's outputs: thread 0 (forward only: of the CTA that holds the label) */
@@ -779,12 +784,9 @@ __global__ void __launch_bounds__(CE_THREADS, CE_CTAS_PER_SM) ce_kernel(const ce
             if (GRAD && write_now) {
                 const bool vec_ok = ((uintptr_t)out & 15u) == (uintptr_t)cur.sp.phase;
                 if (piece == 0 && rank == 0) lf_edge_grad_store<FULL, SOFTCAP>(out, cur.edge, coef, p.xf, p.class_w);
-                if (fast_grad && vec_ok) {
-                    if (coef.a < 0.0f) lf_piece_grad_fast<CE_THREADS, T, true>(out, b, cur.sp, pb, pe, p.xf.scale_l2e, fast_k);
-                    else lf_piece_grad_fast<CE_THREADS, T, false>(out, b, cur.sp, pb, pe, p.xf.scale_l2e, fast_k);
-                } else {
+                if (!(fast_grad && vec_ok &&
+                      lf_piece_grad_fast_if_ok<CE_THREADS, T>(out, b, cur.sp, pb, pe, coef, fast_k, p.xf.scale_l2e)))
                     lf_piece_grad_store<CE_THREADS, FULL, SOFTCAP>(out, vec_ok, b, cur.sp, pb, pe, coef, p.xf, p.class_w);
-                }
                 /* the label element, with x_y from the staged piece */
                 ce_label_grad_patch<CE_THREADS, T, FULL, SOFTCAP>(out, b, cur.sp, pb, pe, cur.edge, piece == 0 && rank == 0, cur.y,
                                                                  coef, p);
@@ -1252,7 +1254,7 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
             /* The exchange (X::on): the shard's statistics out, the row's global lse and loss back,
              * while the row stays staged. The label's logit (xy_s, written before the block merge's
              * barrier) goes out from the CTA that holds it. */
-            float x_lse = 0.0f, x_loss = 0.0f;
+            float x_lse = 0.0f, x_loss = 0.0f, x_m = 0.0f, x_s = 1.0f; /* x_m, x_s: the merged maximum and sum */
             int pub = 0; /* X::on: the CTA that holds the label's logit (or rank 0) publishes and writes the outputs */
             if constexpr (X::on) {
                 const float wy = xc.label_weight(y);
@@ -1274,19 +1276,25 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
                 lf_tp_merged mg = {0.0f, 0.0f, 0.0f, 0.0f};
                 const bool ok = xc.collect(row, y, wy, own, &mg, xgen);
                 x_loss = lf_tp_loss(mg, p.lam, &x_lse);
+                x_m = mg.M;
+                x_s = mg.S;
                 if (!ok) x_lse = x_loss = NAN;
             }
             CE_TR(3);
             const int rpar = par;
             par = par == CE_SLOTS - 1 ? 0 : par + 1;
             if (GRAD) {
-                float lse, w_y, wsum;
+                float lse, w_y, wsum, mx, sx;
                 if constexpr (X::on) { /* (p.class_w is the shard's: y is global) */
                     lse = x_lse;
+                    mx = x_m;
+                    sx = x_s;
                     w_y = xc.label_weight(y);
                     wsum = xc.wsum();
                 } else {
                     lse = lf_lse_final(st.lse);
+                    mx = st.lse.m;
+                    sx = st.lse.s;
                     w_y = p.class_w ? __ldg(p.class_w + y) : 1.0f;
                     wsum = (FULL && p.class_w) ? st.w : (float)V;
                 }
@@ -1296,16 +1304,13 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
                     const float d = ce_mean_divisor(p);
                     inv_div = d == 0.0f ? 0.0f : 1.0f / d;
                 }
-                const lf_grad_coef coef = lf_grad_coef_make(g * inv_div, lse, p.eps, p.lam, w_y, wsum, YV, p.xf);
+                lf_grad_coef coef = lf_grad_coef_make(g * inv_div, lse, p.eps, p.lam, w_y, wsum, YV, p.xf);
+                lf_grad_coef_onto_max_for<T>(coef, mx, sx); /* p_j against m: no lse rounding */
                 const bool vec_ok = ((uintptr_t)out & 15u) == (uintptr_t)sp.phase;
                 if (rank == 0) lf_edge_grad_store<FULL, SOFTCAP>(out, edge, coef, p.xf, p.class_w);
-                if (fast_grad && vec_ok) {
-                    const float fast_k = lf_grad_fast_k(coef);
-                    if (coef.a < 0.0f) lf_piece_grad_fast<TH, T, true, CE_RES_POLY>(out, b, sp, sb, se, p.xf.scale_l2e, fast_k);
-                    else lf_piece_grad_fast<TH, T, false, CE_RES_POLY>(out, b, sp, sb, se, p.xf.scale_l2e, fast_k);
-                } else {
+                if (!(fast_grad && vec_ok &&
+                      lf_piece_grad_fast_if_ok<TH, T, CE_RES_POLY>(out, b, sp, sb, se, coef, lf_grad_fast_k(coef), p.xf.scale_l2e)))
                     lf_piece_grad_store<TH, FULL, SOFTCAP>(out, vec_ok, b, sp, sb, se, coef, p.xf, p.class_w);
-                }
                 if (y_here) ce_label_grad_patch<TH, T, FULL, SOFTCAP>(out, b, sp, sb, se, edge, rank == 0, yl, coef, p);
             }
             /* the CTA that writes the row's outputs: the label's (its logit is there); with an

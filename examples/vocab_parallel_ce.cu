@@ -788,11 +788,10 @@ static __device__ __forceinline__ bool tp_stats_cta(const tp_kparams &p, int64_t
     return true;
 }
 
-/* The row's loss outputs from its merged shares (one thread). Returns the lse; *coef gets the
- * gradient coefficients. */
 /* The row's outputs and gradient coefficients from its merged shares, by the 32 lanes of one
  * warp (lf_tp_merge_warp: the P share loads in parallel); lane 0 writes the outputs (write)
- * and, with coef, the coefficients to *coef. */
+ * and, with coef, the coefficients to *coef (for a gradient of T). */
+template <typename T>
 static __device__ void tp_row_finish(const tp_kparams &p, int64_t row, int64_t y, int64_t r0, int64_t C, bool write,
                                      lf_grad_coef *coef, bool gave_up = false)
 {
@@ -820,6 +819,7 @@ static __device__ void tp_row_finish(const tp_kparams &p, int64_t row, int64_t y
         /* a = (1 - eps) w_y + eps W / V + 2 lam lse: the merged A + 2 lam lse (lf_tp_grad_coef)
          * to rounding, in the form the single-GPU writers take */
         *coef = lf_grad_coef_make(g, lse, p.eps, p.lam, wy, p.ws->W, p.V, p.xf);
+        lf_grad_coef_onto_max_for<T>(*coef, mg.M, mg.S); /* p_j against the row's maximum: no lse rounding */
     }
 }
 
@@ -861,7 +861,7 @@ static __device__ __forceinline__ void tp_grad_cta(const tp_kparams &p, int64_t 
         lf_pdl_wait();
         if (threadIdx.x < 32) {
             const bool ok = L ? tp_lsa_wait(*L, k, p.tp) : true;
-            tp_row_finish(p, row, y, r0, C, true, nullptr, !ok);
+            tp_row_finish<T>(p, row, y, r0, C, true, nullptr, !ok);
         }
         return;
     }
@@ -877,7 +877,7 @@ static __device__ __forceinline__ void tp_grad_cta(const tp_kparams &p, int64_t 
     lf_pdl_wait(); /* the shares (statistics two steps ago, then the exchange) */
     if (threadIdx.x < 32) {
         const bool ok = L ? tp_lsa_wait(*L, k, p.tp) : true; /* the shares of chunk k from every rank */
-        tp_row_finish(p, row, y, r0, C, split == 0, &coef_s, !ok); /* lane 0 sets coef_s */
+        tp_row_finish<T>(p, row, y, r0, C, split == 0, &coef_s, !ok); /* lane 0 sets coef_s */
     }
     __syncthreads();
     const lf_grad_coef coef = coef_s;
@@ -886,13 +886,8 @@ static __device__ __forceinline__ void tp_grad_cta(const tp_kparams &p, int64_t 
     const bool vec_ok = ((uintptr_t)out & 15u) == (uintptr_t)sp.phase;
     const bool fast = !SOFTCAP && !FULL && p.class_w == nullptr;
     if (split == 0) lf_edge_grad_store<FULL, SOFTCAP>(out, edge, coef, p.xf, cw);
-    if (fast && vec_ok) {
-        const float k = lf_grad_fast_k(coef);
-        if (coef.a < 0.0f) lf_piece_grad_fast<TP_THREADS, T, true>(out, tp_smem, sp, sb, se, p.xf.scale_l2e, k);
-        else lf_piece_grad_fast<TP_THREADS, T, false>(out, tp_smem, sp, sb, se, p.xf.scale_l2e, k);
-    } else {
+    if (!(fast && vec_ok && lf_piece_grad_fast_if_ok<TP_THREADS, T>(out, tp_smem, sp, sb, se, coef, lf_grad_fast_k(coef), p.xf.scale_l2e)))
         lf_piece_grad_store<TP_THREADS, FULL, SOFTCAP>(out, vec_ok, tp_smem, sp, sb, se, coef, p.xf, cw);
-    }
     /* the label element, if this shard holds it: patched by the thread that wrote its dense
      * value (program order, no barrier), from the staged copy */
     const int64_t yl = y - p.v0;

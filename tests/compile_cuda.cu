@@ -111,9 +111,12 @@ __global__ void __launch_bounds__(128) fast_path(T *x, int64_t V, float *out)
     lf_mbar_arrive(&bar);
     lf_mbar_wait(&bar, 0);
     l = lf_block_lse_merge<128, FULL>(&xm, &xi, &xs, scratch);
-    const lf_grad_coef c = lf_grad_coef_make(1.0f, lf_lse_final(l), 0.0f, 0.0f, 1.0f, (float)V, V, t);
+    lf_grad_coef c = lf_grad_coef_make(1.0f, lf_lse_final(l), 0.0f, 0.0f, 1.0f, (float)V, V, t);
     lf_piece_grad_fast<128, T, false>(row, buf, sp, 0, sp.nvec, t.scale_l2e, lf_grad_fast_k(c));
     lf_piece_grad_fast<128, T, true>(row, buf, sp, 0, sp.nvec, t.scale_l2e, lf_grad_fast_k(c));
+    lf_grad_coef_onto_max(c, l.m, l.s); /* p_j against the maximum; fast or exact by lf_grad_fast_ok */
+    if (!lf_piece_grad_fast_if_ok<128, T>(row, buf, sp, 0, sp.nvec, c, lf_grad_fast_k(c), t.scale_l2e))
+        lf_piece_grad_store<128, false, false>(row, true, buf, sp, 0, sp.nvec, c, t, NULL);
     const float g = lf_elem<T>::get(buf[0], (int)(threadIdx.x % lf_elem<T>::per_vec));
     if (threadIdx.x == 0) out[blockIdx.x] = l.s + xm + (float)xi + xs + g + e.x;
 }
