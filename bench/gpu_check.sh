@@ -73,6 +73,8 @@ if has sanitize; then
 fi
 if has bench; then
   "$B/bench/bench_ce" --variants ${BENCH_ARGS:-} | tee "$OUT/bench.log"
+  # fp32 logits and gradient (impl names _f32; no variants): the fp32 gradient's exact form
+  "$B/bench/bench_ce" --dtype f32 ${BENCH_ARGS:-} | grep "^RESULT" | tee -a "$OUT/bench.log"
   for v in "$B"/bench/bench_ce_*; do # prebuilt variants (bench/prebuild.sh SUFFIX=_name): bench_ce_name
     [ -x "$v" ] && "$v" --tag "${v##*/bench_ce}" ${BENCH_ARGS:-} | grep "^RESULT" | tee -a "$OUT/bench.log"
   done

@@ -168,8 +168,9 @@ def markdown(rows, copy_src, copy_gbps, devices):
         lines.append("Copy bandwidth: none found in the logs, % column left empty")
     lines.append("")
     lines.append("GB/s = floor bytes / time (fwdbwd: N*V*4, read bf16 logits + write bf16 grad; "
-                 "fwd: N*V*2; distillation kl_fwd / kl_rev / jsd fwd+bwd: N*V*6, read student + "
-                 "teacher, write the student's grad).")
+                 "fwd: N*V*2; impl names ending in _f32: fp32 logits and grad, twice that; "
+                 "distillation kl_fwd / kl_rev / jsd fwd+bwd: N*V*6, read student + teacher, "
+                 "write the student's grad).")
     lines.append("")
     lines.append("| mode | N | V | impl | ms | GB/s | % of copy | extra mem | status |")
     lines.append("|---|---:|---:|---|---:|---:|---:|---:|---|")
