@@ -1418,8 +1418,8 @@ static __device__ __forceinline__ void lf_grad_coef_onto_max(lf_grad_coef &c, fl
 }
 
 /* lf_grad_coef_onto_max where a gradient of T would show the lse's rounding: always for fp32;
- * for bf16 / fp16 only where |lse log2 e| >= 256 (below, half an ulp of it is under 2^-17
- * relative: 1/64 of fp16's unit roundoff). It puts an EX2 and a division on each row's path
+ * for bf16 / fp16 only where |lse log2 e| >= 256 (below, the lse's rounding and that of lse
+ * log2 e add up to ~1.7 2^-17 relative at most: 1/38 of fp16's unit roundoff). It puts an EX2 and a division on each row's path
  * before its gradient (on an H200 a bf16 fused forward+backward was 0.4-1.8% slower with it on
  * every row and a second inlined copy of the general writer, both since removed), so the 16-bit
  * rows that gain nothing from it skip it. */
@@ -1484,8 +1484,9 @@ static __device__ __forceinline__ void lf_piece_grad_store(T *out_row, bool vec_
 
 /* The dense gradient of the plain loss (no softcap, no class weights, no smoothing) with the
  * coefficient folded into the exponent: a p_j = sgn(a) exp2(x_j scale log2e - k), with
- * k = lse log2e - log2|a| (lf_grad_fast_k). Unpack + FFMA + EX2 + half a pack per element: no
- * multiply. a = 0 gives k = +inf and zeros; a NaN row gives NaN. The label element is patched
+ * k = sh - log2|a| (lf_grad_fast_k; sh = lse log2e, or m log2e after lf_grad_coef_onto_max).
+ * Unpack + FFMA + EX2 + half a pack per element: no multiply. a = 0 gives k = +inf and zeros;
+ * a NaN row gives NaN (lf_piece_grad_fast_if_ok sends it to the general writer). The label element is patched
  * afterwards as with lf_piece_grad_store. 16-byte stores: the output row must have the input
  * row's phase (vec_ok). NPOLY: as lf_piece_stats_fast (its x c - k <= log2|a|: |a| >= 2^127.5
  * gives +inf where lf_ex2 is finite up to 2^128). */
@@ -1493,12 +1494,14 @@ static __device__ __forceinline__ float lf_grad_fast_k(const lf_grad_coef &c) { 
 
 /* Whether the fast form may write a row of T: its k is one float, so every p_j carries up to
  * half an ulp of k (relative: that times ln 2; 1.7e-4 at |k| ~ 6000). With 16-bit outputs and
- * |k| < 256 (|lse| up to ~177 nats) that is below 2^-17: 1/64 of fp16's unit roundoff (2^-11),
- * 1/512 of bf16's (2^-8). A fp32 output, or a row beyond that, takes a p_j with a's multiply
- * instead (lf_piece_grad_fast_if_ok, then lf_piece_grad_store). */
+ * |k| < 256 that is under ln 2 2^-17 (with the lse's own rounding and that of lse log2 e, which
+ * lf_grad_coef_onto_max_for leaves below |lse log2 e| = 256, at most ~2.4 2^-17 in all: 1/27 of
+ * fp16's unit roundoff 2^-11, 1/200 of bf16's 2^-8). k = +inf (a = 0) too: zeros either way. An
+ * fp32 output, or a row beyond that, takes a p_j with a's multiply instead
+ * (lf_piece_grad_fast_if_ok, then lf_piece_grad_store). */
 template <typename T> static __device__ __forceinline__ bool lf_grad_fast_ok(float k)
 {
-    return sizeof(T) == 2 && fabsf(k) < 256.0f;
+    return sizeof(T) == 2 && (fabsf(k) < 256.0f || k == LF_INF_F);
 }
 
 template <int THREADS, typename T, bool NEG, int NPOLY = 0>

@@ -74,9 +74,10 @@
  *     sh) 2^-c / s with the row's factor 2^-c / s in the coefficient (lossfuse_cuda.cuh
  *     lf_grad_coef_onto_max), so it has no error of ~2^-24 |lse| (1.7e-4 relative at |lse| =
  *     4000, as exp2(x log2 e - lse log2 e) had): p_j's error is relative to |z_j - m|, same
- *     conditions as the loss. A 16-bit gradient does the same only where |lse log2 e| >= 256
- *     (below, the lse's rounding is under 1/64 of fp16's and 1/512 of bf16's), and keeps the
- *     fast form (the coefficient in the exponent: one rounded k) while |k| < 256. Beyond
+ *     conditions as the loss. A 16-bit gradient does the same only where |lse log2 e| >= 256,
+ *     and keeps the fast form (the coefficient in the exponent: one rounded k) while |k| < 256:
+ *     what those roundings add is at most ~2.4 2^-17 relative, 1/27 of fp16's rounding and
+ *     1/200 of bf16's. Beyond
  *     |m| ~ 1e7 the shift's rounding is no longer a fraction of one (e.g. a row masked with -1e9
  *     and nothing else): the loss and gradient of such a row are not meaningful.
  *   - The batch loss never depends on timing: per-row values in the workspace summed in a fixed
