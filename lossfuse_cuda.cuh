@@ -47,9 +47,10 @@
  *      lazy argmax), lf_edge_stats; lf_warp_row_pass (one warp reads a row straight from global
  *      memory through registers: no shared memory, no barrier; lf_ld16_stream)
  *   6. Cross-entropy gradient writer: lf_grad_coef_make, lf_grad_coef_onto_max(_for) (p_j
- *      against the row maximum: no lse rounding), lf_ce_grad_elem, lf_ce_label_grad, lf_piece_grad_store,
- *      lf_piece_grad_fast (coefficient folded into the exponent), lf_piece_grad_fast_if_ok
- *      (there where its one rounded k is harmless), lf_edge_grad_store, lf_row_zero
+ *      against the row maximum: no lse rounding), lf_ce_grad_elem, lf_ce_label_grad,
+ *      lf_piece_grad_store, lf_piece_grad_fast (coefficient folded into the exponent),
+ *      lf_piece_grad_fast_if_ok (there where its one rounded k is harmless), lf_edge_grad_store,
+ *      lf_row_zero
  *   7. Clusters (sm_90): lf_cluster_row_stats, lf_cluster_sync (= lf_cluster_arrive + _wait), and
  *      the barrier-free exchange lf_cluster_stats_post / _collect (mbarriers, one per row set),
  *      for any record lf_cluster_post / _posts_wait, and one CTA's extra bytes on the same phase
@@ -731,9 +732,9 @@ static __device__ __forceinline__ float lf_shift_l2e(float m) { return m == -LF_
  * sh = 0); a shift held at -FLT_MAX (a massless maximum); NaN. The exponents of the fast passes are
  * x (scale log2 e) - sh, so with a logit scale whose product with log2(e) is not exact in fp32
  * (a scale that is not a power of 2) an error of ~2^-24 |m| remains: the scale's rounding. */
-static __device__ __forceinline__ float lf_shift_err(float m, float sh)
+static __device__ __forceinline__ float lf_shift_err(float m, float sh, float k = LF_LOG2E)
 {
-    const float c = fmaf(m, LF_LOG2E, -sh);
+    const float c = fmaf(m, k, -sh); /* k: the units' factor (the dual state's cs = log2(e) / tau) */
     return fabsf(c) < 1.0f ? c : 0.0f;
 }
 
@@ -1419,10 +1420,10 @@ static __device__ __forceinline__ void lf_grad_coef_onto_max(lf_grad_coef &c, fl
 
 /* lf_grad_coef_onto_max where a gradient of T would show the lse's rounding: always for fp32;
  * for bf16 / fp16 only where |lse log2 e| >= 256 (below, the lse's rounding and that of lse
- * log2 e add up to ~1.7 2^-17 relative at most: 1/38 of fp16's unit roundoff). It puts an EX2 and a division on each row's path
- * before its gradient (on an H200 a bf16 fused forward+backward was 0.4-1.8% slower with it on
- * every row and a second inlined copy of the general writer, both since removed), so the 16-bit
- * rows that gain nothing from it skip it. */
+ * log2 e add up to ~1.7 2^-17 relative at most: 1/38 of fp16's unit roundoff). It puts an EX2
+ * and a division on each row's path before its gradient (on an H200 a bf16 fused
+ * forward+backward was 0.4-1.8% slower with it on every row and a second inlined copy of the
+ * general writer, both since removed), so the 16-bit rows that gain nothing from it skip it. */
 template <typename T>
 static __device__ __forceinline__ void lf_grad_coef_onto_max_for(lf_grad_coef &c, float m, float s)
 {
@@ -1486,8 +1487,8 @@ static __device__ __forceinline__ void lf_piece_grad_store(T *out_row, bool vec_
  * coefficient folded into the exponent: a p_j = sgn(a) exp2(x_j scale log2e - k), with
  * k = sh - log2|a| (lf_grad_fast_k; sh = lse log2e, or m log2e after lf_grad_coef_onto_max).
  * Unpack + FFMA + EX2 + half a pack per element: no multiply. a = 0 gives k = +inf and zeros;
- * a NaN row gives NaN (lf_piece_grad_fast_if_ok sends it to the general writer). The label element is patched
- * afterwards as with lf_piece_grad_store. 16-byte stores: the output row must have the input
+ * a NaN row gives NaN (lf_piece_grad_fast_if_ok sends it to the general writer). The label
+ * element is patched afterwards as with lf_piece_grad_store. 16-byte stores: the output row must have the input
  * row's phase (vec_ok). NPOLY: as lf_piece_stats_fast (its x c - k <= log2|a|: |a| >= 2^127.5
  * gives +inf where lf_ex2 is finite up to 2^128). */
 static __device__ __forceinline__ float lf_grad_fast_k(const lf_grad_coef &c) { return c.sh - log2f(fabsf(c.a)); }
@@ -2072,8 +2073,7 @@ static __device__ __forceinline__ float lf_impl_acc_shift(float m, float cs) { r
  * exp2(w cs - sh) is the sum against m itself times 2^c. */
 static __device__ __forceinline__ float lf_impl_acc_shift_err(float m, float cs)
 {
-    const float c = fmaf(m, cs, -lf_impl_acc_shift(m, cs));
-    return fabsf(c) < 1.0f ? c : 0.0f;
+    return lf_shift_err(m, lf_impl_acc_shift(m, cs), cs);
 }
 
 /* A piece's sums q[0..5] = ss, st, us, ut, ra, rb, taken against the held shifts of a's maxima

@@ -77,9 +77,9 @@
  *     conditions as the loss. A 16-bit gradient does the same only where |lse log2 e| >= 256,
  *     and keeps the fast form (the coefficient in the exponent: one rounded k) while |k| < 256:
  *     what those roundings add is at most ~2.4 2^-17 relative, 1/27 of fp16's rounding and
- *     1/200 of bf16's. Beyond
- *     |m| ~ 1e7 the shift's rounding is no longer a fraction of one (e.g. a row masked with -1e9
- *     and nothing else): the loss and gradient of such a row are not meaningful.
+ *     1/200 of bf16's. Beyond |m| ~ 1e7 the shift's rounding is no longer a fraction of one
+ *     (e.g. a row masked with -1e9 and nothing else): the loss and gradient of such a row are
+ *     not meaningful.
  *   - The batch loss never depends on timing: per-row values in the workspace summed in a fixed
  *     order by the last CTA to finish, or in the row-resident schedule an exact, order-free sum
  *     (lossfuse.h lf_xsum: integer buckets, integer atomics) that is the same bits whichever CTA
@@ -1310,7 +1310,8 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
                 const bool vec_ok = ((uintptr_t)out & 15u) == (uintptr_t)sp.phase;
                 if (rank == 0) lf_edge_grad_store<FULL, SOFTCAP>(out, edge, coef, p.xf, p.class_w);
                 if (!(fast_grad && vec_ok &&
-                      lf_piece_grad_fast_if_ok<TH, T, CE_RES_POLY>(out, b, sp, sb, se, coef, lf_grad_fast_k(coef), p.xf.scale_l2e)))
+                      lf_piece_grad_fast_if_ok<TH, T, CE_RES_POLY>(out, b, sp, sb, se, coef, lf_grad_fast_k(coef),
+                                                                   p.xf.scale_l2e)))
                     lf_piece_grad_store<TH, FULL, SOFTCAP>(out, vec_ok, b, sp, sb, se, coef, p.xf, p.class_w);
                 if (y_here) ce_label_grad_patch<TH, T, FULL, SOFTCAP>(out, b, sp, sb, se, edge, rank == 0, yl, coef, p);
             }

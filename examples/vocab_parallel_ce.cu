@@ -886,7 +886,8 @@ static __device__ __forceinline__ void tp_grad_cta(const tp_kparams &p, int64_t 
     const bool vec_ok = ((uintptr_t)out & 15u) == (uintptr_t)sp.phase;
     const bool fast = !SOFTCAP && !FULL && p.class_w == nullptr;
     if (split == 0) lf_edge_grad_store<FULL, SOFTCAP>(out, edge, coef, p.xf, cw);
-    if (!(fast && vec_ok && lf_piece_grad_fast_if_ok<TP_THREADS, T>(out, tp_smem, sp, sb, se, coef, lf_grad_fast_k(coef), p.xf.scale_l2e)))
+    if (!(fast && vec_ok &&
+          lf_piece_grad_fast_if_ok<TP_THREADS, T>(out, tp_smem, sp, sb, se, coef, lf_grad_fast_k(coef), p.xf.scale_l2e)))
         lf_piece_grad_store<TP_THREADS, FULL, SOFTCAP>(out, vec_ok, tp_smem, sp, sb, se, coef, p.xf, cw);
     /* the label element, if this shard holds it: patched by the thread that wrote its dense
      * value (program order, no barrier), from the staged copy */
