@@ -58,7 +58,8 @@
  *   8. Dual-softmax row pass (student and teacher rows, any dtype each) and the KL-family
  *      gradient: lf_dual_span, lf_dual_piece_load, lf_dual_piece_stats (pass 1), lf_block_dual
  *      (or the one-barrier lf_block_dual_acc; lf_dual_acc_merge_warp for a cluster's states),
- *      lf_kl_piece_stats2 (pass 2 of JSD / TVD), lf_kl_coef_make, lf_kl_piece_grad, and the
+ *      lf_kl_piece_stats2 (pass 2 of JSD / TVD), lf_kl_coef_make, lf_kl_coef_onto_max (each
+ *      side's lse taken apart at its maximum: no lse rounding in p_j), lf_kl_piece_grad, and the
  *      edge-element forms lf_dual_edge_stats / lf_kl_edge_stats2 / lf_kl_edge_grad; a sparse
  *      top-k teacher built in shared memory: lf_dual_part_load / _fill / _scatter and the _xe
  *      edge forms
@@ -1801,7 +1802,8 @@ static __device__ __forceinline__ lf_row_stats lf_cluster_stats_collect(const lf
  *    without tests too (lf_kl_piece_grad's `exact`). The tests had compiled to a branch per
  *    pair: JSD's pass 2 went from 31 to 15 instructions per pair, its gradient from 27 to 17
  *    (sm_90 SASS; bench/RESULTS.md, design log 64).
- *    Gradient (lf_kl_coef_make, lf_kl_piece_grad, lf_kl_edge_grad): d loss / d x_s,j =
+ *    Gradient (lf_kl_coef_make, lf_kl_coef_onto_max, lf_kl_piece_grad, lf_kl_edge_grad):
+ *    d loss / d x_s,j =
  *        forward KL, soft CE   a (p_j - q_j)
  *        reverse KL            a p_j (log p_j - log q_j - KL(p || q))
  *        JSD                   a (1 - beta) p_j (log p_j - log M_j - k_p)
@@ -2391,14 +2393,22 @@ typedef struct lf_kl_coef {
     int kind;     /* lf_kl_kind (JSD with beta 0 / 1 already mapped to forward / reverse) */
     float beta;   /* JSD */
     float cs;     /* w -> log2 units */
-    float ks, kt; /* lse_s, lse_t in log2 units: p_j = 2^(w_j cs - ks) */
+    float ks, kt; /* lse_s, lse_t in log2 units: p_j = 2^(w_j cs - ks) (the 16-bit students' form) */
+    float hs, ls; /* ks as two floats, ks = hs + ls: hs the student maximum's shift, ls = log2 of
+                   * the sum against it, so that p_j = 2^((w_j cs - hs) - ls) (the fp32 students'
+                   * form, lf_kl_split; hs = ks, ls = 0 until lf_kl_coef_onto_max) */
+    float ht, lt; /* the same for the teacher's kt */
     float c3;     /* reverse: KL(p||q) log2(e); JSD: k_p log2(e) (after pass 2); TVD: sum sgn(p-q) p */
+    float d3;     /* reverse KL, split form: kt - ks - c3, the offset of log2 p_j - log2 q_j - c3 from
+                   * (w_s - w_t) cs (lf_kl_coef_onto_max; lf_impl_kl_d3) */
     float a;      /* gradient scale, times the kind's constant (ln 2, (1 - beta) ln 2, 1/2) and,
                    * when LIN, 1/tau; NaN poisons the row */
 } lf_kl_coef;
 
 /* g: the row's upstream scale (reduction, weight, tau^2 ...), o: the merged pass-1 result.
- * Pass 2's c3 is filled in later (lf_kl_coef_set_stats2). */
+ * Pass 2's c3 is filled in later (lf_kl_coef_set_stats2). The lse are taken as one float each
+ * (ks, kt); lf_kl_coef_onto_max (below) takes them apart at the maxima, which an fp32 student's
+ * gradient needs. */
 static __device__ __forceinline__ lf_kl_coef lf_kl_coef_make(int kind, float beta, float g, const lf_dual_out &o,
                                                              const lf_kl_xf &xf, bool lin)
 {
@@ -2413,7 +2423,11 @@ static __device__ __forceinline__ lf_kl_coef lf_kl_coef_make(int kind, float bet
      * computed with __fsub_rn); rounding the products here covers every use. */
     c.ks = __fmul_rn(o.lse_a, LF_LOG2E);
     c.kt = __fmul_rn(o.lse_b, LF_LOG2E);
+    c.hs = c.ks;
+    c.ht = c.kt;
+    c.ls = c.lt = 0.0f;
     c.c3 = kind == LF_KL_REVERSE ? __fmul_rn(o.kl_rev, LF_LOG2E) : 0.0f;
+    c.d3 = 0.0f; /* (lf_kl_coef_onto_max; the one-float form is lf_impl_kl_d3<false>) */
     float k = kind == LF_KL_REVERSE ? LF_LN2 : kind == LF_KL_JSD ? (1.0f - beta) * LF_LN2 : kind == LF_KL_TVD ? 0.5f : 1.0f;
     c.a = g * k * (lin ? xf.inv_tau : 1.0f);
     const bool bad = !(fabsf(o.lse_a) < LF_INF_F) || !(fabsf(o.lse_b) < LF_INF_F) ||
@@ -2422,13 +2436,66 @@ static __device__ __forceinline__ lf_kl_coef lf_kl_coef_make(int kind, float bet
     return c;
 }
 
+/* The coefficients' lse taken apart at each side's maximum, from the row's merged pass-1 state
+ * a (w units, its sums relative to the maxima themselves: lf_impl_acc_fold): ks = hs + ls with
+ * hs = lf_impl_acc_shift(ms, cs) and ls = log2(ss) + c, c = ms cs - hs exactly
+ * (lf_impl_acc_shift_err); kt likewise; reverse KL's d3 = ((ht - hs) + (lt - ls)) - c3, the two
+ * maxima cancelling before the sums' logs join. One float ks = lse log2(e) carries ~2^-24 |ks|
+ * of rounding into every p_j = 2^(w_j cs - ks): 2^-24 |lse| log2(e) relative (6e-4 at |lse| =
+ * 1e4), shown by an fp32 student's gradient (and by JSD's and TVD's second pass) and, in
+ * reverse KL's log2 p_j - log2 q_j, absolute. Taken apart, p_j = 2^((w_j cs - hs) - ls) has an
+ * exponent error relative to |w_j - ms| cs + log2 ss instead, small wherever p_j is not: the
+ * form of the passes and gradients for an fp32 student (lf_kl_split; one FADD per side and pair
+ * more than the 16-bit students' form, which takes ks = hs + ls as one float, below their
+ * rounding for |ks| up to ~2^14). Per row: two log2f and a few FADDs. Call it after
+ * lf_kl_coef_make (and before lf_kl_coef_set_stats2 is given pass 2's sums); where a is NaN (a
+ * row without a distribution on a side) nothing changes. */
+static __device__ __forceinline__ void lf_kl_coef_onto_max(lf_kl_coef &c, const lf_dual_acc &a)
+{
+    if (c.a != c.a) return;
+    c.hs = lf_impl_acc_shift(a.ms, c.cs);
+    c.ht = lf_impl_acc_shift(a.mt, c.cs);
+    c.ls = log2f(a.ss) + lf_shift_err(a.ms, c.hs, c.cs);
+    c.lt = log2f(a.st) + lf_shift_err(a.mt, c.ht, c.cs);
+    c.ks = c.hs + c.ls;
+    c.kt = c.ht + c.lt;
+    c.d3 = __fsub_rn(__fadd_rn(__fsub_rn(c.ht, c.hs), __fsub_rn(c.lt, c.ls)), c.c3);
+}
+
+/* Whether the passes and gradients of a student of type TS take p_j and q_j in the split form
+ * (lf_kl_coef_onto_max): an fp32 student, whose gradient would show the one-float lse's
+ * rounding. */
+template <typename TS> struct lf_kl_split {
+    static constexpr bool value = sizeof(TS) == 4;
+};
+
+/* log2 p_j and log2 q_j of one pair (w values), in the split form or the one-float form */
+template <bool SPLIT> static __device__ __forceinline__ float lf_impl_kl_l2s(const lf_kl_coef &c, float ws)
+{
+    return SPLIT ? fmaf(ws, c.cs, -c.hs) - c.ls : fmaf(ws, c.cs, -c.ks);
+}
+template <bool SPLIT> static __device__ __forceinline__ float lf_impl_kl_l2t(const lf_kl_coef &c, float wt)
+{
+    return SPLIT ? fmaf(wt, c.cs, -c.ht) - c.lt : fmaf(wt, c.cs, -c.kt);
+}
+
+/* reverse KL's kt - ks - c3: the split form's d3 (lf_kl_coef_onto_max), or formed where it is
+ * used from the one-float lse (the 16-bit students' kernels then carry no more than before: a
+ * d3 formed per row for every kind cost forward KL 0.7-1.9% on an H200, where these kernels
+ * serve every kind) */
+template <bool SPLIT> static __device__ __forceinline__ float lf_impl_kl_d3(const lf_kl_coef &c)
+{
+    return SPLIT ? c.d3 : c.kt - c.ks - c.c3; /* (no products here: nothing to contract) */
+}
+
 /* p and q of one pair (w values) with their log2: lp2, lq2. (q on the FMA pipe, lf_ex2_fma, for
  * part of JSD's pairs did not pay: bench/RESULTS.md, design log 65.) */
+template <bool SPLIT>
 static __device__ __forceinline__ void lf_impl_kl_pq(const lf_kl_coef &c, float ws, float wt, float *lp2, float *lq2,
                                                      float *p, float *q)
 {
-    *lp2 = fmaf(ws, c.cs, -c.ks);
-    *lq2 = fmaf(wt, c.cs, -c.kt);
+    *lp2 = lf_impl_kl_l2s<SPLIT>(c, ws);
+    *lq2 = lf_impl_kl_l2t<SPLIT>(c, wt);
     *p = lf_ex2(*lp2);
     *q = lf_ex2(*lq2);
 }
@@ -2443,11 +2510,11 @@ static __device__ __forceinline__ float lf_lg2(float x)
 
 /* Pass 2 terms of one pair, added to (x, y): JSD (k_p, k_q) in log2 units, TVD (|p-q|, sgn p),
  * with the exact conventions (0 log 0 = 0; a masked entry adds nothing). */
-template <int KIND>
+template <int KIND, bool SPLIT>
 static __device__ __forceinline__ void lf_impl_kl_stats2_exact(const lf_kl_coef &c, float ws, float wt, float *x, float *y)
 {
     float lp2, lq2, p, q;
-    lf_impl_kl_pq(c, ws, wt, &lp2, &lq2, &p, &q);
+    lf_impl_kl_pq<SPLIT>(c, ws, wt, &lp2, &lq2, &p, &q);
     if (KIND == LF_KL_JSD) {
         const float lm2 = __log2f(fmaf(c.beta, q - p, p)); /* beta q + (1 - beta) p */
         *x += p > 0.0f ? p * (lp2 - lm2) : 0.0f;
@@ -2459,10 +2526,11 @@ static __device__ __forceinline__ void lf_impl_kl_stats2_exact(const lf_kl_coef 
     }
 }
 
+template <bool SPLIT>
 static __device__ __forceinline__ void lf_impl_kl_stats2(const lf_kl_coef &c, float ws, float wt, float *x, float *y)
 {
-    if (c.kind == LF_KL_JSD) lf_impl_kl_stats2_exact<LF_KL_JSD>(c, ws, wt, x, y);
-    else lf_impl_kl_stats2_exact<LF_KL_TVD>(c, ws, wt, x, y);
+    if (c.kind == LF_KL_JSD) lf_impl_kl_stats2_exact<LF_KL_JSD, SPLIT>(c, ws, wt, x, y);
+    else lf_impl_kl_stats2_exact<LF_KL_TVD, SPLIT>(c, ws, wt, x, y);
 }
 
 /* log2 M_j = log2(beta q_j + (1 - beta) p_j) without tests, for finite w: M is held at or above
@@ -2500,6 +2568,7 @@ template <int THREADS, typename TS, typename TT, bool LIN>
 static __device__ __forceinline__ void lf_impl_jsd_sweep2(float2 &s, const uint4 *bs, const uint4 *bt, int n, int PU,
                                                           const lf_kl_xf &xf, const lf_kl_coef &c, uint4 *keep, int nkeep)
 {
+    constexpr bool SPLIT = lf_kl_split<TS>::value;
     /* two loops, so that the units not kept run the loop without the stores (a test per unit
      * and 8 more live values cost JSD 1-2 points of copy on an H100, design log 73) */
     int i = (int)threadIdx.x;
@@ -2510,7 +2579,7 @@ static __device__ __forceinline__ void lf_impl_jsd_sweep2(float2 &s, const uint4
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
             float lp2, lq2, p, q;
-            lf_impl_kl_pq(c, lf_kl_w<LIN>(fs[e], xf.s, xf), lf_kl_w<LIN>(ft[e], xf.t, xf), &lp2, &lq2, &p, &q);
+            lf_impl_kl_pq<SPLIT>(c, lf_kl_w<LIN>(fs[e], xf.s, xf), lf_kl_w<LIN>(ft[e], xf.t, xf), &lp2, &lq2, &p, &q);
             const float lm2 = lf_impl_kl_lm2_fast(c, p, q);
             d[e] = lp2 - lm2;
             s.x = fmaf(p, d[e], s.x);
@@ -2525,7 +2594,7 @@ static __device__ __forceinline__ void lf_impl_jsd_sweep2(float2 &s, const uint4
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
             float lp2, lq2, p, q;
-            lf_impl_kl_pq(c, lf_kl_w<LIN>(fs[e], xf.s, xf), lf_kl_w<LIN>(ft[e], xf.t, xf), &lp2, &lq2, &p, &q);
+            lf_impl_kl_pq<SPLIT>(c, lf_kl_w<LIN>(fs[e], xf.s, xf), lf_kl_w<LIN>(ft[e], xf.t, xf), &lp2, &lq2, &p, &q);
             const float lm2 = lf_impl_kl_lm2_fast(c, p, q);
             s.x = fmaf(p, lp2 - lm2, s.x);
             s.y = fmaf(q, lq2 - lm2, s.y);
@@ -2546,6 +2615,7 @@ static __device__ __forceinline__ bool lf_kl_piece_stats2(float2 &acc, const uin
                                                           const lf_kl_xf &xf, const lf_kl_coef &c, uint4 *keep = nullptr,
                                                           int nkeep = 0)
 {
+    constexpr bool SPLIT = lf_kl_split<TS>::value;
     float2 s = make_float2(0.0f, 0.0f);
     bool special = false;
     if (c.kind == LF_KL_JSD) {
@@ -2560,11 +2630,11 @@ static __device__ __forceinline__ bool lf_kl_piece_stats2(float2 &acc, const uin
             lf_impl_unit_get<TT>(bt, i, PU, ft);
             if (c.kind == LF_KL_JSD) {
                 for (int e = 0; e < 8; ++e)
-                    lf_impl_kl_stats2_exact<LF_KL_JSD>(c, lf_kl_w<LIN>(fs[e], xf.s, xf), lf_kl_w<LIN>(ft[e], xf.t, xf), &s.x, &s.y);
+                    lf_impl_kl_stats2_exact<LF_KL_JSD, SPLIT>(c, lf_kl_w<LIN>(fs[e], xf.s, xf), lf_kl_w<LIN>(ft[e], xf.t, xf), &s.x, &s.y);
             } else {
 #pragma unroll
                 for (int e = 0; e < 8; ++e)
-                    lf_impl_kl_stats2_exact<LF_KL_TVD>(c, lf_kl_w<LIN>(fs[e], xf.s, xf), lf_kl_w<LIN>(ft[e], xf.t, xf), &s.x, &s.y);
+                    lf_impl_kl_stats2_exact<LF_KL_TVD, SPLIT>(c, lf_kl_w<LIN>(fs[e], xf.s, xf), lf_kl_w<LIN>(ft[e], xf.t, xf), &s.x, &s.y);
             }
         }
     }
@@ -2588,17 +2658,17 @@ static __device__ __forceinline__ float lf_kl_coef_set_stats2(lf_kl_coef &c, flo
  * that the unit loops carry no per-element switch (lf_kl_piece_grad dispatches once). EXACT:
  * the conventions for -inf entries (a masked student entry has gradient 0, not 0 * -inf); the
  * fast form (EXACT false) has no tests and needs finite entries. */
-template <int KIND, bool EXACT = true>
+template <int KIND, bool EXACT, bool SPLIT>
 static __device__ __forceinline__ float lf_impl_kl_grad(const lf_kl_coef &c, float ws, float wt)
 {
     float lp2, lq2, p, q;
-    lf_impl_kl_pq(c, ws, wt, &lp2, &lq2, &p, &q);
+    lf_impl_kl_pq<SPLIT>(c, ws, wt, &lp2, &lq2, &p, &q);
     /* the fast form takes log2 p - log2 q from ws - wt (two 16-bit values: exact unless far
      * apart) and holds it at -FLT_MAX or above: an entry at a 16-bit side's lowest finite value
      * (a finfo.min mask) has p = 0 and log2 p = -inf (w log2(e) / tau overflows), and p times
      * -inf would be NaN */
     if (KIND == LF_KL_REVERSE)
-        return !EXACT ? p * fmaxf(fmaf(ws - wt, c.cs, c.kt - c.ks - c.c3), -FLT_MAX) : p > 0.0f ? p * (lp2 - lq2 - c.c3) : 0.0f;
+        return !EXACT ? p * fmaxf(fmaf(ws - wt, c.cs, lf_impl_kl_d3<SPLIT>(c)), -FLT_MAX) : p > 0.0f ? p * (lp2 - lq2 - c.c3) : 0.0f;
     if (KIND == LF_KL_JSD) {
         if (!EXACT) return p * (lp2 - lf_impl_kl_lm2_fast(c, p, q) - c.c3);
         const float lm2 = __log2f(fmaf(c.beta, q - p, p));
@@ -2611,13 +2681,14 @@ static __device__ __forceinline__ float lf_impl_kl_grad(const lf_kl_coef &c, flo
     return p - q; /* forward KL, soft CE */
 }
 
+template <bool SPLIT>
 static __device__ __forceinline__ float lf_impl_kl_grad_any(const lf_kl_coef &c, float ws, float wt)
 {
     switch (c.kind) {
-    case LF_KL_REVERSE: return lf_impl_kl_grad<LF_KL_REVERSE>(c, ws, wt);
-    case LF_KL_JSD: return lf_impl_kl_grad<LF_KL_JSD>(c, ws, wt);
-    case LF_KL_TVD: return lf_impl_kl_grad<LF_KL_TVD>(c, ws, wt);
-    default: return lf_impl_kl_grad<LF_KL_FORWARD>(c, ws, wt);
+    case LF_KL_REVERSE: return lf_impl_kl_grad<LF_KL_REVERSE, true, SPLIT>(c, ws, wt);
+    case LF_KL_JSD: return lf_impl_kl_grad<LF_KL_JSD, true, SPLIT>(c, ws, wt);
+    case LF_KL_TVD: return lf_impl_kl_grad<LF_KL_TVD, true, SPLIT>(c, ws, wt);
+    default: return lf_impl_kl_grad<LF_KL_FORWARD, true, SPLIT>(c, ws, wt);
     }
 }
 
@@ -2642,13 +2713,14 @@ static __device__ __forceinline__ void lf_impl_kl_piece_grad(TS *out, bool vec_o
                                                              const lf_kl_xf &xf, const lf_kl_coef &c,
                                                              const uint4 *keep = nullptr, int nkeep = 0)
 {
+    constexpr bool SPLIT = lf_kl_split<TS>::value;
     auto unit = [&](int i) { /* the gradient of unit i from the staged pair */
         float fs[8], ft[8], g[8];
         lf_impl_unit_get<TS>(bs, i, PU, fs);
         lf_impl_unit_get<TT>(bt, i, PU, ft);
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
-            const float d = lf_impl_kl_grad<KIND, EXACT>(c, lf_kl_w<LIN>(fs[e], xf.s, xf), lf_kl_w<LIN>(ft[e], xf.t, xf));
+            const float d = lf_impl_kl_grad<KIND, EXACT, SPLIT>(c, lf_kl_w<LIN>(fs[e], xf.s, xf), lf_kl_w<LIN>(ft[e], xf.t, xf));
             g[e] = LIN ? c.a * d : c.a * d * lf_kl_dzdx(fs[e], xf);
         }
         lf_impl_kl_unit_store<TS>(out, vec_ok, sp, ub, i, g);
@@ -2663,7 +2735,7 @@ static __device__ __forceinline__ void lf_impl_kl_piece_grad(TS *out, bool vec_o
 #pragma unroll
             for (int e = 0; e < 8; ++e) {
                 /* lf_impl_kl_grad's fast JSD form, p (lp2 - lm2 - c3), with lp2 - lm2 kept */
-                const float p = lf_ex2(fmaf(lf_kl_w<LIN>(fs[e], xf.s, xf), c.cs, -c.ks)), d = p * (dk[e] - c.c3);
+                const float p = lf_ex2(lf_impl_kl_l2s<SPLIT>(c, lf_kl_w<LIN>(fs[e], xf.s, xf))), d = p * (dk[e] - c.c3);
                 g[e] = LIN ? c.a * d : c.a * d * lf_kl_dzdx(fs[e], xf);
             }
             lf_impl_kl_unit_store<TS>(out, vec_ok, sp, ub, i, g);
@@ -2725,7 +2797,7 @@ static __device__ __forceinline__ void lf_impl_kl_edge_stats2(float2 &acc, const
 {
     for (int e = (int)threadIdx.x; e < sp.nedge; e += THREADS) {
         const int32_t j = lf_dual_edge_index(sp, e);
-        lf_impl_kl_stats2(c, lf_kl_w<LIN>(lf_elem<TS>::to_f32(xs[j]), xf.s, xf), lf_kl_w<LIN>(tx(e, j), xf.t, xf), &acc.x, &acc.y);
+        lf_impl_kl_stats2<lf_kl_split<TS>::value>(c, lf_kl_w<LIN>(lf_elem<TS>::to_f32(xs[j]), xf.s, xf), lf_kl_w<LIN>(tx(e, j), xf.t, xf), &acc.x, &acc.y);
     }
 }
 
@@ -2737,7 +2809,7 @@ static __device__ __forceinline__ void lf_impl_kl_edge_grad(TS *out, const TS *x
     for (int e = (int)threadIdx.x; e < sp.nedge; e += THREADS) {
         const int32_t j = lf_dual_edge_index(sp, e);
         const float x = lf_elem<TS>::to_f32(xs[j]);
-        const float d = lf_impl_kl_grad_any(c, lf_kl_w<LIN>(x, xf.s, xf), lf_kl_w<LIN>(tx(e, j), xf.t, xf));
+        const float d = lf_impl_kl_grad_any<lf_kl_split<TS>::value>(c, lf_kl_w<LIN>(x, xf.s, xf), lf_kl_w<LIN>(tx(e, j), xf.t, xf));
         out[j] = lf_elem<TS>::from_f32(LIN ? c.a * d : c.a * d * lf_kl_dzdx(x, xf));
     }
 }

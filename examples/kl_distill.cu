@@ -608,11 +608,15 @@ __global__ void __launch_bounds__(KL_THREADS, KL_CTAS_PER_SM) kl_kernel(const kl
                 else lf_dual_piece_stats<KL_THREADS, TS, TT, LIN, LF_DUAL_FULL>(acc, bs, bt, nu, PU, p.xf);
             }
             if (m1) {
-                dout = lf_dual_final(lf_dual_acc_final(lf_block_dual_acc<KL_THREADS>(acc, p.xf.cs, red[slot]), p.xf));
+                const lf_dual_acc racc = lf_block_dual_acc<KL_THREADS>(acc, p.xf.cs, red[slot]);
+                dout = lf_dual_final(lf_dual_acc_final(racc, p.xf));
                 const float gs = grad ? p.grad_scale * (p.reduction == LF_REDUCE_NONE ? (p.dloss ? p.dloss[row] : 1.0f) : dl_all) *
                                             inv_div * cur.w * p.tau2_scale
                                       : 0.0f;
                 coef = lf_kl_coef_make(p.kind, p.beta, gs, dout, p.xf, LIN);
+                /* an fp32 student: p_j and q_j against each side's maximum, not one rounded lse
+                 * (the passes below take that form for it: lf_kl_split) */
+                if (lf_kl_split<TS>::value) lf_kl_coef_onto_max(coef, racc);
                 acc2 = make_float2(0.0f, 0.0f);
                 if (!three && threadIdx.x == 0) {
                     const float l = p.kind == LF_KL_FORWARD ? dout.kl_fwd
@@ -744,7 +748,8 @@ template <int T> static __device__ __forceinline__ lf_dual_out kl_row_final(cons
 }
 
 /* A row's gradient coefficients: the scale (dl: the row's upstream gradient with reduction
- * none; dl_all, inv_div: kl_grad_consts; w: its weight) and the statistics. */
+ * none; dl_all, inv_div: kl_grad_consts; w: its weight) and the statistics. (For the resident
+ * and side kernels, whose students are 16-bit: the one-float lse, no lf_kl_coef_onto_max.) */
 template <bool LIN>
 static __device__ __forceinline__ lf_kl_coef kl_row_coef(const kl_kparams &p, const lf_dual_out &dout, float w, float dl,
                                                          float dl_all, float inv_div)

@@ -693,6 +693,13 @@ static void run_case(const Case &c)
     auto loss_tol_abs = [&](double lsem, double zmax) {
         return 0x1p-19 * (1.0 + lsem + zmax + log((double)V + 1.0)) * (c.kind >= LF_KL_JSD ? 2.0 : 1.0);
     };
+    /* An fp32 student: the kernel's pass 2 and gradient take p_j and q_j against each side's
+     * maximum (lossfuse_cuda.cuh lf_kl_coef_onto_max), so their exponents carry ~2^-24 (|z_j -
+     * lse| + log V) and reverse KL's log-ratio ~2^-24 (|z_s - z_t| + |lse_s - lse_t|), not
+     * 2^-24 |lse|: the gradient's tolerance below is per element for it (the one-float lse's
+     * 2^-24 |lse| log2(e) was 6e-4 relative at |lse| = 1e4, held only by a row bound of 2^-21
+     * (|lse| + max |z|)); a 16-bit student keeps the row bound, below its rounding. */
+    const bool split = c.sdt == LF_F32;
     /* the tolerance of row i's weighted loss */
     auto loss_tol = [&](double wi, const lf_kl_row &r, double tol_abs) {
         return wi * scale2 * (1e-5 * fabs(r.loss / scale2) + tol_abs);
@@ -734,11 +741,13 @@ static void run_case(const Case &c)
          * the cross terms' and the maxima's differences (<= 2 x 32 here) to a few 2^-24 and the
          * sums' rounding: 2^-20 (1 + 64 + log V). The losses built on them alone (forward,
          * reverse KL, soft CE) get it too; JSD and TVD (pass 2 on p = exp2(w cs - lse log2 e),
-         * whose shift is rounded) keep the bound above. */
+         * whose shift is rounded) keep the bound above, except with an fp32 student, whose
+         * pass 2 takes p and q against each side's maximum (split, above). */
         int tau_exp = 0;
         const bool tight_row = close_rows.count(i) && frexpf(c.tau, &tau_exp) == 0.5f;
         const double tight_abs = 0x1p-20 * (1.0 + 64.0 + log((double)V + 1.0));
-        const bool tight_loss = tight_row && (c.kind == LF_KL_FORWARD || c.kind == LF_KL_REVERSE || c.kind == LF_KL_SOFT_CE);
+        const bool tight_loss = tight_row && (c.kind == LF_KL_FORWARD || c.kind == LF_KL_REVERSE || c.kind == LF_KL_SOFT_CE ||
+                                              (split && (c.kind == LF_KL_JSD || c.kind == LF_KL_TVD)));
         const bool ok_row = valid[i] != 0;
         const double wi = ok_row ? w[i] : 0.0;
         const double loss_w = ok_row ? wi * r.loss : 0.0;
@@ -791,6 +800,16 @@ static void run_case(const Case &c)
                            : c.kind == LF_KL_JSD     ? 60.0
                            : c.kind == LF_KL_TVD     ? 2.0
                                                      : 1.0;
+        /* split (an fp32 student): element j's relative error of p_j and q_j, and of the log-ratio
+         * terms over their size (ratio), from |z_j - lse| of both sides and the lse's distance */
+        const double dlse = fabs(r.lse_s - r.lse_t) < INFINITY ? fabs(r.lse_s - r.lse_t) : 0.0;
+        auto rel_j = [&](int64_t j) {
+            const double zs = (double)lf_logit_xform(xsr[j], 1.0f, c.cap) / c.tau;
+            const double zt = c.tkind == KL_TEACHER_LOGITS && !sparse ? (double)lf_logit_xform(ht[i][j], 1.0f, c.cap) / c.tau : lq[j];
+            const double ds = fabs(zs - r.lse_s) < ZFLOOR ? fabs(zs - r.lse_s) : 0.0;
+            const double dt = fabs(zt - r.lse_t) < ZFLOOR ? fabs(zt - r.lse_t) : 0.0;
+            return 1e-6 + 0x1p-22 * (4.0 + ds + dt + dlse + log((double)V + 1.0));
+        };
         int bad_elems = 0, inf_at_floor = 0;
         double worst = 0.0;
         int64_t worst_j = -1;
@@ -806,7 +825,8 @@ static void run_case(const Case &c)
             const double sc = fabs(G) * dzdx * scale2;
             /* (and ex2.approx.ftz flushes p_j < 2^-126 to 0: the element's own log-ratio factor times
              * that; at tau 0.05 against a spread sparse teacher it reaches hundreds of nats) */
-            double e32 = sc * (pj[j] + qj[j]) * (rel32 * (1.0 + ratio) + 0x1p-21 * (1.0 + lsem + zmax)) +
+            double e32 = sc * (pj[j] + qj[j]) *
+                             (split ? rel_j(j) * (1.0 + ratio) : rel32 * (1.0 + ratio) + 0x1p-21 * (1.0 + lsem + zmax)) +
                          sc * 0x1p-126 * (2.0 + ratio + lr[j]);
             if (sparse && !tracked[j]) e32 += sc * (pj[j] + qj[j]) * rest_rel * (1.0 + ratio);
             if (c.kind == LF_KL_TVD && !same_rows) {
@@ -1223,6 +1243,7 @@ int main(int argc, char **argv)
             c = b; c.name = "NaN and +inf rows"; c.plant_nonfinite = true; c.stats = true; c.red = LF_REDUCE_NONE; run_case(c);
             c = b; c.name = "NaN rows, mean"; c.plant_nonfinite = true; run_case(c);
             c = b; c.name = "huge logits 1e4"; c.outlier = 1e4f; c.stats = true; run_case(c);
+            c = b; c.name = "huge logits 1e4, fp32 student"; c.outlier = 1e4f; c.sdt = LF_F32; c.red = LF_REDUCE_NONE; run_case(c);
             c = b; c.name = "close large maxima, stats"; c.plant_close = true; c.stats = true; c.red = LF_REDUCE_NONE; run_case(c);
             c = b; c.name = "close large maxima, tau 2, in place, no stats"; c.plant_close = true; c.tau = 2.0f; c.grad = 2; c.red = LF_REDUCE_NONE; run_case(c);
             c = b; c.name = "close large maxima, fp32 pair, stats"; c.plant_close = true; c.sdt = c.tdt = LF_F32; c.stats = true; c.red = LF_REDUCE_NONE; run_case(c);
