@@ -59,7 +59,8 @@
  *      gradient: lf_dual_span, lf_dual_piece_load, lf_dual_piece_stats (pass 1), lf_block_dual
  *      (or the one-barrier lf_block_dual_acc; lf_dual_acc_merge_warp for a cluster's states),
  *      lf_kl_piece_stats2 (pass 2 of JSD / TVD), lf_kl_coef_make, lf_kl_coef_onto_max (each
- *      side's lse taken apart at its maximum: no lse rounding in p_j), lf_kl_piece_grad, and the
+ *      side's lse taken apart at its maximum: no rounding of the whole lse in p_j),
+ *      lf_kl_piece_grad, and the
  *      edge-element forms lf_dual_edge_stats / lf_kl_edge_stats2 / lf_kl_edge_grad; a sparse
  *      top-k teacher built in shared memory: lf_dual_part_load / _fill / _scatter and the _xe
  *      edge forms
@@ -2441,10 +2442,13 @@ static __device__ __forceinline__ lf_kl_coef lf_kl_coef_make(int kind, float bet
  * hs = lf_impl_acc_shift(ms, cs) and ls = log2(ss) + c, c = ms cs - hs exactly
  * (lf_impl_acc_shift_err); kt likewise; reverse KL's d3 = ((ht - hs) + (lt - ls)) - c3, the two
  * maxima cancelling before the sums' logs join. One float ks = lse log2(e) carries ~2^-24 |ks|
- * of rounding into every p_j = 2^(w_j cs - ks): 2^-24 |lse| log2(e) relative (6e-4 at |lse| =
- * 1e4), shown by an fp32 student's gradient (and by JSD's and TVD's second pass) and, in
- * reverse KL's log2 p_j - log2 q_j, absolute. Taken apart, p_j = 2^((w_j cs - hs) - ls) has an
- * exponent error relative to |w_j - ms| cs + log2 ss instead, small wherever p_j is not: the
+ * of rounding into every p_j = 2^(w_j cs - ks): 2^-24 |lse| relative (6e-4 at |lse| = 1e4),
+ * shown by an fp32 student's gradient (and by JSD's and TVD's second pass) and, in reverse KL's
+ * log2 p_j - log2 q_j, absolute. Taken apart, p_j = 2^((w_j cs - hs) - ls) has an exponent error
+ * relative to |w_j - ms| cs + log2 ss instead, small wherever p_j is not. (ms is the shift the
+ * passes kept: the maximum, or, where a pass without the entropy terms kept a lazy shift, up to
+ * ~64 log2 units below it; then log2 ss is up to ~64 and ls carries ~2^-24 64, as ss itself,
+ * summed against that shift, already does.) The
  * form of the passes and gradients for an fp32 student (lf_kl_split; one FADD per side and pair
  * more than the 16-bit students' form, which takes ks = hs + ls as one float, below their
  * rounding for |ks| up to ~2^14). Per row: two log2f and a few FADDs. Call it after

@@ -695,10 +695,13 @@ static void run_case(const Case &c)
     };
     /* An fp32 student: the kernel's pass 2 and gradient take p_j and q_j against each side's
      * maximum (lossfuse_cuda.cuh lf_kl_coef_onto_max), so their exponents carry ~2^-24 (|z_j -
-     * lse| + log V) and reverse KL's log-ratio ~2^-24 (|z_s - z_t| + |lse_s - lse_t|), not
+     * lse| + log2 of the sum against the passes' shift, up to ~64 where a lazy shift stopped
+     * below the maximum) and reverse KL's log-ratio ~2^-24 (|z_s - z_t| + |lse_s - lse_t|), not
      * 2^-24 |lse|: the gradient's tolerance below is per element for it (the one-float lse's
-     * 2^-24 |lse| log2(e) was 6e-4 relative at |lse| = 1e4, held only by a row bound of 2^-21
-     * (|lse| + max |z|)); a 16-bit student keeps the row bound, below its rounding. */
+     * 2^-24 |lse| was 6e-4 relative at |lse| = 1e4, held only by a row bound of 2^-21 (|lse| +
+     * max |z|)); a 16-bit student keeps the row bound, below its rounding. Every fp32-student
+     * case here has both sides linear (w = x, no per-element rounding of z = x / tau); a capped
+     * or probs side would add ~2^-24 |z_j| per side, which rel_j does not hold. */
     const bool split = c.sdt == LF_F32;
     /* the tolerance of row i's weighted loss */
     auto loss_tol = [&](double wi, const lf_kl_row &r, double tol_abs) {
