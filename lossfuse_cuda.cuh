@@ -60,10 +60,9 @@
  *      (or the one-barrier lf_block_dual_acc; lf_dual_acc_merge_warp for a cluster's states),
  *      lf_kl_piece_stats2 (pass 2 of JSD / TVD), lf_kl_coef_make, lf_kl_coef_onto_max (each
  *      side's lse taken apart at its maximum: no rounding of the whole lse in p_j),
- *      lf_kl_piece_grad, and the
- *      edge-element forms lf_dual_edge_stats / lf_kl_edge_stats2 / lf_kl_edge_grad; a sparse
- *      top-k teacher built in shared memory: lf_dual_part_load / _fill / _scatter and the _xe
- *      edge forms
+ *      lf_kl_piece_grad, and the edge-element forms lf_dual_edge_stats / lf_kl_edge_stats2 /
+ *      lf_kl_edge_grad; a sparse top-k teacher built in shared memory: lf_dual_part_load /
+ *      _fill / _scatter and the _xe edge forms
  *   9. Segmented sums, pair scatter-add, histograms: lf_warp_seg_scan_f32, the fast
  *      lf_atomic_add_aggregated, the deterministic lf_seg_sum_grid (per-sequence sums over
  *      cu_seqlens, a warp per sequence) and lf_seg_sum_chunked (the same at the bandwidth limit
@@ -2448,12 +2447,12 @@ static __device__ __forceinline__ lf_kl_coef lf_kl_coef_make(int kind, float bet
  * relative to |w_j - ms| cs + log2 ss instead, small wherever p_j is not. (ms is the shift the
  * passes kept: the maximum, or, where a pass without the entropy terms kept a lazy shift, up to
  * ~64 log2 units below it; then log2 ss is up to ~64 and ls carries ~2^-24 64, as ss itself,
- * summed against that shift, already does.) The
- * form of the passes and gradients for an fp32 student (lf_kl_split; one FADD per side and pair
- * more than the 16-bit students' form, which takes ks = hs + ls as one float, below their
- * rounding for |ks| up to ~2^14). Per row: two log2f and a few FADDs. Call it after
- * lf_kl_coef_make (and before lf_kl_coef_set_stats2 is given pass 2's sums); where a is NaN (a
- * row without a distribution on a side) nothing changes. */
+ * summed against that shift, already does.) The form of the passes and gradients for an fp32
+ * student (lf_kl_split; one FADD per side and pair more than the 16-bit students' form, which
+ * takes ks = hs + ls as one float, below their rounding for |ks| up to ~2^14). Per row: two
+ * log2f and a few FADDs. Call it after lf_kl_coef_make (and before lf_kl_coef_set_stats2 is
+ * given pass 2's sums); where a is NaN (a row without a distribution on a side) nothing
+ * changes. */
 static __device__ __forceinline__ void lf_kl_coef_onto_max(lf_kl_coef &c, const lf_dual_acc &a)
 {
     if (c.a != c.a) return;
