@@ -2633,11 +2633,13 @@ static __device__ __forceinline__ bool lf_kl_piece_stats2(float2 &acc, const uin
             lf_impl_unit_get<TT>(bt, i, PU, ft);
             if (c.kind == LF_KL_JSD) {
                 for (int e = 0; e < 8; ++e)
-                    lf_impl_kl_stats2_exact<LF_KL_JSD, SPLIT>(c, lf_kl_w<LIN>(fs[e], xf.s, xf), lf_kl_w<LIN>(ft[e], xf.t, xf), &s.x, &s.y);
+                    lf_impl_kl_stats2_exact<LF_KL_JSD, SPLIT>(c, lf_kl_w<LIN>(fs[e], xf.s, xf), lf_kl_w<LIN>(ft[e], xf.t, xf),
+                                                              &s.x, &s.y);
             } else {
 #pragma unroll
                 for (int e = 0; e < 8; ++e)
-                    lf_impl_kl_stats2_exact<LF_KL_TVD, SPLIT>(c, lf_kl_w<LIN>(fs[e], xf.s, xf), lf_kl_w<LIN>(ft[e], xf.t, xf), &s.x, &s.y);
+                    lf_impl_kl_stats2_exact<LF_KL_TVD, SPLIT>(c, lf_kl_w<LIN>(fs[e], xf.s, xf), lf_kl_w<LIN>(ft[e], xf.t, xf),
+                                                              &s.x, &s.y);
             }
         }
     }
@@ -2800,7 +2802,8 @@ static __device__ __forceinline__ void lf_impl_kl_edge_stats2(float2 &acc, const
 {
     for (int e = (int)threadIdx.x; e < sp.nedge; e += THREADS) {
         const int32_t j = lf_dual_edge_index(sp, e);
-        lf_impl_kl_stats2<lf_kl_split<TS>::value>(c, lf_kl_w<LIN>(lf_elem<TS>::to_f32(xs[j]), xf.s, xf), lf_kl_w<LIN>(tx(e, j), xf.t, xf), &acc.x, &acc.y);
+        lf_impl_kl_stats2<lf_kl_split<TS>::value>(c, lf_kl_w<LIN>(lf_elem<TS>::to_f32(xs[j]), xf.s, xf),
+                                                  lf_kl_w<LIN>(tx(e, j), xf.t, xf), &acc.x, &acc.y);
     }
 }
 
