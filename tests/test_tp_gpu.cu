@@ -25,9 +25,11 @@
  * optionally with a padded row stride), and checks: the loss (per row for reduction none, else
  * reduced) and every row's lse within the fp32 order-of-summation bound derived in tp_demo_run,
  * every gradient element of every shard against the full row's (two roundings to the dtype plus the
- * lse difference on the p_j term), that every rank holds the same bits of loss / z / lse, the
- * bad-label count, that every output was written (all poisoned with NaN first), and with `repeat`
- * that a second run is bit-identical.
+ * lse difference on the p_j term; an fp32 gradient without a softcap per element, 2 (1e-6 + 2^-22
+ * (4 + |z_j - lse| + log V)) relative, as test_ce_gpu's, with cases at logits offset by +-4e4 at
+ * scale 1/4), that every rank holds the same bits of loss / z / lse, the bad-label count, that
+ * every output was written (all poisoned with NaN first), and with `repeat` that a second run is
+ * bit-identical.
  */
 #define TP_NO_MAIN
 #include "examples/vocab_parallel_ce.cu"
@@ -612,6 +614,20 @@ int main(int argc, char **argv)
         d.in_place = 0;
         d.dt = LF_BF16;
         run("finfo.min entries, reduction none, bf16, separate gradient", d);
+
+        d = b;
+        d.tp = tp;
+        d.seed = g_seed * 17 + (uint64_t)tp;
+        d.dt = LF_F32;
+        /* |lse| ~ 1e4, where one float lse would put ~2^-24 |lse| log 2 e (9e-4) into every p_j: the
+         * fp32 gradient's per-element bound. Scale 1/4 (exact): the +-30 outliers (~16 a row)
+         * at +-7.5 no longer hold nearly all the mass (at scale 1 the row's sum is ~16 exactly in
+         * any order, and the two kernels agree to the bit) */
+        d.logit_offset = tp % 2 ? 4e4f : -4e4f;
+        d.opts.logit_scale = 0.25f;
+        d.opts.label_smoothing = 0.1f;
+        d.opts.z_loss = tp == 4 ? 1e-6f : 0.0f;
+        run(tp % 2 ? "fp32 logits offset by +4e4, scale 1/4, smoothing" : "fp32 logits offset by -4e4, scale 1/4, smoothing", d);
 
         d = b;
         d.tp = tp;
