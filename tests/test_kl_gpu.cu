@@ -295,6 +295,22 @@ static void run_case(const Case &c)
     }
     /* the row the contract's reverse-KL overflow case applies to (the reference is finite there) */
     const int64_t rev_tmin_row = c.plant_fmin && N >= 4 && c.kind == LF_KL_REVERSE && c.red == LF_REDUCE_NONE ? 3 : -1;
+    /* row 6 (reverse KL, N >= 7): the student's mass nearly all on one entry (24 above the rest),
+     * where the teacher alone is at its floor: pass 1's cross term is ~3.39e38, finite, and so is
+     * the loss, but KL log2(e) is not, so the gradient's log2 form cannot hold it; the contract
+     * takes such a row as a support mismatch (+inf loss, NaN gradient) every time. (A row 3 of
+     * seed 1795882861, N = 9, V = 1000, came out with its loss finite and every gradient element
+     * ~-p_j FLT_MAX before kl_distill.cu's kl_rev_fit.) */
+    const int64_t rev_big_row = rev_tmin_row >= 0 && N >= 7 && !planted.count(6) ? 6 : -1;
+    if (rev_big_row >= 0) {
+        const int64_t j0 = V / 3;
+        float mx = -INFINITY;
+        for (int64_t j = 0; j < V; ++j) mx = fmaxf(mx, hs[6][j]);
+        hs[6][j0] = host_round(mx + 24.0f, c.sdt);
+        ht[6][j0] = host_round(-3.3895314e38f, c.tdt);
+        write_row(6);
+        planted.insert(6);
+    }
     if (c.plant_spikes) {
         uint64_t h = rs;
         for (int64_t i = 0; i < N; ++i) {
@@ -663,7 +679,7 @@ static void run_case(const Case &c)
             }
             r = lf_ref_kl_row_lq(xsr, lqb, V, &o, dxb);
         }
-        if (i == rev_tmin_row && overflowed) { /* the contract's support mismatch, not the literal loss */
+        if ((i == rev_tmin_row || i == rev_big_row) && overflowed) { /* the contract's support mismatch, not the literal loss */
             r.loss = r.kl_rev = INFINITY;
             if (dxb) std::fill(dxb, dxb + V, (double)NAN);
         }
@@ -710,10 +726,13 @@ static void run_case(const Case &c)
     for (int64_t i : rows) {
         const float *xsr = hs[i].data();
         bool rejected;
-        /* rev_tmin_row: the kernel's sums overflowed (the loss is +inf) or held the loss */
-        const bool overflowed = i == rev_tmin_row && lossh[i] == INFINITY;
+        /* rev_tmin_row: the kernel's sums overflowed (the loss is +inf) or held the loss;
+         * rev_big_row: always the support mismatch */
+        const bool overflowed = (i == rev_tmin_row || i == rev_big_row) && lossh[i] == INFINITY;
         if (i == rev_tmin_row)
             printf("     row 3, the teacher alone at finfo.min: %s\n", overflowed ? "+inf, a support mismatch" : "the finite loss");
+        if (i == rev_big_row)
+            EXPECT(overflowed, "row 6 (KL log2 e past FLT_MAX): loss %.9g, want +inf (a support mismatch)", lossh[i]);
         const lf_kl_row r = ref_row(i, lq.data(), dx.data(), &rejected, overflowed);
         if (rejected) EXPECT(topk_bad[i], "row %lld: the reference rejects its top-k pairs", (long long)i);
         if (sparse) {
