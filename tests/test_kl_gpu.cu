@@ -832,6 +832,21 @@ static void run_case(const Case &c)
             const double dt = fabs(zt - r.lse_t) < ZFLOOR ? fabs(zt - r.lse_t) : 0.0;
             return 1e-6 + 0x1p-22 * (4.0 + ds + dt + dlse + log((double)V + 1.0));
         };
+        /* split: the log-ratio factor per element instead of the 60-nat cap above, so that the
+         * lse's rounding shows in reverse KL and JSD too: the bracket log p_j - log q_j - KL
+         * (reverse) or log p_j - log M_j - k_p (JSD, |log p_j - log M_j| <= |log p_j - log q_j|,
+         * k_p <= JSD / (1 - beta)) is at most |lr_j| plus that row constant; twice it, plus 8. On
+         * the close-maxima rows the one-float lse puts ~2^-24 (|ks| + |kt|) ~ 1.4e-3 into the
+         * bracket, ~10x this bound there. (JSD at beta 0 and 1 runs as forward / reverse KL.) */
+        const double jsd_kp = c.kind == LF_KL_JSD && c.beta > 0.0f && c.beta < 1.0f && fabs(r.loss) < INFINITY
+                                  ? fabs(r.loss) / scale2 / (1.0 - (double)c.beta)
+                                  : -1.0;
+        auto ratio_j = [&](int64_t j) {
+            if (!split) return ratio;
+            if (c.kind == LF_KL_REVERSE) return 2.0 * lr[j] + 8.0 + 2.0 * (fabs(r.kl_rev) < INFINITY ? fabs(r.kl_rev) : 0.0);
+            if (c.kind == LF_KL_JSD && jsd_kp >= 0.0) return 2.0 * lr[j] + 8.0 + 2.0 * jsd_kp;
+            return ratio;
+        };
         int bad_elems = 0, inf_at_floor = 0;
         double worst = 0.0;
         int64_t worst_j = -1;
@@ -848,7 +863,7 @@ static void run_case(const Case &c)
             /* (and ex2.approx.ftz flushes p_j < 2^-126 to 0: the element's own log-ratio factor times
              * that; at tau 0.05 against a spread sparse teacher it reaches hundreds of nats) */
             double e32 = sc * (pj[j] + qj[j]) *
-                             (split ? rel_j(j) * (1.0 + ratio) : rel32 * (1.0 + ratio) + 0x1p-21 * (1.0 + lsem + zmax)) +
+                             (split ? rel_j(j) * (1.0 + ratio_j(j)) : rel32 * (1.0 + ratio) + 0x1p-21 * (1.0 + lsem + zmax)) +
                          sc * 0x1p-126 * (2.0 + ratio + lr[j]);
             if (sparse && !tracked[j]) e32 += sc * (pj[j] + qj[j]) * rest_rel * (1.0 + ratio);
             if (c.kind == LF_KL_TVD && !same_rows) {
