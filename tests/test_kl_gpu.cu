@@ -715,10 +715,10 @@ static void run_case(const Case &c)
      * below the maximum) and reverse KL's log-ratio ~2^-24 (|z_s - z_t| + |lse_s - lse_t|), not
      * 2^-24 |lse|: the gradient's tolerance below is per element for it (the one-float lse's
      * 2^-24 |lse| was 6e-4 relative at |lse| = 1e4, held only by a row bound of 2^-21 (|lse| +
-     * max |z|)); a 16-bit student keeps the row bound, below its rounding. Every fp32-student
-     * case here has both sides linear (w = x, no per-element rounding of z = x / tau); a capped
-     * or probs side would add ~2^-24 |z_j| per side, which rel_j does not hold. */
+     * max |z|)); a 16-bit student keeps the row bound, below its rounding. A capped or probs
+     * side rounds each z_j itself (lin_sides false): rel_j adds 2^-22 |z_j| per side there. */
     const bool split = c.sdt == LF_F32;
+    const bool lin_sides = c.cap == 0.0f && c.tkind != KL_TEACHER_PROBS;
     /* the tolerance of row i's weighted loss */
     auto loss_tol = [&](double wi, const lf_kl_row &r, double tol_abs) {
         return wi * scale2 * (1e-5 * fabs(r.loss / scale2) + tol_abs);
@@ -830,7 +830,9 @@ static void run_case(const Case &c)
             const double zt = c.tkind == KL_TEACHER_LOGITS && !sparse ? (double)lf_logit_xform(ht[i][j], 1.0f, c.cap) / c.tau : lq[j];
             const double ds = fabs(zs - r.lse_s) < ZFLOOR ? fabs(zs - r.lse_s) : 0.0;
             const double dt = fabs(zt - r.lse_t) < ZFLOOR ? fabs(zt - r.lse_t) : 0.0;
-            return 1e-6 + 0x1p-22 * (4.0 + ds + dt + dlse + log((double)V + 1.0));
+            /* a capped or probs side rounds each z_j itself (x / tau, tanh, log: a few ulps) */
+            const double zr = lin_sides ? 0.0 : 0x1p-22 * ((fabs(zs) < ZFLOOR ? fabs(zs) : 0.0) + (fabs(zt) < ZFLOOR ? fabs(zt) : 0.0));
+            return 1e-6 + 0x1p-22 * (4.0 + ds + dt + dlse + log((double)V + 1.0)) + zr;
         };
         /* split: the log-ratio factor per element instead of the 60-nat cap above, so that the
          * lse's rounding shows in reverse KL and JSD too: the bracket log p_j - log q_j - KL
@@ -1281,6 +1283,9 @@ int main(int argc, char **argv)
             c = b; c.name = "NaN rows, mean"; c.plant_nonfinite = true; run_case(c);
             c = b; c.name = "huge logits 1e4"; c.outlier = 1e4f; c.stats = true; run_case(c);
             c = b; c.name = "huge logits 1e4, fp32 student"; c.outlier = 1e4f; c.sdt = LF_F32; c.red = LF_REDUCE_NONE; run_case(c);
+            c = b; c.name = "tau 0.05, fp32 student"; c.tau = 0.05f; c.sdt = LF_F32; c.stats = true; run_case(c);
+            c = b; c.name = "tau 2, softcap 30, fp32 student"; c.tau = 2.0f; c.cap = 30.0f; c.sdt = LF_F32; run_case(c);
+            c = b; c.name = "teacher probs fp32, fp32 student"; c.tkind = KL_TEACHER_PROBS; c.sdt = c.tdt = LF_F32; run_case(c);
             c = b; c.name = "close large maxima, stats"; c.plant_close = true; c.stats = true; c.red = LF_REDUCE_NONE; run_case(c);
             c = b; c.name = "close large maxima, tau 2, in place, no stats"; c.plant_close = true; c.tau = 2.0f; c.grad = 2; c.red = LF_REDUCE_NONE; run_case(c);
             c = b; c.name = "close large maxima, fp32 pair, stats"; c.plant_close = true; c.sdt = c.tdt = LF_F32; c.stats = true; c.red = LF_REDUCE_NONE; run_case(c);
