@@ -758,7 +758,7 @@ template <int T>
 static __device__ __forceinline__ lf_dual_out kl_row_final(const lf_dual_acc &acc, const lf_kl_xf &xf, int kind)
 {
     lf_dual_out d = lf_impl_dual_final(lf_dual_acc_final(acc, xf), T == LF_DUAL_FULL, (T & LF_DUAL_RB) != 0, (T & LF_DUAL_RA) != 0);
-    kl_rev_fit(kind, d);
+    if constexpr ((T & LF_DUAL_RA) != 0) kl_rev_fit(kind, d); /* reverse KL's terms only (RB: no kl_rev) */
     return d;
 }
 
