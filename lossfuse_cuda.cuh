@@ -2430,36 +2430,53 @@ static __device__ __forceinline__ lf_kl_coef lf_kl_coef_make(int kind, float bet
     c.d3 = 0.0f; /* (lf_kl_coef_onto_max; the one-float form is lf_impl_kl_d3<false>) */
     float k = kind == LF_KL_REVERSE ? LF_LN2 : kind == LF_KL_JSD ? (1.0f - beta) * LF_LN2 : kind == LF_KL_TVD ? 0.5f : 1.0f;
     c.a = g * k * (lin ? xf.inv_tau : 1.0f);
-    const bool bad = !(fabsf(o.lse_a) < LF_INF_F) || !(fabsf(o.lse_b) < LF_INF_F) ||
-                     (kind == LF_KL_REVERSE && !(o.kl_rev < LF_INF_F)) || lf_isnan_f32(o.kl_fwd);
+    /* reverse KL: a KL of +inf (a support mismatch), or one whose log2 form c3 overflows (past
+     * FLT_MAX ln 2 nats: the gradient's log-ratio terms, in log2 units, cannot hold it; every
+     * element would be -p_j FLT_MAX), poisons the row (c3 is 0 for the other kinds) */
+    const bool bad = !(fabsf(o.lse_a) < LF_INF_F) || !(fabsf(o.lse_b) < LF_INF_F) || !(c.c3 < LF_INF_F) ||
+                     lf_isnan_f32(o.kl_fwd);
     if (bad) c.a = NAN;
     return c;
 }
 
+/* One side's lse in log2 units as hi + lo: hi the maximum's shift h moved up by the exponent e
+ * of its sum s = f 2^e (f in [0.5, 1): frexpf), lo = log2 f + (m cs - h) + the rounding of h + e
+ * (a two-sum: hi + r = h + e exactly). So |lo| < ~1.5 whatever s, and log2 s (up to ~64 where a
+ * pass kept a lazy shift below the maximum) adds no rounding of its own size. */
+static __device__ __forceinline__ void lf_impl_kl_lse_split(float m, float s, float cs, float *hi, float *lo)
+{
+    const float h = lf_impl_acc_shift(m, cs);
+    int e;
+    const float f = frexpf(s, &e), E = (float)e;
+    const float H = __fadd_rn(h, E), b = __fsub_rn(H, h);
+    const float r = __fadd_rn(__fsub_rn(h, __fsub_rn(H, b)), __fsub_rn(E, b));
+    *hi = H;
+    *lo = __fadd_rn(__fadd_rn(log2f(f), lf_shift_err(m, h, cs)), r);
+}
+
 /* The coefficients' lse taken apart at each side's maximum, from the row's merged pass-1 state
- * a (w units, its sums relative to the maxima themselves: lf_impl_acc_fold): ks = hs + ls with
- * hs = lf_impl_acc_shift(ms, cs) and ls = log2(ss) + c, c = ms cs - hs exactly
- * (lf_impl_acc_shift_err); kt likewise; reverse KL's d3 = ((ht - hs) + (lt - ls)) - c3, the two
- * maxima cancelling before the sums' logs join. One float ks = lse log2(e) carries ~2^-24 |ks|
- * of rounding into every p_j = 2^(w_j cs - ks): 2^-24 |lse| relative (6e-4 at |lse| = 1e4),
- * shown by an fp32 student's gradient (and by JSD's and TVD's second pass) and, in reverse KL's
- * log2 p_j - log2 q_j, absolute. Taken apart, p_j = 2^((w_j cs - hs) - ls) has an exponent error
- * relative to |w_j - ms| cs + log2 ss instead, small wherever p_j is not. (ms is the shift the
- * passes kept: the maximum, or, where a pass without the entropy terms kept a lazy shift, up to
- * ~64 log2 units below it; then log2 ss is up to ~64 and ls carries ~2^-24 64, as ss itself,
- * summed against that shift, already does.) The form of the passes and gradients for an fp32
- * student (lf_kl_split; one FADD per side and pair more than the 16-bit students' form, which
- * takes ks = hs + ls as one float, below their rounding for |ks| up to ~2^14). Per row: two
- * log2f and a few FADDs. Call it after lf_kl_coef_make (and before lf_kl_coef_set_stats2 is
- * given pass 2's sums); where a is NaN (a row without a distribution on a side) nothing
- * changes. */
+ * a (w units, its sums relative to the maxima themselves: lf_impl_acc_fold): ks = hs + ls, kt
+ * = ht + lt (lf_impl_kl_lse_split: hs the shift of ms moved up by ss's binary exponent, |ls| <
+ * ~1.5), and reverse KL's d3 = ((ht - hs) + (lt - ls)) - c3, the shifts cancelling before the
+ * small parts join. One float ks = lse log2(e) carries ~2^-24 |ks| of rounding into every p_j =
+ * 2^(w_j cs - ks): 2^-24 |lse| relative (6e-4 at |lse| = 1e4), shown by an fp32 student's
+ * gradient (and by JSD's and TVD's second pass) and, in reverse KL's log2 p_j - log2 q_j,
+ * absolute. Taken apart, p_j = 2^((w_j cs - hs) - ls) has an exponent error of ~2^-24 (|log2
+ * p_j| + 2), small wherever p_j is not, whatever the shift the passes kept (the maximum, or up
+ * to ~64 log2 units below it where a pass without the entropy terms kept a lazy shift: ss, summed
+ * against it, carries that shift's ~2^-24 64 itself). The form of the passes and gradients for
+ * an fp32 student (lf_kl_split; one FADD per side and pair more than the 16-bit students' form,
+ * which takes ks = hs + ls as one float, below their rounding for |ks| up to ~2^14). Per row:
+ * two frexpf, two log2f and a dozen FADDs. Call it after lf_kl_coef_make (and before
+ * lf_kl_coef_set_stats2 is given pass 2's sums); a side without a distribution (ss not above 0,
+ * a maximum not finite) leaves the coefficients as they are (c.a is NaN there). */
 static __device__ __forceinline__ void lf_kl_coef_onto_max(lf_kl_coef &c, const lf_dual_acc &a)
 {
-    if (c.a != c.a) return;
-    c.hs = lf_impl_acc_shift(a.ms, c.cs);
-    c.ht = lf_impl_acc_shift(a.mt, c.cs);
-    c.ls = log2f(a.ss) + lf_shift_err(a.ms, c.hs, c.cs);
-    c.lt = log2f(a.st) + lf_shift_err(a.mt, c.ht, c.cs);
+    /* on the state, not on c.a: a row whose scale alone is NaN (a NaN dloss) keeps the split form
+     * of its JSD / TVD pass 2, as the forward-only launch of the same row does */
+    if (!(a.ss > 0.0f) || !(a.st > 0.0f) || !(fabsf(a.ms) < LF_INF_F) || !(fabsf(a.mt) < LF_INF_F)) return;
+    lf_impl_kl_lse_split(a.ms, a.ss, c.cs, &c.hs, &c.ls);
+    lf_impl_kl_lse_split(a.mt, a.st, c.cs, &c.ht, &c.lt);
     c.ks = c.hs + c.ls;
     c.kt = c.ht + c.lt;
     c.d3 = __fsub_rn(__fadd_rn(__fsub_rn(c.ht, c.hs), __fsub_rn(c.lt, c.ls)), c.c3);

@@ -75,8 +75,9 @@
  *     soft CE with the student alone at it: the true loss is ~1e38 q_j, which fp32 may round to
  *     +inf (not tested). Reverse KL with the TEACHER alone at it where the student has mass: the
  *     true loss is ~3.4e38 / tau times the student's mass on those entries. Pass 1 sums
- *     e_s (w_s - w_t) in fp32; where that sum overflows the row is taken as a support mismatch,
- *     as if the entries were -inf: +inf loss, NaN gradient. Where it does not, the loss is the
+ *     e_s (w_s - w_t) in fp32; where that sum overflows, or the loss is past FLT_MAX ln 2 (~2.36e38
+ *     nats: the gradient's log2 form cannot hold it, kl_rev_fit), the row is taken as a support
+ *     mismatch, as if the entries were -inf: +inf loss, NaN gradient. Where neither, the loss is the
  *     finite literal value (as the double reference's), but the gradient is +inf on those
  *     entries (its log2 p_j - log2 q_j overflows; the reference's p_j 3.4e38 is finite). Which
  *     form a row takes depends on the row (tested on an H200: V = 1000 gave either, V = 50257
@@ -363,6 +364,16 @@ __global__ void __launch_bounds__(1024) kl_divisor_kernel(const kl_kparams p)
     if (threadIdx.x == 0) p.ws->divisor = (float)acc;
 }
 
+/* Reverse KL where the teacher alone is at its floor under the student's mass (the contract in
+ * the header): a finite loss past FLT_MAX ln 2 (~2.36e38 nats) cannot be carried by the gradient,
+ * whose log-ratio terms are in log2 units (c3 = KL log2 e would be +inf, and every element of the
+ * row -p_j FLT_MAX: finite and wrong). Such a row is a support mismatch as well: +inf loss, NaN
+ * gradient (lf_kl_coef_make). Every kernel applies it to its rows' statistics. */
+static __device__ __forceinline__ void kl_rev_fit(int kind, lf_dual_out &d)
+{
+    if (kind == LF_KL_REVERSE && d.kl_rev < LF_INF_F && !(__fmul_rn(d.kl_rev, LF_LOG2E) < LF_INF_F)) d.kl_rev = LF_INF_F;
+}
+
 /* A row's outputs (one thread). A row without two distributions (NaN, +inf, no mass on a side)
  * is NaN throughout, as in lf_ref_kl_row: no output of it may look like a number. */
 static __device__ __forceinline__ void kl_row_outputs(const kl_kparams &p, int64_t row, const lf_dual_out &o, float loss)
@@ -610,6 +621,7 @@ __global__ void __launch_bounds__(KL_THREADS, KL_CTAS_PER_SM) kl_kernel(const kl
             if (m1) {
                 const lf_dual_acc racc = lf_block_dual_acc<KL_THREADS>(acc, p.xf.cs, red[slot]);
                 dout = lf_dual_final(lf_dual_acc_final(racc, p.xf));
+                kl_rev_fit(p.kind, dout);
                 const float gs = grad ? p.grad_scale * (p.reduction == LF_REDUCE_NONE ? (p.dloss ? p.dloss[row] : 1.0f) : dl_all) *
                                             inv_div * cur.w * p.tau2_scale
                                       : 0.0f;
@@ -742,9 +754,12 @@ template <typename F> static __device__ __forceinline__ void kl_with_terms(int t
 }
 
 /* A row's statistics from its merged pass-1 state (the terms of T). */
-template <int T> static __device__ __forceinline__ lf_dual_out kl_row_final(const lf_dual_acc &acc, const lf_kl_xf &xf)
+template <int T>
+static __device__ __forceinline__ lf_dual_out kl_row_final(const lf_dual_acc &acc, const lf_kl_xf &xf, int kind)
 {
-    return lf_impl_dual_final(lf_dual_acc_final(acc, xf), T == LF_DUAL_FULL, (T & LF_DUAL_RB) != 0, (T & LF_DUAL_RA) != 0);
+    lf_dual_out d = lf_impl_dual_final(lf_dual_acc_final(acc, xf), T == LF_DUAL_FULL, (T & LF_DUAL_RB) != 0, (T & LF_DUAL_RA) != 0);
+    if constexpr ((T & LF_DUAL_RA) != 0) kl_rev_fit(kind, d); /* reverse KL's terms only (RB: no kl_rev) */
+    return d;
 }
 
 /* A row's gradient coefficients: the scale (dl: the row's upstream gradient with reduction
@@ -1001,7 +1016,7 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
                     exchange1(acc);
                     acc = lf_dual_acc_merge_warp<T>(xa[grp][xq], nranks, p.xf.cs);
                 }
-                dout = kl_row_final<T>(acc, p.xf);
+                dout = kl_row_final<T>(acc, p.xf, p.kind);
             };
             kl_with_terms(p.terms, pass1);
             lf_kl_coef coef = kl_row_coef<LIN>(p, dout, w, dl, dl_all, inv_div);
@@ -1231,7 +1246,7 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
                     if (threadIdx.x == 0) xa[r] = acc;
                 }
                 __syncthreads();
-                dout = kl_row_final<T>(lf_dual_acc_merge_warp<T>(xa, nranks, p.xf.cs), p.xf);
+                dout = kl_row_final<T>(lf_dual_acc_merge_warp<T>(xa, nranks, p.xf.cs), p.xf, p.kind);
             };
             kl_with_terms(p.terms, pass1);
             lf_kl_coef coef = kl_row_coef<LIN>(p, dout, w, dl, dl_all, inv_div);

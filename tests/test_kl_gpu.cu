@@ -295,6 +295,22 @@ static void run_case(const Case &c)
     }
     /* the row the contract's reverse-KL overflow case applies to (the reference is finite there) */
     const int64_t rev_tmin_row = c.plant_fmin && N >= 4 && c.kind == LF_KL_REVERSE && c.red == LF_REDUCE_NONE ? 3 : -1;
+    /* row 6 (reverse KL, N >= 7): the student's mass nearly all on one entry (24 above the rest),
+     * where the teacher alone is at its floor: pass 1's cross term is ~3.39e38, finite, and so is
+     * the loss, but KL log2(e) is not, so the gradient's log2 form cannot hold it; the contract
+     * takes such a row as a support mismatch (+inf loss, NaN gradient) every time. (A row 3 of
+     * seed 1795882861, N = 9, V = 1000, came out with its loss finite and every gradient element
+     * ~-p_j FLT_MAX before kl_distill.cu's kl_rev_fit.) */
+    const int64_t rev_big_row = rev_tmin_row >= 0 && N >= 7 && !planted.count(6) ? 6 : -1;
+    if (rev_big_row >= 0) {
+        const int64_t j0 = V / 3;
+        float mx = -INFINITY;
+        for (int64_t j = 0; j < V; ++j) mx = fmaxf(mx, hs[6][j]);
+        hs[6][j0] = host_round(mx + 24.0f, c.sdt);
+        ht[6][j0] = host_round(-3.3895314e38f, c.tdt);
+        write_row(6);
+        planted.insert(6);
+    }
     if (c.plant_spikes) {
         uint64_t h = rs;
         for (int64_t i = 0; i < N; ++i) {
@@ -663,7 +679,7 @@ static void run_case(const Case &c)
             }
             r = lf_ref_kl_row_lq(xsr, lqb, V, &o, dxb);
         }
-        if (i == rev_tmin_row && overflowed) { /* the contract's support mismatch, not the literal loss */
+        if ((i == rev_tmin_row || i == rev_big_row) && overflowed) { /* the contract's support mismatch, not the literal loss */
             r.loss = r.kl_rev = INFINITY;
             if (dxb) std::fill(dxb, dxb + V, (double)NAN);
         }
@@ -699,10 +715,10 @@ static void run_case(const Case &c)
      * below the maximum) and reverse KL's log-ratio ~2^-24 (|z_s - z_t| + |lse_s - lse_t|), not
      * 2^-24 |lse|: the gradient's tolerance below is per element for it (the one-float lse's
      * 2^-24 |lse| was 6e-4 relative at |lse| = 1e4, held only by a row bound of 2^-21 (|lse| +
-     * max |z|)); a 16-bit student keeps the row bound, below its rounding. Every fp32-student
-     * case here has both sides linear (w = x, no per-element rounding of z = x / tau); a capped
-     * or probs side would add ~2^-24 |z_j| per side, which rel_j does not hold. */
+     * max |z|)); a 16-bit student keeps the row bound, below its rounding. A capped or probs
+     * side rounds each z_j itself (lin_sides false): rel_j adds 2^-22 |z_j| per side there. */
     const bool split = c.sdt == LF_F32;
+    const bool lin_sides = c.cap == 0.0f && c.tkind != KL_TEACHER_PROBS;
     /* the tolerance of row i's weighted loss */
     auto loss_tol = [&](double wi, const lf_kl_row &r, double tol_abs) {
         return wi * scale2 * (1e-5 * fabs(r.loss / scale2) + tol_abs);
@@ -710,10 +726,13 @@ static void run_case(const Case &c)
     for (int64_t i : rows) {
         const float *xsr = hs[i].data();
         bool rejected;
-        /* rev_tmin_row: the kernel's sums overflowed (the loss is +inf) or held the loss */
-        const bool overflowed = i == rev_tmin_row && lossh[i] == INFINITY;
+        /* rev_tmin_row: the kernel's sums overflowed (the loss is +inf) or held the loss;
+         * rev_big_row: always the support mismatch */
+        const bool overflowed = (i == rev_tmin_row || i == rev_big_row) && lossh[i] == INFINITY;
         if (i == rev_tmin_row)
             printf("     row 3, the teacher alone at finfo.min: %s\n", overflowed ? "+inf, a support mismatch" : "the finite loss");
+        if (i == rev_big_row)
+            EXPECT(overflowed, "row 6 (KL log2 e past FLT_MAX): loss %.9g, want +inf (a support mismatch)", lossh[i]);
         const lf_kl_row r = ref_row(i, lq.data(), dx.data(), &rejected, overflowed);
         if (rejected) EXPECT(topk_bad[i], "row %lld: the reference rejects its top-k pairs", (long long)i);
         if (sparse) {
@@ -811,7 +830,24 @@ static void run_case(const Case &c)
             const double zt = c.tkind == KL_TEACHER_LOGITS && !sparse ? (double)lf_logit_xform(ht[i][j], 1.0f, c.cap) / c.tau : lq[j];
             const double ds = fabs(zs - r.lse_s) < ZFLOOR ? fabs(zs - r.lse_s) : 0.0;
             const double dt = fabs(zt - r.lse_t) < ZFLOOR ? fabs(zt - r.lse_t) : 0.0;
-            return 1e-6 + 0x1p-22 * (4.0 + ds + dt + dlse + log((double)V + 1.0));
+            /* a capped or probs side rounds each z_j itself (x / tau, tanh, log: a few ulps) */
+            const double zr = lin_sides ? 0.0 : 0x1p-22 * ((fabs(zs) < ZFLOOR ? fabs(zs) : 0.0) + (fabs(zt) < ZFLOOR ? fabs(zt) : 0.0));
+            return 1e-6 + 0x1p-22 * (4.0 + ds + dt + dlse + log((double)V + 1.0)) + zr;
+        };
+        /* split: the log-ratio factor per element instead of the 60-nat cap above, so that the
+         * lse's rounding shows in reverse KL and JSD too: the bracket log p_j - log q_j - KL
+         * (reverse) or log p_j - log M_j - k_p (JSD, |log p_j - log M_j| <= |log p_j - log q_j|,
+         * k_p <= JSD / (1 - beta)) is at most |lr_j| plus that row constant; twice it, plus 8. On
+         * the close-maxima rows the one-float lse puts ~2^-24 (|ks| + |kt|) ~ 1.4e-3 into the
+         * bracket, ~10x this bound there. (JSD at beta 0 and 1 runs as forward / reverse KL.) */
+        const double jsd_kp = c.kind == LF_KL_JSD && c.beta > 0.0f && c.beta < 1.0f && fabs(r.loss) < INFINITY
+                                  ? fabs(r.loss) / scale2 / (1.0 - (double)c.beta)
+                                  : -1.0;
+        auto ratio_j = [&](int64_t j) {
+            if (!split) return ratio;
+            if (c.kind == LF_KL_REVERSE) return 2.0 * lr[j] + 8.0 + 2.0 * (fabs(r.kl_rev) < INFINITY ? fabs(r.kl_rev) : 0.0);
+            if (c.kind == LF_KL_JSD && jsd_kp >= 0.0) return 2.0 * lr[j] + 8.0 + 2.0 * jsd_kp;
+            return ratio;
         };
         int bad_elems = 0, inf_at_floor = 0;
         double worst = 0.0;
@@ -829,7 +865,7 @@ static void run_case(const Case &c)
             /* (and ex2.approx.ftz flushes p_j < 2^-126 to 0: the element's own log-ratio factor times
              * that; at tau 0.05 against a spread sparse teacher it reaches hundreds of nats) */
             double e32 = sc * (pj[j] + qj[j]) *
-                             (split ? rel_j(j) * (1.0 + ratio) : rel32 * (1.0 + ratio) + 0x1p-21 * (1.0 + lsem + zmax)) +
+                             (split ? rel_j(j) * (1.0 + ratio_j(j)) : rel32 * (1.0 + ratio) + 0x1p-21 * (1.0 + lsem + zmax)) +
                          sc * 0x1p-126 * (2.0 + ratio + lr[j]);
             if (sparse && !tracked[j]) e32 += sc * (pj[j] + qj[j]) * rest_rel * (1.0 + ratio);
             if (c.kind == LF_KL_TVD && !same_rows) {
@@ -1247,6 +1283,9 @@ int main(int argc, char **argv)
             c = b; c.name = "NaN rows, mean"; c.plant_nonfinite = true; run_case(c);
             c = b; c.name = "huge logits 1e4"; c.outlier = 1e4f; c.stats = true; run_case(c);
             c = b; c.name = "huge logits 1e4, fp32 student"; c.outlier = 1e4f; c.sdt = LF_F32; c.red = LF_REDUCE_NONE; run_case(c);
+            c = b; c.name = "tau 0.05, fp32 student"; c.tau = 0.05f; c.sdt = LF_F32; c.stats = true; run_case(c);
+            c = b; c.name = "tau 2, softcap 30, fp32 student"; c.tau = 2.0f; c.cap = 30.0f; c.sdt = LF_F32; run_case(c);
+            c = b; c.name = "teacher probs fp32, fp32 student"; c.tkind = KL_TEACHER_PROBS; c.sdt = c.tdt = LF_F32; run_case(c);
             c = b; c.name = "close large maxima, stats"; c.plant_close = true; c.stats = true; c.red = LF_REDUCE_NONE; run_case(c);
             c = b; c.name = "close large maxima, tau 2, in place, no stats"; c.plant_close = true; c.tau = 2.0f; c.grad = 2; c.red = LF_REDUCE_NONE; run_case(c);
             c = b; c.name = "close large maxima, fp32 pair, stats"; c.plant_close = true; c.sdt = c.tdt = LF_F32; c.stats = true; c.red = LF_REDUCE_NONE; run_case(c);
