@@ -2399,8 +2399,6 @@ typedef struct lf_kl_coef {
                    * form, lf_kl_split; hs = ks, ls = 0 until lf_kl_coef_onto_max) */
     float ht, lt; /* the same for the teacher's kt */
     float c3;     /* reverse: KL(p||q) log2(e); JSD: k_p log2(e) (after pass 2); TVD: sum sgn(p-q) p */
-    float d3;     /* reverse KL, split form: kt - ks - c3, the offset of log2 p_j - log2 q_j - c3 from
-                   * (w_s - w_t) cs (lf_kl_coef_onto_max; lf_impl_kl_d3) */
     float a;      /* gradient scale, times the kind's constant (ln 2, (1 - beta) ln 2, 1/2) and,
                    * when LIN, 1/tau; NaN poisons the row */
 } lf_kl_coef;
@@ -2427,7 +2425,6 @@ static __device__ __forceinline__ lf_kl_coef lf_kl_coef_make(int kind, float bet
     c.ht = c.kt;
     c.ls = c.lt = 0.0f;
     c.c3 = kind == LF_KL_REVERSE ? __fmul_rn(o.kl_rev, LF_LOG2E) : 0.0f;
-    c.d3 = 0.0f; /* (lf_kl_coef_onto_max; the one-float form is lf_impl_kl_d3<false>) */
     float k = kind == LF_KL_REVERSE ? LF_LN2 : kind == LF_KL_JSD ? (1.0f - beta) * LF_LN2 : kind == LF_KL_TVD ? 0.5f : 1.0f;
     c.a = g * k * (lin ? xf.inv_tau : 1.0f);
     /* reverse KL: a KL of +inf (a support mismatch), or one whose log2 form c3 overflows (past
@@ -2457,8 +2454,7 @@ static __device__ __forceinline__ void lf_impl_kl_lse_split(float m, float s, fl
 /* The coefficients' lse taken apart at each side's maximum, from the row's merged pass-1 state
  * a (w units, its sums relative to the maxima themselves: lf_impl_acc_fold): ks = hs + ls, kt
  * = ht + lt (lf_impl_kl_lse_split: hs the shift of ms moved up by ss's binary exponent, |ls| <
- * ~1.5), and reverse KL's d3 = ((ht - hs) + (lt - ls)) - c3, the shifts cancelling before the
- * small parts join. One float ks = lse log2(e) carries ~2^-24 |ks| of rounding into every p_j =
+ * ~1.5). One float ks = lse log2(e) carries ~2^-24 |ks| of rounding into every p_j =
  * 2^(w_j cs - ks): 2^-24 |lse| relative (6e-4 at |lse| = 1e4), shown by an fp32 student's
  * gradient (and by JSD's and TVD's second pass) and, in reverse KL's log2 p_j - log2 q_j,
  * absolute. Taken apart, p_j = 2^((w_j cs - hs) - ls) has an exponent error of ~2^-24 (|log2
@@ -2479,7 +2475,6 @@ static __device__ __forceinline__ void lf_kl_coef_onto_max(lf_kl_coef &c, const 
     lf_impl_kl_lse_split(a.mt, a.st, c.cs, &c.ht, &c.lt);
     c.ks = c.hs + c.ls;
     c.kt = c.ht + c.lt;
-    c.d3 = __fsub_rn(__fadd_rn(__fsub_rn(c.ht, c.hs), __fsub_rn(c.lt, c.ls)), c.c3);
 }
 
 /* Whether the passes and gradients of a student of type TS take p_j and q_j in the split form
@@ -2499,14 +2494,6 @@ template <bool SPLIT> static __device__ __forceinline__ float lf_impl_kl_l2t(con
     return SPLIT ? fmaf(wt, c.cs, -c.ht) - c.lt : fmaf(wt, c.cs, -c.kt);
 }
 
-/* reverse KL's kt - ks - c3: the split form's d3 (lf_kl_coef_onto_max), or formed where it is
- * used from the one-float lse (the 16-bit students' kernels then carry no more than before: a
- * d3 formed per row for every kind cost forward KL 0.7-1.9% on an H200, where these kernels
- * serve every kind) */
-template <bool SPLIT> static __device__ __forceinline__ float lf_impl_kl_d3(const lf_kl_coef &c)
-{
-    return SPLIT ? c.d3 : c.kt - c.ks - c.c3; /* (no products here: nothing to contract) */
-}
 
 /* p and q of one pair (w values) with their log2: lp2, lq2. (q on the FMA pipe, lf_ex2_fma, for
  * part of JSD's pairs did not pay: bench/RESULTS.md, design log 65.) */
@@ -2685,12 +2672,18 @@ static __device__ __forceinline__ float lf_impl_kl_grad(const lf_kl_coef &c, flo
 {
     float lp2, lq2, p, q;
     lf_impl_kl_pq<SPLIT>(c, ws, wt, &lp2, &lq2, &p, &q);
-    /* the fast form takes log2 p - log2 q from ws - wt (two 16-bit values: exact unless far
-     * apart) and holds it at -FLT_MAX or above: an entry at a 16-bit side's lowest finite value
-     * (a finfo.min mask) has p = 0 and log2 p = -inf (w log2(e) / tau overflows), and p times
-     * -inf would be NaN */
-    if (KIND == LF_KL_REVERSE)
-        return !EXACT ? p * fmaxf(fmaf(ws - wt, c.cs, lf_impl_kl_d3<SPLIT>(c)), -FLT_MAX) : p > 0.0f ? p * (lp2 - lq2 - c.c3) : 0.0f;
+    /* the fast form holds log2 p - log2 q - c3 at -FLT_MAX or above, with no test: an entry at a
+     * side's lowest finite value (a finfo.min mask) has p = 0 and log2 p = -inf (w log2(e) / tau
+     * overflows), and p times -inf would be NaN. A 16-bit student takes it from ws - wt (two
+     * 16-bit values: exact unless far apart) and the row's kt - ks - c3 (formed here, not per
+     * row: a per-row term for every kind cost forward KL 0.7-1.9% on an H200, where these
+     * kernels serve every kind). An fp32 student takes it from the split log2 p and log2 q, as
+     * the exact form does: ws - wt of two fp32 values rounds by 2^-24 |ws - wt|, which would
+     * bring back the distance of the two maxima that the split form takes out. */
+    if (KIND == LF_KL_REVERSE) {
+        if (EXACT) return p > 0.0f ? p * (lp2 - lq2 - c.c3) : 0.0f;
+        return p * fmaxf(SPLIT ? lp2 - lq2 - c.c3 : fmaf(ws - wt, c.cs, c.kt - c.ks - c.c3), -FLT_MAX);
+    }
     if (KIND == LF_KL_JSD) {
         if (!EXACT) return p * (lp2 - lf_impl_kl_lm2_fast(c, p, q) - c.c3);
         const float lm2 = __log2f(fmaf(c.beta, q - p, p));
