@@ -2394,9 +2394,10 @@ typedef struct lf_kl_coef {
     float beta;   /* JSD */
     float cs;     /* w -> log2 units */
     float ks, kt; /* lse_s, lse_t in log2 units: p_j = 2^(w_j cs - ks) (the 16-bit students' form) */
-    float hs, ls; /* ks as two floats, ks = hs + ls: hs the student maximum's shift, ls = log2 of
-                   * the sum against it, so that p_j = 2^((w_j cs - hs) - ls) (the fp32 students'
-                   * form, lf_kl_split; hs = ks, ls = 0 until lf_kl_coef_onto_max) */
+    float hs, ls; /* ks as two floats, ks = hs + ls: hs the student maximum's shift moved up by
+                   * its sum's binary exponent, |ls| < ~1.5 (lf_impl_kl_lse_split), so that p_j =
+                   * 2^((w_j cs - hs) - ls) (the fp32 students' form, lf_kl_split; hs = ks, ls = 0
+                   * until lf_kl_coef_onto_max) */
     float ht, lt; /* the same for the teacher's kt */
     float c3;     /* reverse: KL(p||q) log2(e); JSD: k_p log2(e) (after pass 2); TVD: sum sgn(p-q) p */
     float a;      /* gradient scale, times the kind's constant (ln 2, (1 - beta) ln 2, 1/2) and,
@@ -2672,17 +2673,25 @@ static __device__ __forceinline__ float lf_impl_kl_grad(const lf_kl_coef &c, flo
 {
     float lp2, lq2, p, q;
     lf_impl_kl_pq<SPLIT>(c, ws, wt, &lp2, &lq2, &p, &q);
-    /* the fast form holds log2 p - log2 q - c3 at -FLT_MAX or above, with no test: an entry at a
-     * side's lowest finite value (a finfo.min mask) has p = 0 and log2 p = -inf (w log2(e) / tau
-     * overflows), and p times -inf would be NaN. A 16-bit student takes it from ws - wt (two
-     * 16-bit values: exact unless far apart) and the row's kt - ks - c3 (formed here, not per
-     * row: a per-row term for every kind cost forward KL 0.7-1.9% on an H200, where these
-     * kernels serve every kind). An fp32 student takes it from the split log2 p and log2 q, as
-     * the exact form does: ws - wt of two fp32 values rounds by 2^-24 |ws - wt|, which would
-     * bring back the distance of the two maxima that the split form takes out. */
+    /* the fast form (no test per pair): an entry at a side's lowest finite value (a finfo.min
+     * mask) overflows w log2(e) / tau, and p = 0 times an infinite bracket would be NaN: where
+     * the student is at it (p = 0, bracket -inf), and where the teacher is at it with the
+     * student's p_j flushed to 0 (far below its maximum: bf16 rows at tau 1 from ~87 nats).
+     * A 16-bit student takes the bracket from ws - wt (two 16-bit values: exact unless far
+     * apart) and the row's k = kt - ks - c3 (formed here, not per row: a per-row term for every
+     * kind cost forward KL 0.7-1.9% on an H200, where these kernels serve every kind), each
+     * multiplied by p before they join: p (ws - wt) is finite, 0 where p is, and so is p k (c3
+     * finite: lf_kl_coef_make). As many operations as the bracket held at -FLT_MAX and then
+     * multiplied (a select on p > 0 instead cost reverse KL 2.6-3.3% on an H200). Where the
+     * teacher alone is at the floor under the student's mass, this gives the reference's finite
+     * value where it fits a float (the exact form: +inf). An fp32 student takes the bracket from
+     * the split log2 p and log2 q, as the exact form does (ws - wt of two fp32 values rounds by
+     * 2^-24 |ws - wt|, which would bring back the distance of the two maxima that the split form
+     * takes out), with the exact form's test (no kernel here runs that form). */
     if (KIND == LF_KL_REVERSE) {
         if (EXACT) return p > 0.0f ? p * (lp2 - lq2 - c.c3) : 0.0f;
-        return p * fmaxf(SPLIT ? lp2 - lq2 - c.c3 : fmaf(ws - wt, c.cs, c.kt - c.ks - c.c3), -FLT_MAX);
+        if (SPLIT) return p > 0.0f ? p * (lp2 - lq2 - c.c3) : 0.0f;
+        return fmaf(__fmul_rn(p, ws - wt), c.cs, __fmul_rn(p, c.kt - c.ks - c.c3)); /* (rounded: never contracted) */
     }
     if (KIND == LF_KL_JSD) {
         if (!EXACT) return p * (lp2 - lf_impl_kl_lm2_fast(c, p, q) - c.c3);

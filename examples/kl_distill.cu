@@ -69,21 +69,24 @@
  *     gradient row. Reverse KL where the teacher has no mass but the student has: +inf loss,
  *     NaN gradient. Forward KL / soft CE where the student has none: +inf loss, finite gradient.
  *   - An entry at a 16-bit side's lowest finite value (masking with torch.finfo(bf16).min) has
- *     probability exactly 0, as in the double reference, even where w log2(e) / tau overflows
- *     (tau below ~1.44): no NaN from it (tested: both sides at it; the student alone for reverse
- *     KL, JSD and TVD; the teacher alone for forward KL, soft CE, JSD and TVD). Forward KL /
- *     soft CE with the student alone at it: the true loss is ~1e38 q_j, which fp32 may round to
- *     +inf (not tested). Reverse KL with the TEACHER alone at it where the student has mass: the
- *     true loss is ~3.4e38 / tau times the student's mass on those entries. Pass 1 sums
- *     e_s (w_s - w_t) in fp32; where that sum overflows, or the loss is past FLT_MAX ln 2 (~2.36e38
- *     nats: the gradient's log2 form cannot hold it, kl_rev_fit), the row is taken as a support
- *     mismatch, as if the entries were -inf: +inf loss, NaN gradient. Where neither, the loss is the
- *     finite literal value (as the double reference's), but the gradient is +inf on those
- *     entries (its log2 p_j - log2 q_j overflows; the reference's p_j 3.4e38 is finite). Which
- *     form a row takes depends on the row (tested on an H200: V = 1000 gave either, V = 50257
- *     the support mismatch). Not a supported input: mask the teacher with -inf, or the student
- *     too. A side with nothing else has no mass (NaN), as an all -inf side (lossfuse.h
- *     lf_massless; tested: the student, and the teacher, entirely at it).
+ *     probability exactly 0, as in the double reference, even where w log2(e) / tau overflows (tau
+ *     below ~1.44): no NaN from it (tested: both sides at it; the student alone for reverse KL, JSD
+ *     and TVD; the teacher alone for forward KL, soft CE, JSD and TVD; reverse KL with the teacher
+ *     alone at it where the student's p_j is below fp32's range, 120 nats under its maximum:
+ *     gradient 0 there). Forward KL / soft CE with the student alone at it: the true loss is ~1e38
+ *     q_j, which fp32 may round to +inf (not tested). Reverse KL with the TEACHER alone at it where
+ *     the student has mass: the true loss is ~3.4e38 / tau times the student's mass on those
+ *     entries. Pass 1 sums e_s (w_s - w_t) in fp32; where that sum overflows, or the loss is past
+ *     FLT_MAX ln 2 (~2.36e38 nats: the gradient's log2 form cannot hold it, kl_rev_fit), the row is
+ *     taken as a support mismatch, as if the entries were -inf: +inf loss, NaN gradient. Where
+ *     neither, the loss is the finite literal value (as the double reference's), and the gradient
+ *     on those entries is the reference's finite p_j (z_s - z_t) / tau-sized value where the 16-bit
+ *     kernels' fast form computes it and it fits a float, else +inf (the exact form, which fp32
+ *     students, the streamed schedule and pieces with -inf or NaN entries take: its log2 q_j
+ *     overflows). Which form a row takes depends on the row (tested on an H200: V = 1000 gave
+ *     either, V = 50257 the support mismatch). Not a supported input: mask the teacher with -inf,
+ *     or the student too. A side with nothing else has no mass (NaN), as an all -inf side
+ *     (lossfuse.h lf_massless; tested: the student, and the teacher, entirely at it).
  *   - Accuracy: the forward and reverse KL are rb / st + dl and ra / ss - dl, dl = (ms - mt) +
  *     (log ss - log st) (lossfuse.h section 3b; soft CE adds H(q) = log st - ut / st), with
  *     both sides' sums relative to their maxima themselves (lossfuse_cuda.cuh

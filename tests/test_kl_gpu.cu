@@ -311,6 +311,20 @@ static void run_case(const Case &c)
         write_row(6);
         planted.insert(6);
     }
+    /* row 7 (N >= 8, tau <= 1): the teacher at the floor on every 19th entry, where the student's
+     * logit is 120 below its maximum, so p flushes to 0 there (~2^-173) while log2 q overflows to
+     * -inf: reverse KL's fast gradient (the 16-bit kernels') took p times an infinite bracket
+     * there, 0 x inf = NaN, where the exact form gives 0. Every kind's true gradient there is ~0
+     * (the reference's p_j |log q_j| ~ 1e-14); the loss is finite. */
+    if (c.plant_fmin && N >= 8 && c.tau <= 1.0f && !planted.count(7)) {
+        float mx = -INFINITY;
+        for (int64_t j = 0; j < V; ++j) mx = fmaxf(mx, hs[7][j]);
+        const float low = host_round(mx - 120.0f, c.sdt), fmt = host_round(-3.3895314e38f, c.tdt);
+        for (int64_t j = 0; j < V; ++j)
+            if (j % 19 == 10) hs[7][j] = low, ht[7][j] = fmt;
+        write_row(7);
+        planted.insert(7);
+    }
     if (c.plant_spikes) {
         uint64_t h = rs;
         for (int64_t i = 0; i < N; ++i) {
@@ -804,7 +818,7 @@ static void run_case(const Case &c)
          * bound was p_j, which no error could pass) */
         const bool same_rows = c.sdt == c.tdt && c.tkind == KL_TEACHER_LOGITS && !sparse && hs[i] == ht[i];
         double band = 0.0;
-        std::vector<double> pj(V), qj(V), lr(V);
+        std::vector<double> pj(V), qj(V), lr(V), lrf(V);
         for (int64_t j = 0; j < V; ++j) {
             const double zs = (double)lf_logit_xform(xsr[j], 1.0f, c.cap) / c.tau;
             const double zt = c.tkind == KL_TEACHER_LOGITS && !sparse ? (double)lf_logit_xform(ht[i][j], 1.0f, c.cap) / c.tau : lq[j];
@@ -812,6 +826,8 @@ static void run_case(const Case &c)
             qj[j] = zt == -INFINITY ? 0.0 : exp(zt - r.lse_t);
             /* |log p_j - log q_j| (0 where a side is exactly 0: -inf or at the float floor) */
             lr[j] = zs > -ZFLOOR && zt > -ZFLOOR ? fabs((zs - r.lse_s) - (zt - r.lse_t)) : 0.0;
+            /* the same with a side at the floor (finite, up to ~3.4e38): for a flushed p_j */
+            lrf[j] = zs > -INFINITY && zt > -INFINITY ? fabs((zs - r.lse_s) - (zt - r.lse_t)) : 0.0;
             if (!same_rows && fabs(pj[j] - qj[j]) <= 8.0 * rel32 * (pj[j] + qj[j])) band += pj[j];
         }
         /* the factor on the relative errors of p_j and q_j from the log-ratio terms each loss's
@@ -854,8 +870,10 @@ static void run_case(const Case &c)
         int64_t worst_j = -1;
         for (int64_t j = 0; j < V; ++j) {
             const double gj = elem_to_f32(grow.data(), j, c.sdt), want = dx[j] * G;
-            /* rev_tmin_row's finite form: where the teacher is at the floor the kernel's log2 p_j -
-             * log2 q_j overflows, so +inf there (the reference's p_j 3.4e38 is finite); counted */
+            /* rev_tmin_row's finite form: where the teacher is at the floor the exact form's log2
+             * p_j - log2 q_j overflows, so +inf there (the reference's p_j 3.4e38 is finite), and
+             * the 16-bit fast form's where p_j (w_s - w_t) log2(e) / tau passes FLT_MAX; counted.
+             * Its finite values are checked as any other. */
             if (i == rev_tmin_row && !overflowed && gj == INFINITY && ht[i][j] < -ZFLOOR) {
                 ++inf_at_floor;
                 continue;
@@ -867,6 +885,10 @@ static void run_case(const Case &c)
             double e32 = sc * (pj[j] + qj[j]) *
                              (split ? rel_j(j) * (1.0 + ratio_j(j)) : rel32 * (1.0 + ratio) + 0x1p-21 * (1.0 + lsem + zmax)) +
                          sc * 0x1p-126 * (2.0 + ratio + lr[j]);
+            /* a p_j that EX2 may flush (below 2^-126, with a margin for its exponent's error) where
+             * the teacher is at the floor: the true term p_j |log p_j - log q_j| reaches ~1e-14
+             * (row 7), the kernel's is 0 */
+            if (pj[j] < 0x1p-120) e32 += sc * pj[j] * (2.0 + ratio + lrf[j]);
             if (sparse && !tracked[j]) e32 += sc * (pj[j] + qj[j]) * rest_rel * (1.0 + ratio);
             if (c.kind == LF_KL_TVD && !same_rows) {
                 e32 += sc * pj[j] * (band + 1e-6);
