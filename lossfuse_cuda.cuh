@@ -2430,7 +2430,8 @@ static __device__ __forceinline__ lf_kl_coef lf_kl_coef_make(int kind, float bet
     c.a = g * k * (lin ? xf.inv_tau : 1.0f);
     /* reverse KL: a KL of +inf (a support mismatch), or one whose log2 form c3 overflows (past
      * FLT_MAX ln 2 nats: the gradient's log-ratio terms, in log2 units, cannot hold it; every
-     * element would be -p_j FLT_MAX), poisons the row (c3 is 0 for the other kinds) */
+     * element would be -p_j FLT_MAX), poisons the row (c3 is 0 for the other kinds); the loss
+     * is the caller's to make +inf as well (kl_distill.cu's kl_rev_fit) */
     const bool bad = !(fabsf(o.lse_a) < LF_INF_F) || !(fabsf(o.lse_b) < LF_INF_F) || !(c.c3 < LF_INF_F) ||
                      lf_isnan_f32(o.kl_fwd);
     if (bad) c.a = NAN;

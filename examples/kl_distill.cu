@@ -371,7 +371,8 @@ __global__ void __launch_bounds__(1024) kl_divisor_kernel(const kl_kparams p)
  * the header): a finite loss past FLT_MAX ln 2 (~2.36e38 nats) cannot be carried by the gradient,
  * whose log-ratio terms are in log2 units (c3 = KL log2 e would be +inf, and every element of the
  * row -p_j FLT_MAX: finite and wrong). Such a row is a support mismatch as well: +inf loss, NaN
- * gradient (lf_kl_coef_make). Every kernel applies it to its rows' statistics. */
+ * gradient (lf_kl_coef_make). Every kernel applies it to its rows' statistics in a reverse-KL
+ * launch only: a per-row kl_rev output of another kind's launch keeps the finite value. */
 static __device__ __forceinline__ void kl_rev_fit(int kind, lf_dual_out &d)
 {
     if (kind == LF_KL_REVERSE && d.kl_rev < LF_INF_F && !(__fmul_rn(d.kl_rev, LF_LOG2E) < LF_INF_F)) d.kl_rev = LF_INF_F;

@@ -619,10 +619,10 @@ int main(int argc, char **argv)
         d.tp = tp;
         d.seed = g_seed * 17 + (uint64_t)tp;
         d.dt = LF_F32;
-        /* |lse| ~ 1e4, where one float lse would put ~2^-24 |lse| log 2 e (9e-4) into every p_j: the
-         * fp32 gradient's per-element bound. Scale 1/4 (exact): the +-30 outliers (~16 a row)
-         * at +-7.5 no longer hold nearly all the mass (at scale 1 the row's sum is ~16 exactly in
-         * any order, and the two kernels agree to the bit) */
+        /* |lse| ~ 1e4, where one float lse would put ~2^-24 |lse| (6e-4) relative into every
+         * p_j: the fp32 gradient's per-element bound. Scale 1/4 (exact): the +-30 outliers (~16
+         * a row) at +-7.5 no longer hold nearly all the mass (at scale 1 the row's sum is ~16
+         * exactly in any order, and the two kernels agree to the bit) */
         d.logit_offset = tp % 2 ? 4e4f : -4e4f;
         d.opts.logit_scale = 0.25f;
         d.opts.label_smoothing = 0.1f;
