@@ -2431,11 +2431,22 @@ static __device__ __forceinline__ lf_kl_coef lf_kl_coef_make(int kind, float bet
     /* reverse KL: a KL of +inf (a support mismatch), or one whose log2 form c3 overflows (past
      * FLT_MAX ln 2 nats: the gradient's log-ratio terms, in log2 units, cannot hold it; every
      * element would be -p_j FLT_MAX), poisons the row (c3 is 0 for the other kinds); the loss
-     * is the caller's to make +inf as well (kl_distill.cu's kl_rev_fit) */
+     * the caller takes from o.kl_rev is made +inf as well by lf_kl_rev_fit (below) */
     const bool bad = !(fabsf(o.lse_a) < LF_INF_F) || !(fabsf(o.lse_b) < LF_INF_F) || !(c.c3 < LF_INF_F) ||
                      lf_isnan_f32(o.kl_fwd);
     if (bad) c.a = NAN;
     return c;
+}
+
+/* Reverse KL where the teacher alone is at its floor under the student's mass: a finite KL past
+ * FLT_MAX ln 2 (~2.36e38 nats) cannot be carried by the gradient, whose log-ratio terms are in
+ * log2 units (c3 = KL log2 e would be +inf, and every element of the row -p_j FLT_MAX: finite
+ * and wrong). Such a row is a support mismatch: +inf loss here, NaN gradient (lf_kl_coef_make's
+ * check of c3). Apply it to a reverse-KL launch's row statistics before the loss is taken from
+ * them; a per-row kl_rev output of another kind's launch keeps the finite value. */
+static __device__ __forceinline__ void lf_kl_rev_fit(int kind, lf_dual_out &d)
+{
+    if (kind == LF_KL_REVERSE && d.kl_rev < LF_INF_F && !(__fmul_rn(d.kl_rev, LF_LOG2E) < LF_INF_F)) d.kl_rev = LF_INF_F;
 }
 
 /* One side's lse in log2 units as hi + lo: hi the maximum's shift h moved up by the exponent e
@@ -2495,7 +2506,6 @@ template <bool SPLIT> static __device__ __forceinline__ float lf_impl_kl_l2t(con
 {
     return SPLIT ? fmaf(wt, c.cs, -c.ht) - c.lt : fmaf(wt, c.cs, -c.kt);
 }
-
 
 /* p and q of one pair (w values) with their log2: lp2, lq2. (q on the FMA pipe, lf_ex2_fma, for
  * part of JSD's pairs did not pay: bench/RESULTS.md, design log 65.) */
@@ -2685,13 +2695,11 @@ static __device__ __forceinline__ float lf_impl_kl_grad(const lf_kl_coef &c, flo
      * finite: lf_kl_coef_make). As many operations as the bracket held at -FLT_MAX and then
      * multiplied (a select on p > 0 instead cost reverse KL 2.6-3.3% on an H200). Where the
      * teacher alone is at the floor under the student's mass, this gives the reference's finite
-     * value where it fits a float (the exact form: +inf). An fp32 student takes the bracket from
-     * the split log2 p and log2 q, as the exact form does (ws - wt of two fp32 values rounds by
-     * 2^-24 |ws - wt|, which would bring back the distance of the two maxima that the split form
-     * takes out), with the exact form's test (no kernel here runs that form). */
+     * value where it fits a float (the exact form: +inf). An fp32 student never takes this form
+     * (lf_kl_piece_grad): ws - wt of two fp32 values rounds by 2^-24 |ws - wt|, which would bring
+     * back the distance of the two maxima that the split form takes out. */
     if (KIND == LF_KL_REVERSE) {
-        if (EXACT) return p > 0.0f ? p * (lp2 - lq2 - c.c3) : 0.0f;
-        if (SPLIT) return p > 0.0f ? p * (lp2 - lq2 - c.c3) : 0.0f;
+        if (EXACT || SPLIT) return p > 0.0f ? p * (lp2 - lq2 - c.c3) : 0.0f;
         return fmaf(__fmul_rn(p, ws - wt), c.cs, __fmul_rn(p, c.kt - c.ks - c.c3)); /* (rounded: never contracted) */
     }
     if (KIND == LF_KL_JSD) {
@@ -2777,14 +2785,17 @@ static __device__ __forceinline__ void lf_impl_kl_piece_grad(TS *out, bool vec_o
  * row (in place) or another row with the same element alignment when vec_ok (16-byte stores),
  * element by element otherwise. exact = false takes the fast forms of reverse KL and JSD (no
  * tests per pair): only for units known to hold finite entries, i.e. those for which this
- * thread's lf_dual_piece_stats and lf_kl_piece_stats2 both returned false. keep / nkeep: what
- * this piece's lf_kl_piece_stats2 kept (JSD's fast form only; the exact form computes all). */
+ * thread's lf_dual_piece_stats and lf_kl_piece_stats2 both returned false. An fp32 student
+ * (lf_kl_split) always takes the exact forms: its log-ratio from the split log2s, as tested.
+ * keep / nkeep: what this piece's lf_kl_piece_stats2 kept (JSD's fast form only; the exact
+ * form computes all). */
 template <int THREADS, typename TS, typename TT, bool LIN>
 static __device__ __forceinline__ void lf_kl_piece_grad(TS *out, bool vec_ok, const uint4 *bs, const uint4 *bt,
                                                         const lf_dual_span &sp, int ub, int n, int PU, const lf_kl_xf &xf,
                                                         const lf_kl_coef &c, bool exact = true, const uint4 *keep = nullptr,
                                                         int nkeep = 0)
 {
+    if (lf_kl_split<TS>::value) exact = true;
     switch (c.kind) {
     case LF_KL_REVERSE:
         if (exact) lf_impl_kl_piece_grad<THREADS, TS, TT, LIN, LF_KL_REVERSE, true>(out, vec_ok, bs, bt, sp, ub, n, PU, xf, c);

@@ -77,7 +77,7 @@
  *     q_j, which fp32 may round to +inf (not tested). Reverse KL with the TEACHER alone at it where
  *     the student has mass: the true loss is ~3.4e38 / tau times the student's mass on those
  *     entries. Pass 1 sums e_s (w_s - w_t) in fp32; where that sum overflows, or the loss is past
- *     FLT_MAX ln 2 (~2.36e38 nats: the gradient's log2 form cannot hold it, kl_rev_fit), the row is
+ *     FLT_MAX ln 2 (~2.36e38 nats: the gradient's log2 form cannot hold it, lf_kl_rev_fit), the row is
  *     taken as a support mismatch, as if the entries were -inf: +inf loss, NaN gradient. Where
  *     neither, the loss is the finite literal value (as the double reference's), and the gradient
  *     on those entries is the reference's finite p_j (z_s - z_t) / tau-sized value where the 16-bit
@@ -367,17 +367,6 @@ __global__ void __launch_bounds__(1024) kl_divisor_kernel(const kl_kparams p)
     if (threadIdx.x == 0) p.ws->divisor = (float)acc;
 }
 
-/* Reverse KL where the teacher alone is at its floor under the student's mass (the contract in
- * the header): a finite loss past FLT_MAX ln 2 (~2.36e38 nats) cannot be carried by the gradient,
- * whose log-ratio terms are in log2 units (c3 = KL log2 e would be +inf, and every element of the
- * row -p_j FLT_MAX: finite and wrong). Such a row is a support mismatch as well: +inf loss, NaN
- * gradient (lf_kl_coef_make). Every kernel applies it to its rows' statistics in a reverse-KL
- * launch only: a per-row kl_rev output of another kind's launch keeps the finite value. */
-static __device__ __forceinline__ void kl_rev_fit(int kind, lf_dual_out &d)
-{
-    if (kind == LF_KL_REVERSE && d.kl_rev < LF_INF_F && !(__fmul_rn(d.kl_rev, LF_LOG2E) < LF_INF_F)) d.kl_rev = LF_INF_F;
-}
-
 /* A row's outputs (one thread). A row without two distributions (NaN, +inf, no mass on a side)
  * is NaN throughout, as in lf_ref_kl_row: no output of it may look like a number. */
 static __device__ __forceinline__ void kl_row_outputs(const kl_kparams &p, int64_t row, const lf_dual_out &o, float loss)
@@ -625,7 +614,7 @@ __global__ void __launch_bounds__(KL_THREADS, KL_CTAS_PER_SM) kl_kernel(const kl
             if (m1) {
                 const lf_dual_acc racc = lf_block_dual_acc<KL_THREADS>(acc, p.xf.cs, red[slot]);
                 dout = lf_dual_final(lf_dual_acc_final(racc, p.xf));
-                kl_rev_fit(p.kind, dout);
+                lf_kl_rev_fit(p.kind, dout); /* a KL past FLT_MAX ln 2: a support mismatch */
                 const float gs = grad ? p.grad_scale * (p.reduction == LF_REDUCE_NONE ? (p.dloss ? p.dloss[row] : 1.0f) : dl_all) *
                                             inv_div * cur.w * p.tau2_scale
                                       : 0.0f;
@@ -762,7 +751,7 @@ template <int T>
 static __device__ __forceinline__ lf_dual_out kl_row_final(const lf_dual_acc &acc, const lf_kl_xf &xf, int kind)
 {
     lf_dual_out d = lf_impl_dual_final(lf_dual_acc_final(acc, xf), T == LF_DUAL_FULL, (T & LF_DUAL_RB) != 0, (T & LF_DUAL_RA) != 0);
-    if constexpr ((T & LF_DUAL_RA) != 0) kl_rev_fit(kind, d); /* reverse KL's terms only (RB: no kl_rev) */
+    if constexpr ((T & LF_DUAL_RA) != 0) lf_kl_rev_fit(kind, d); /* reverse KL's terms only (RB: no kl_rev) */
     return d;
 }
 

@@ -300,7 +300,7 @@ static void run_case(const Case &c)
      * the loss, but KL log2(e) is not, so the gradient's log2 form cannot hold it; the contract
      * takes such a row as a support mismatch (+inf loss, NaN gradient) every time. (A row 3 of
      * seed 1795882861, N = 9, V = 1000, came out with its loss finite and every gradient element
-     * ~-p_j FLT_MAX before kl_distill.cu's kl_rev_fit.) */
+     * ~-p_j FLT_MAX before lf_kl_rev_fit.) */
     const int64_t rev_big_row = rev_tmin_row >= 0 && N >= 7 && !planted.count(6) ? 6 : -1;
     if (rev_big_row >= 0) {
         const int64_t j0 = V / 3;
