@@ -885,9 +885,9 @@ static void run_case(const Case &c)
             double e32 = sc * (pj[j] + qj[j]) *
                              (split ? rel_j(j) * (1.0 + ratio_j(j)) : rel32 * (1.0 + ratio) + 0x1p-21 * (1.0 + lsem + zmax)) +
                          sc * 0x1p-126 * (2.0 + ratio + lr[j]);
-            /* a p_j that EX2 may flush (below 2^-126, with a margin for its exponent's error) where
-             * the teacher is at the floor: the true term p_j |log p_j - log q_j| reaches ~1e-14
-             * (row 7), the kernel's is 0 */
+            /* a p_j that EX2 may flush (below 2^-126, with a margin for its exponent's error): its
+             * whole term is lost, p_j |log p_j - log q_j| and the rest, which reaches ~1e-14 where
+             * the teacher is at the floor (row 7; lrf keeps that log-ratio, lr takes it as 0) */
             if (pj[j] < 0x1p-120) e32 += sc * pj[j] * (2.0 + ratio + lrf[j]);
             if (sparse && !tracked[j]) e32 += sc * (pj[j] + qj[j]) * rest_rel * (1.0 + ratio);
             if (c.kind == LF_KL_TVD && !same_rows) {
