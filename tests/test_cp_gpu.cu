@@ -81,7 +81,8 @@ static void run(const char *name, const cp_demo &d)
     if (r.st == LF_OK) {
         EXPECT(r.label_mismatch == 0, "%lld device labels differ from lf_ref_cp_labels", (long long)r.label_mismatch);
         EXPECT(r.loss_err <= 1.0, "loss %.9g, unsharded %.9g (%.3g x tol)", r.loss, r.loss_ref, r.loss_err);
-        EXPECT(r.grad_err <= 1.0, "gradient off by %.3g x tol", r.grad_err);
+        EXPECT(r.grad_err <= 1.0, "gradient off by %.3g x tol: token %lld (label %lld) column %lld: %.9g, unsharded %.9g, tol %.3g",
+               r.grad_err, (long long)r.gw_pos, (long long)r.gw_label, (long long)r.gw_col, r.gw_got, r.gw_want, r.gw_tol);
         EXPECT(r.count_mismatch == 0, "%lld per-sequence counts differ", (long long)r.count_mismatch);
         EXPECT(r.seq_unwritten == 0, "%lld per-sequence outputs unwritten", (long long)r.seq_unwritten);
         EXPECT(r.nll_err <= 1.0, "per-sequence mean NLL off by %.3g x tol", r.nll_err);
