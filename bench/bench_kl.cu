@@ -2,6 +2,7 @@
  *
  *   bench_kl [--shapes 4096x32768,...] [--iters 20] [--kinds kl_fwd,kl_rev,jsd,softce,tvd] [--tag _name]
  *            [--forward-only] [--topk K] [--variants] [--jsd-keep -1] [--stages S] [--max-cluster C]
+ *            [--divisor-given]
  *
  * Each mode is the fused forward+backward of one loss, bf16 student and teacher logits, the
  * gradient written in place over the student, reduction mean (the floor: read the student and
@@ -21,6 +22,8 @@
  * --max-cluster C set kl_args.stages / max_cluster for every launch (the resident ring's stages,
  * which with a row slice per stage chooses the cluster; the largest cluster): e.g. what larger
  * clusters cost a kind (RESULTS.md, "What is left for the 85% distillation target").
+ * --divisor-given passes the mean's divisor (N: the bench masks nothing) as a device scalar, so
+ * the launch has no divisor kernel before it (name it with --tag, e.g. _divgiven).
  * A benchmark, not a test: it checks nothing but CUDA errors.
  */
 #define KL_NO_MAIN
@@ -39,6 +42,7 @@ int main(int argc, char **argv)
     bool variants = false;
     std::string jsd_keep; /* --jsd-keep -1: JSD also timed with each kl_args.jsd_keep listed (impl=lossfuse_keep<k>) */
     int stages = 0, max_cluster = 0; /* kl_args.stages / max_cluster (0: automatic) */
+    bool div_given = false;          /* --divisor-given: the mean's divisor as a device scalar (no divisor kernel) */
     for (int i = 1; i < argc; ++i) {
         if (!strcmp(argv[i], "--forward-only")) fwd_only = true;
         else if (!strcmp(argv[i], "--variants")) variants = true;
@@ -50,6 +54,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--jsd-keep") && i + 1 < argc) jsd_keep = argv[++i];
         else if (!strcmp(argv[i], "--stages") && i + 1 < argc) stages = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--max-cluster") && i + 1 < argc) max_cluster = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--divisor-given")) div_given = true;
     }
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
@@ -76,7 +81,11 @@ int main(int argc, char **argv)
         CK(cudaMalloc(&xs, bytes));
         CK(cudaMalloc(&xt, topk >= 0 ? 16 : bytes));
         CK(cudaMalloc(&pristine, bytes));
-        CK(cudaMalloc(&loss, 4));
+        CK(cudaMalloc(&loss, 8));
+        if (div_given) { /* loss[1]: the divisor, N (what the divisor kernel would count: no mask) */
+            const float dn = (float)N;
+            CK(cudaMemcpy(loss + 1, &dn, 4, cudaMemcpyHostToDevice));
+        }
         CK(cudaMalloc(&ws, wsb));
         CK(cudaMemset(ws, 0, wsb));
         fill_logits<<<4096, 256>>>((__nv_bfloat16 *)pristine, (int64_t)nel, 12345u + (uint64_t)V);
@@ -111,6 +120,7 @@ int main(int argc, char **argv)
         a.grad = fwd_only ? NULL : xs;
         a.grad_stride = V;
         a.loss = loss;
+        if (div_given) a.divisor = loss + 1;
         a.workspace = ws;
         a.workspace_bytes = wsb;
         a.stages = stages;

@@ -154,7 +154,9 @@ typedef struct kl_args {
     const float *weights;  /* optional [N]: per-row loss weights */
     lf_reduction reduction;
     const float *divisor;  /* device scalar for LF_REDUCE_MEAN, or NULL: sum of the weights of
-                            * unmasked rows (their count without weights) */
+                            * unmasked rows (their count without weights), counted by a small
+                            * kernel before the loss's own; N without it where no mask, labels,
+                            * weights or sparse teacher are given */
     const float *dloss;    /* device upstream gradient: [1] for sum/mean, [N] for none; NULL = 1 */
     float grad_scale;      /* host multiplier of the gradient */
     /* outputs (device pointers) */
@@ -288,6 +290,9 @@ typedef struct kl_kparams {
     const float *weights;
     int reduction;
     const float *divisor, *dloss;
+    float divisor_n; /* mean: the divisor when no row can be masked and none is weighted (no mask,
+                      * labels, weights or sparse teacher): n_rows, known on the host, so no
+                      * divisor kernel runs (0: *divisor, or the divisor kernel's ws->divisor) */
     float grad_scale;
     void *grad;
     int64_t grad_stride;
@@ -316,6 +321,14 @@ static __device__ __forceinline__ int kl_row_status(const kl_kparams &p, int64_t
         if (y < 0 || y >= p.vocab) return 2;
     }
     return p.ws_status ? p.ws_status[row] : 0;
+}
+
+/* The mean's divisor: the caller's device scalar, else the host's n_rows where nothing can mask
+ * or weight a row, else what kl_divisor_kernel counted (the same value where both apply: a sum
+ * of n ones in double is n). */
+static __device__ __forceinline__ float kl_mean_divisor(const kl_kparams &p)
+{
+    return p.divisor ? *p.divisor : p.divisor_n > 0.0f ? p.divisor_n : p.ws->divisor;
 }
 
 /* A sparse teacher's rows, one warp each, before the main kernel: the pairs checked (indices
@@ -419,7 +432,7 @@ static __device__ __forceinline__ void kl_batch_reduce(const kl_kparams &p, doub
     a = lf_block_sum_f64<THREADS>(a, fin, bar);
     if (threadIdx.x == 0) {
         if (p.reduction == LF_REDUCE_MEAN) {
-            const double d = (double)(p.divisor ? *p.divisor : p.ws->divisor);
+            const double d = (double)kl_mean_divisor(p);
             a = d == 0.0 ? a * 0.0 : a / d; /* 0, or NaN when a row is NaN: never hidden */
         }
         p.loss[0] = (float)a;
@@ -470,7 +483,7 @@ __global__ void __launch_bounds__(KL_THREADS, KL_CTAS_PER_SM) kl_kernel(const kl
     const float dl_all = (grad && p.dloss && p.reduction != LF_REDUCE_NONE) ? p.dloss[0] : 1.0f;
     float inv_div = 1.0f;
     if (grad && p.reduction == LF_REDUCE_MEAN) {
-        const float d = p.divisor ? *p.divisor : p.ws->divisor;
+        const float d = kl_mean_divisor(p);
         inv_div = d == 0.0f ? 0.0f : 1.0f / d;
     }
 
@@ -731,7 +744,7 @@ static __device__ __forceinline__ void kl_grad_consts(const kl_kparams &p, float
     *dl_all = (grad && p.dloss && p.reduction != LF_REDUCE_NONE) ? p.dloss[0] : 1.0f;
     *inv_div = 1.0f;
     if (grad && p.reduction == LF_REDUCE_MEAN) {
-        const float d = p.divisor ? *p.divisor : p.ws->divisor;
+        const float d = kl_mean_divisor(p);
         *inv_div = d == 0.0f ? 0.0f : 1.0f / d;
     }
 }
@@ -1617,8 +1630,15 @@ static lf_status kl_launch(const kl_args *a, cudaStream_t stream, cudaError_t *c
         KL_CHECK(cudaGetLastError());
     }
     if (a->reduction == LF_REDUCE_MEAN && !a->divisor) {
-        kl_divisor_kernel<<<1, 1024, 0, stream>>>(p);
-        KL_CHECK(cudaGetLastError());
+        /* Nothing can mask or weight a row: the divisor is n_rows, and the launch has no kernel
+         * before its own (bench_kl, which masks nothing: the divisor kernel cost forward KL ~10 us
+         * of 250 at 4096 x 32768 on an H200; a programmatic dependent launch after it, the rings
+         * filling while it ran, gained nothing: bench/RESULTS.md, session 46) */
+        if (!a->labels && !a->mask && !a->weights && !sparse) p.divisor_n = (float)a->n_rows;
+        else {
+            kl_divisor_kernel<<<1, 1024, 0, stream>>>(p);
+            KL_CHECK(cudaGetLastError());
+        }
     }
     switch (a->s_dtype) {
     case LF_F32: return kl_dispatch_t<float>(p, a->t_dtype, lin, a, stream, cuda_err);

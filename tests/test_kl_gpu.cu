@@ -437,6 +437,14 @@ static void run_case(const Case &c)
     const float divh = 77.25f;
     CK(cudaMemcpy(divd.p, &divh, 4, cudaMemcpyHostToDevice));
     CK(cudaMemset(ws.p, 0, ws.bytes));
+    /* the workspace's divisor poisoned before each launch: a mean without a given divisor must
+     * read the one its divisor kernel writes (kl_res_kernel starts while that kernel runs and
+     * waits for it, kl_side_kernel after that: a read before the write gives a NaN row) */
+    auto poison_divisor = [&]() {
+        const float qn = NAN;
+        CK(cudaMemcpy((char *)ws.p + offsetof(kl_ws_header, divisor), &qn, 4, cudaMemcpyHostToDevice));
+    };
+    poison_divisor();
 
     /* outputs, poisoned */
     const int64_t nloss = c.red == LF_REDUCE_NONE ? N : 1;
@@ -963,6 +971,7 @@ static void run_case(const Case &c)
         };
         auto relaunch = [&](const kl_args &b) {
             for (DevBuf *o : {&loss, &kf, &kr, &ens, &ent}) fill_poison(o->p, o->bytes / 4, LF_F32);
+            poison_divisor();
             if (c.grad == 1) poison_grad();
             if (c.grad == 2) { /* the student as the first launch had it: generated, then the planted rows */
                 gen_student(xs.p, c.sdt, N, V, ss, seed_s, c.outlier);
@@ -1191,6 +1200,8 @@ static void test_graph(lf_kl_kind kind)
     for (int r = 0; r < 3; ++r) {
         CK(cudaMemset(g.p, 0xff, N * V * 2));
         fill_poison(l.p, 1, LF_F32); /* written by the replay's last CTA only: a stale count would leave it */
+        const float qn = NAN;        /* the workspace's divisor: the replay's divisor kernel writes it before any read */
+        CK(cudaMemcpy((char *)ws.p + offsetof(kl_ws_header, divisor), &qn, 4, cudaMemcpyHostToDevice));
         CK(cudaDeviceSynchronize());  /* (the poison, on the default stream, lands before the replay on s) */
         CK(cudaGraphLaunch(exec, s));
         CK(cudaStreamSynchronize(s));
