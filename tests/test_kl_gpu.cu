@@ -1154,7 +1154,8 @@ static void test_arguments(void)
 
 /* A captured graph replays to the same bits as the eager launch: JSD (streamed by the automatic
  * plan at this V) and forward KL (on sm_90 the resident schedule with dynamic rows: each replay
- * must find the workspace's row counter reset by the launch before). */
+ * must find the workspace's row counter reset by the launch before; with a mask, so the mean's
+ * divisor kernel is captured too, and the workspace's divisor is poisoned before each replay). */
 static void test_graph(lf_kl_kind kind)
 {
     snprintf(g_case, sizeof g_case, "graph capture + replay (%s)", kind == LF_KL_JSD ? "JSD" : "forward KL");
@@ -1163,12 +1164,19 @@ static void test_graph(lf_kl_kind kind)
     gen_student(xs.p, LF_BF16, N, V, V, mix64(g_seed + 99), 40.0f);
     gen_teacher_any(xt.p, LF_BF16, N, V, V, V, mix64(g_seed + 99), mix64(g_seed + 98), 40.0f, 1.5f);
     CK(cudaMemset(ws.p, 0, ws.bytes));
+    /* forward KL: a mask byte per row (every 5th row masked), so the mean's divisor kernel is in
+     * the graph too (without a mask the divisor is N, known on the host) */
+    DevBuf mk(N);
+    std::vector<uint8_t> mh(N);
+    for (int64_t i = 0; i < N; ++i) mh[i] = i % 5 != 3;
+    CK(cudaMemcpy(mk.p, mh.data(), N, cudaMemcpyHostToDevice));
     kl_args a = kl_args_default();
     a.student = xs.p;
     a.teacher = xt.p;
     a.n_rows = N;
     a.vocab = V;
     a.s_stride = a.t_stride = V;
+    if (kind == LF_KL_FORWARD) a.mask = (const uint8_t *)mk.p;
     a.opts.kind = kind;
     a.loss = (float *)l.p;
     a.grad = g.p;
