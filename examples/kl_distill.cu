@@ -1515,8 +1515,9 @@ static lf_status kl_dispatch_t(const kl_kparams &p, lf_dtype tt, bool lin, const
     }
 }
 
-/* Validate, then launch (one kernel; one more for reduction mean without a divisor, and one
- * more with a sparse teacher: kl_topk_prep_kernel, k^2 / 64 compares per row). Returns LF_OK,
+/* Validate, then launch (one kernel; one more for reduction mean without a divisor where a mask,
+ * labels, weights or a sparse teacher are given, kl_divisor_kernel, and one more with a sparse
+ * teacher: kl_topk_prep_kernel, k^2 / 64 compares per row). Returns LF_OK,
  * LF_ERR_* for bad arguments (nothing launched), or LF_ERR_DEVICE with *cuda_err set. */
 static lf_status kl_launch(const kl_args *a, cudaStream_t stream, cudaError_t *cuda_err)
 {

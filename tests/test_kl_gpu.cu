@@ -437,9 +437,9 @@ static void run_case(const Case &c)
     const float divh = 77.25f;
     CK(cudaMemcpy(divd.p, &divh, 4, cudaMemcpyHostToDevice));
     CK(cudaMemset(ws.p, 0, ws.bytes));
-    /* the workspace's divisor poisoned before each launch: a mean without a given divisor must
-     * read the one its divisor kernel writes (kl_res_kernel starts while that kernel runs and
-     * waits for it, kl_side_kernel after that: a read before the write gives a NaN row) */
+    /* the workspace's divisor poisoned before each launch: a masked or weighted mean without a
+     * given divisor must read the one its divisor kernel writes in the same launch, and an
+     * unmasked one must not read it at all (its divisor is N): a stale or early read gives NaN */
     auto poison_divisor = [&]() {
         const float qn = NAN;
         CK(cudaMemcpy((char *)ws.p + offsetof(kl_ws_header, divisor), &qn, 4, cudaMemcpyHostToDevice));
