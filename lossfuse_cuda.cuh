@@ -2101,11 +2101,17 @@ static __device__ __forceinline__ void lf_impl_acc_fold(lf_dual_acc &a, const fl
 }
 
 /* Which pass-1 terms a loss needs (the fast sweep computes only those):
- *   LF_DUAL_RB    rb (forward KL; also JSD and TVD, whose pass 2 needs only the two lse)
+ *   LF_DUAL_LSE   neither cross term: the two lse alone (JSD and TVD, whose pass 2 needs only
+ *                 those; 2 of pass 1's ~10 instructions per pair fewer than LF_DUAL_RB)
+ *   LF_DUAL_RB    rb (forward KL)
  *   LF_DUAL_RA    ra (reverse KL)
  *   LF_DUAL_FULL  both cross terms and both entropy terms (soft CE, or every output wanted)
- * The terms not computed are left 0: the lf_dual_out fields built on them are meaningless. */
-enum { LF_DUAL_RB = 1, LF_DUAL_RA = 2, LF_DUAL_FULL = 3 };
+ * The terms not computed are left 0: the lf_dual_out fields built on them are meaningless.
+ * lf_dual_piece_stats's `true` (the share held special values) comes from the terms computed:
+ * without a cross term a -inf entry (whose exponential is 0, exactly what the lse needs) is
+ * not seen, so a caller of LF_DUAL_LSE must learn of -inf entries elsewhere before it takes a
+ * fast gradient form (JSD's fast pass 2 does: lf_kl_piece_stats2 returns true for them). */
+enum { LF_DUAL_LSE = 0, LF_DUAL_RB = 1, LF_DUAL_RA = 2, LF_DUAL_FULL = 3 };
 
 /* Both sides of a state moved onto (Ms, Mt), only the terms TERMS tracks (the others stay 0). */
 template <int TERMS>
@@ -3562,6 +3568,16 @@ static __device__ __forceinline__ void lf_pdl_wait(void)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+}
+
+/* The device's global timer in ns (%globaltimer: one clock for every SM, so the times of
+ * different CTAs compare; its resolution is ~1 us on some GPUs, 32 ns on H100 / H200). For
+ * diagnostic builds that time the phases of a launch (e.g. kl_distill.cu's KL_RES_TRACE). */
+static __device__ __forceinline__ unsigned long long lf_globaltimer_ns(void)
+{
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
 }
 
 /* Launch `kernel` on `ctas` CTAs in clusters of `cluster` (1: none) along x, with programmatic

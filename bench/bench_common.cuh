@@ -96,8 +96,26 @@ static void bench_copy_line(cudaEvent_t e0, cudaEvent_t e1)
  * cycles per phase, and TIMES lines, over the nb CTAs of the last launch, when each got its
  * first stage, ended its row loop and (last = 3) exited, in us after the earliest entry. tag:
  * the key=value text that says which run (e.g. "mode=fwdbwd", "gpu=1"). */
+/* TIMES lines of a diagnostic build's per-CTA %globaltimer stamps: tm holds nb rows of `stride`
+ * stamps; for each column j in [j0, j1) named names[j], the spread over the CTAs (us after t0;
+ * stamps before t0, e.g. 0 = not written, are left out). */
+static inline void bench_times_lines(const char *impl, const char *tag, int64_t N, int64_t V, const unsigned long long *tm,
+                                     int stride, int nb, int j0, int j1, const char *const *names, unsigned long long t0)
+{
+    for (int j = j0; j < j1; ++j) {
+        std::vector<double> v;
+        for (int b = 0; b < nb; ++b)
+            if (tm[(size_t)stride * b + j] >= t0) v.push_back((double)(tm[(size_t)stride * b + j] - t0) * 1e-3);
+        std::sort(v.begin(), v.end());
+        if (!v.empty())
+            printf("TIMES impl=%s %s N=%lld V=%lld %s n=%zu min=%.1f p10=%.1f med=%.1f p90=%.1f max=%.1f us\n", impl, tag,
+                   (long long)N, (long long)V, names[j], v.size(), v[0], v[v.size() / 10], v[v.size() / 2], v[v.size() * 9 / 10],
+                   v.back());
+    }
+}
+
 static inline void bench_res_trace_lines(const char *impl, const char *tag, int64_t N, int64_t V, const unsigned long long *tr,
-                                  const std::vector<unsigned long long> &tm, int nb, int last)
+                                         const std::vector<unsigned long long> &tm, int nb, int last)
 {
     const double tot = (double)(tr[7] ? tr[7] : 1);
     printf("TRACE impl=%s %s N=%lld V=%lld rows=%llu cycles_per_row=%.0f wait=%.3f stats=%.3f merge=%.3f xchg=%.3f "
@@ -105,16 +123,8 @@ static inline void bench_res_trace_lines(const char *impl, const char *tag, int6
            tr[1] / tot, tr[2] / tot, tr[3] / tot, tr[4] / tot, tr[5] / tot);
     unsigned long long t0 = ~0ull;
     for (int b = 0; b < nb; ++b) t0 = std::min(t0, tm[4 * b]);
-    for (int j = 1; j <= last; ++j) {
-        std::vector<double> v;
-        for (int b = 0; b < nb; ++b)
-            if (tm[4 * b + j] >= t0) v.push_back((double)(tm[4 * b + j] - t0) * 1e-3);
-        std::sort(v.begin(), v.end());
-        if (!v.empty())
-            printf("TIMES impl=%s %s N=%lld V=%lld %s min=%.1f p10=%.1f med=%.1f p90=%.1f max=%.1f us\n", impl, tag, (long long)N,
-                   (long long)V, j == 1 ? "first_stage" : j == 2 ? "loop_end" : "exit", v[0], v[v.size() / 10], v[v.size() / 2],
-                   v[v.size() * 9 / 10], v.back());
-    }
+    static const char *const names[4] = {"entry", "first_stage", "loop_end", "exit"};
+    bench_times_lines(impl, tag, N, V, tm.data(), 4, nb, 1, last + 1, names, t0);
 }
 
 static bool bench_next_shape(const std::string &shapes, size_t *pos, int64_t *N, int64_t *V)

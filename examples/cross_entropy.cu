@@ -872,12 +872,7 @@ __device__ unsigned long long ce_res_trace[8];
 /* and per CTA (the first 1024), %globaltimer ns at: entry, its first stage landed, the end of its
  * row loop (the later group), its exit (sum / mean) */
 __device__ unsigned long long ce_res_times[1024][4];
-static __device__ __forceinline__ unsigned long long ce_gtime(void)
-{
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
+static __device__ __forceinline__ unsigned long long ce_gtime(void) { return lf_globaltimer_ns(); }
 #define CE_TR(i)                                                                                   \
     do {                                                                                           \
         if (threadIdx.x == 0) {                                                                    \

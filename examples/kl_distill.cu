@@ -281,7 +281,7 @@ typedef struct kl_kparams {
     int kind;
     float beta, tau2_scale;
     lf_kl_xf xf;
-    int terms;     /* LF_DUAL_RB / _RA / _FULL: what pass 1 computes (the loss and the outputs asked for) */
+    int terms;     /* LF_DUAL_LSE / _RB / _RA / _FULL: what pass 1 computes (the loss and the outputs asked for) */
     int piece_units;
     const void *labels;
     int labels_i64;
@@ -620,7 +620,10 @@ __global__ void __launch_bounds__(KL_THREADS, KL_CTAS_PER_SM) kl_kernel(const kl
                     if (SPARSE) lf_dual_edge_stats_xe<KL_THREADS, TS, LIN, LF_DUAL_FULL>(acc, xs, xe, cur.sp, p.xf);
                     else lf_dual_edge_stats<KL_THREADS, TS, TT, LIN, LF_DUAL_FULL>(acc, xs, xt, cur.sp, p.xf);
                 }
-                if (p.terms == LF_DUAL_RB) lf_dual_piece_stats<KL_THREADS, TS, TT, LIN, LF_DUAL_RB>(acc, bs, bt, nu, PU, p.xf);
+                /* (LF_DUAL_LSE, JSD / TVD, takes RB's sweep here: rb is not used, and this kernel's
+                 * gradient takes the tested forms whatever pass 1 saw) */
+                if (p.terms == LF_DUAL_RB || p.terms == LF_DUAL_LSE)
+                    lf_dual_piece_stats<KL_THREADS, TS, TT, LIN, LF_DUAL_RB>(acc, bs, bt, nu, PU, p.xf);
                 else if (p.terms == LF_DUAL_RA) lf_dual_piece_stats<KL_THREADS, TS, TT, LIN, LF_DUAL_RA>(acc, bs, bt, nu, PU, p.xf);
                 else lf_dual_piece_stats<KL_THREADS, TS, TT, LIN, LF_DUAL_FULL>(acc, bs, bt, nu, PU, p.xf);
             }
@@ -722,6 +725,33 @@ __global__ void __launch_bounds__(KL_THREADS, KL_CTAS_PER_SM) kl_kernel(const kl
 #define KL_RES_PROBE 0
 #endif
 
+/* KL_RES_TRACE (a diagnostic build, off by default; bench_kl prints TIMES lines from it): per
+ * CTA of the last launch, %globaltimer ns at its entry, its first stage landed, its last stage
+ * landed (the later group), the end of its row loop (the later group) and its exit; the cluster
+ * CTAs in kl_res_times (the first 1024), the side CTAs in kl_side_times (the first 256: entry,
+ * -, -, the end of their rows, exit after the wait for the cluster grid). What a launch's fixed
+ * cost is made of: the ring's fill, the last rows' compute with nothing left to load, the
+ * spread of the CTAs' ends, the batch sum. */
+#ifdef KL_RES_TRACE
+__device__ unsigned long long kl_res_times[1024][5];
+__device__ unsigned long long kl_side_times[256][5];
+#define KL_TR_SET(arr, j)                                                                          \
+    do {                                                                                           \
+        if (threadIdx.x == 0 && blockIdx.x < sizeof(arr) / sizeof(arr[0])) arr[blockIdx.x][j] = lf_globaltimer_ns(); \
+    } while (0)
+#define KL_TR_MAX(arr, j)                                                                          \
+    do {                                                                                           \
+        if (threadIdx.x == 0 && blockIdx.x < sizeof(arr) / sizeof(arr[0])) atomicMax(&arr[blockIdx.x][j], lf_globaltimer_ns()); \
+    } while (0)
+#else
+#define KL_TR_SET(arr, j) \
+    do {                  \
+    } while (0)
+#define KL_TR_MAX(arr, j) \
+    do {                  \
+    } while (0)
+#endif
+
 /* KL_RES_PROBE 5: the warp half of lf_block_dual_acc alone (no record, no barrier) */
 template <int TERMS> static __device__ __forceinline__ lf_dual_acc lf_block_dual_acc_warp_probe(lf_dual_acc a, float cs)
 {
@@ -751,10 +781,11 @@ static __device__ __forceinline__ void kl_grad_consts(const kl_kparams &p, float
 
 /* The resident kernels' row steps, shared by the cluster CTAs and the side CTAs (the same code,
  * so the same bits). kl_with_terms: f(std::integral_constant<int, T>) for the pass-1 terms the
- * loss needs (T = p.terms: LF_DUAL_RB, _RA or _FULL). */
+ * loss needs (T = p.terms: LF_DUAL_LSE, _RB, _RA or _FULL). */
 template <typename F> static __device__ __forceinline__ void kl_with_terms(int terms, F &&f)
 {
     if (terms == LF_DUAL_RB) f(std::integral_constant<int, LF_DUAL_RB>());
+    else if (terms == LF_DUAL_LSE) f(std::integral_constant<int, LF_DUAL_LSE>());
     else if (terms == LF_DUAL_RA) f(std::integral_constant<int, LF_DUAL_RA>());
     else f(std::integral_constant<int, LF_DUAL_FULL>());
 }
@@ -834,6 +865,7 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
 
     if (p.ctas_all) lf_pdl_trigger(); /* side CTAs follow (kl_side_kernel): they may start now */
     const int grp = (int)threadIdx.y, bar = 1 + grp;
+    if (grp == 0) KL_TR_SET(kl_res_times, 0);
     const int rank = (int)(blockIdx.x % nranks);
     const int64_t cid = blockIdx.x / nranks, N = p.n_rows, V = p.vocab;
     /* Rows: static, this cluster's cid, cid + nclusters, ... (local row k is the k-th); dynamic,
@@ -929,6 +961,8 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
             }
         __syncwarp();
         lf_mbar_wait(&full[q], use_par);
+        if (k == 0) KL_TR_SET(kl_res_times, 1);
+        KL_TR_MAX(kl_res_times, 2);
         int64_t r_next = -1; /* dynamic: the row this stage takes next, and its status */
         int st_dyn = 1;
         if (dyn) {
@@ -1074,11 +1108,13 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
             use_par ^= 1u;
         }
     }
+    KL_TR_MAX(kl_res_times, 3);
     __syncthreads();
     if (nranks > 1) lf_cluster_sync(); /* no CTA leaves while a peer may still post to it */
     /* the batch sum (its rows' losses are in row order in the workspace: the same bits whichever
      * CTA took a row); dynamic, also with reduction none: the last CTA resets the row counter */
     if ((p.reduction != LF_REDUCE_NONE || dyn) && grp == 0) kl_batch_reduce<TH>(p, fin, &is_last, bar);
+    if (grp == 0) KL_TR_SET(kl_res_times, 4);
 }
 
 /* Side CTAs: the SMs a cluster grid leaves idle, filled. A grid of clusters of c CTAs runs on
@@ -1134,6 +1170,7 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
     __shared__ int is_last;
     const int grp = (int)threadIdx.y, bar = 1 + grp;
     const bool lead = threadIdx.x == 0 && grp == 0;
+    if (grp == 0) KL_TR_SET(kl_side_times, 0);
     const int64_t N = p.n_rows, V = p.vocab;
     const bool three = p.kind == LF_KL_JSD || p.kind == LF_KL_TVD;
     const bool grad = p.grad != nullptr;
@@ -1290,8 +1327,10 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
         }
         __syncthreads(); /* xa, xb and s_row[buf] free again */
     }
+    if (grp == 0) KL_TR_SET(kl_side_times, 3);
     lf_pdl_wait(); /* the cluster grid has completed and its rows' losses are visible */
     if (grp == 0) kl_batch_reduce<TH>(p, fin, &is_last, bar);
+    if (grp == 0) KL_TR_SET(kl_side_times, 4);
 }
 
 /* ============================================================================================
@@ -1597,7 +1636,8 @@ static lf_status kl_launch(const kl_args *a, cudaStream_t stream, cudaError_t *c
     /* pass 1 computes what the loss needs, everything when a per-row output asks for more */
     p.terms = (a->kl_fwd || a->kl_rev || a->ent_s || a->ent_t || p.kind == LF_KL_SOFT_CE) ? LF_DUAL_FULL
               : p.kind == LF_KL_REVERSE                                                 ? LF_DUAL_RA
-                                                                                        : LF_DUAL_RB;
+              : p.kind == LF_KL_FORWARD                                                 ? LF_DUAL_RB
+                                                                                        : LF_DUAL_LSE;
     p.labels = a->labels;
     p.labels_i64 = a->labels_i64;
     p.ignore_index = a->ignore_index;

@@ -482,8 +482,7 @@ static __device__ __forceinline__ unsigned tp_lsa_check(const tp_lsa &L, unsigne
         if (a != 0u && (int)(a - L.gen) >= 0) return TP_LSA_ABORTED;
     }
     if (L.timeout_ns) {
-        unsigned long long now;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+        const unsigned long long now = lf_globaltimer_ns();
         if (t_start == 0ull) t_start = now;
         else if (now - t_start > L.timeout_ns) return TP_LSA_TIMED_OUT;
     }
@@ -537,7 +536,7 @@ static __device__ __forceinline__ bool tp_lsa_wait(const tp_lsa &L, int64_t k, i
     unsigned long long t0 = 0, t_start = 0;
     bool waited = false;
     unsigned why = TP_LSA_OK;
-    if (L.prof) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    if (L.prof) t0 = lf_globaltimer_ns();
     for (int q = (int)(threadIdx.x & 31); q < P && why == TP_LSA_OK; q += 32) {
         unsigned spins = 0;
         /* relaxed polls; the acquire once the flag is seen orders the share loads after it */
@@ -550,9 +549,7 @@ static __device__ __forceinline__ bool tp_lsa_wait(const tp_lsa &L, int64_t k, i
     const unsigned gave_up = __ballot_sync(0xffffffffu, why != TP_LSA_OK);
     if (gave_up && (int)(threadIdx.x & 31) == __ffs(gave_up) - 1) tp_lsa_give_up(L, P, why);
     if (L.prof && __any_sync(0xffffffffu, waited) && (threadIdx.x & 31) == 0) {
-        unsigned long long t1;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
-        atomicAdd(L.prof, t1 - t0);
+        atomicAdd(L.prof, lf_globaltimer_ns() - t0);
         atomicAdd(L.prof + 1, 1ull);
     }
     return gave_up == 0u;
@@ -677,7 +674,7 @@ struct tp_res_xchg {
         unsigned why = TP_LSA_OK;
         unsigned long long t0 = 0;
         bool waited = false;
-        if (n.prof) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+        if (n.prof) t0 = lf_globaltimer_ns();
         if (lane < P && lane != rank) {
             const lf_tp_slot *sl = reinterpret_cast<const lf_tp_slot *>(n.local + slots(gen)) + tp_res_peer_slot(row, P, rank, lane);
             unsigned spins = 0;
@@ -688,9 +685,7 @@ struct tp_res_xchg {
             }
         }
         if (n.prof && __any_sync(0xffffffffu, waited) && threadIdx.x == 0) { /* the time this group's warp 0 waited */
-            unsigned long long t1;
-            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
-            atomicAdd(n.prof, t1 - t0);
+            atomicAdd(n.prof, lf_globaltimer_ns() - t0);
             atomicAdd(n.prof + 1, 1ull);
         }
         const unsigned gave_up = __ballot_sync(0xffffffffu, why != TP_LSA_OK);
