@@ -781,13 +781,20 @@ static __device__ __forceinline__ void kl_grad_consts(const kl_kparams &p, float
 
 /* The resident kernels' row steps, shared by the cluster CTAs and the side CTAs (the same code,
  * so the same bits). kl_with_terms: f(std::integral_constant<int, T>) for the pass-1 terms the
- * loss needs (T = p.terms: LF_DUAL_LSE, _RB, _RA or _FULL). */
-template <typename F> static __device__ __forceinline__ void kl_with_terms(int terms, F &&f)
+ * loss needs (T = p.terms). THREE: the kernel of the three-pass kinds (JSD, TVD: LF_DUAL_LSE or
+ * _FULL), else of the others (forward / reverse KL, soft CE: _RB, _RA or _FULL). Two kernels:
+ * with JSD's pass 1 (LF_DUAL_LSE) as a fourth variant in the one kernel of every kind, forward KL
+ * ran 0.4-1.4% slower on an H200 (the same work, other code); so each family has its own. */
+template <bool THREE, typename F> static __device__ __forceinline__ void kl_with_terms(int terms, F &&f)
 {
-    if (terms == LF_DUAL_RB) f(std::integral_constant<int, LF_DUAL_RB>());
-    else if (terms == LF_DUAL_LSE) f(std::integral_constant<int, LF_DUAL_LSE>());
-    else if (terms == LF_DUAL_RA) f(std::integral_constant<int, LF_DUAL_RA>());
-    else f(std::integral_constant<int, LF_DUAL_FULL>());
+    if constexpr (THREE) {
+        if (terms == LF_DUAL_LSE) f(std::integral_constant<int, LF_DUAL_LSE>());
+        else f(std::integral_constant<int, LF_DUAL_FULL>());
+    } else {
+        if (terms == LF_DUAL_RB) f(std::integral_constant<int, LF_DUAL_RB>());
+        else if (terms == LF_DUAL_RA) f(std::integral_constant<int, LF_DUAL_RA>());
+        else f(std::integral_constant<int, LF_DUAL_FULL>());
+    }
 }
 
 /* A row's statistics from its merged pass-1 state (the terms of T). */
@@ -837,7 +844,7 @@ static __device__ __forceinline__ void kl_stage_fill(uint4 *stage, int su, uint6
     lf_bulk_load(stage + su, xt, 16u * (uint32_t)nu, full);
 }
 
-template <typename TS, typename TT, bool LIN, bool DYN>
+template <typename TS, typename TT, bool LIN, bool DYN, bool THREE>
 __global__ void __launch_bounds__(KL_RES_THREADS, 1)
     kl_res_kernel(const kl_kparams p, int nranks, int nstages, int su, int nclusters)
 {
@@ -874,7 +881,10 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
      * and posts the row and its status with pass 1's exchange. */
     const int64_t my_rows = dyn ? INT64_MAX : cid < N ? (N - 1 - cid) / nclusters + 1 : 0;
     const int64_t drawn0 = (int64_t)nclusters * nstages;
-    const bool three = p.kind == LF_KL_JSD || p.kind == LF_KL_TVD;
+    /* JSD, TVD: in the THREE kernel at compile time; the other one keeps the test and pass 2's
+     * code, which it never runs: without them forward KL ran 0.9-2.2% slower at V = 32768 and
+     * 0.6-1.1% at 151936 (reverse KL 0.9-1.4% faster) on an H200, the same work in other code */
+    const bool three = THREE || p.kind == LF_KL_JSD || p.kind == LF_KL_TVD;
     const bool grad = p.grad != nullptr;
     /* JSD: this group's kept pass-2 values (p.jsd_keep units, two planes), after the stages */
     uint4 *const keep = KL_JSD_KEEP_CODE && p.jsd_keep > 0 ? kl_res_smem + (size_t)nstages * 2 * su + (size_t)grp * 2 * p.jsd_keep
@@ -1058,7 +1068,7 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
                 }
                 dout = kl_row_final<T>(acc, p.xf, p.kind);
             };
-            kl_with_terms(p.terms, pass1);
+            kl_with_terms<THREE>(p.terms, pass1);
             lf_kl_coef coef = kl_row_coef<LIN>(p, dout, w, dl, dl_all, inv_div);
             float2 sums = make_float2(0.0f, 0.0f);
             if (three) {
@@ -1152,7 +1162,7 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
 #ifndef KL_SIDE_RESERVE
 #define KL_SIDE_RESERVE 3 /* rows left to the clusters at the end: this many per CTA of theirs */
 #endif
-template <typename TS, typename TT, bool LIN>
+template <typename TS, typename TT, bool LIN, bool THREE>
 __global__ void __launch_bounds__(KL_RES_THREADS, 1)
     kl_side_kernel(const kl_kparams p, int nranks, int nstages, int su, int64_t first, int64_t reserve)
 {
@@ -1172,7 +1182,7 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
     const bool lead = threadIdx.x == 0 && grp == 0;
     if (grp == 0) KL_TR_SET(kl_side_times, 0);
     const int64_t N = p.n_rows, V = p.vocab;
-    const bool three = p.kind == LF_KL_JSD || p.kind == LF_KL_TVD;
+    const bool three = THREE || p.kind == LF_KL_JSD || p.kind == LF_KL_TVD; /* as kl_res_kernel's */
     const bool grad = p.grad != nullptr;
     const int passes = 1 + (int)three + (int)grad, nv = passes * nranks;
     float dl_all, inv_div;
@@ -1291,7 +1301,7 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
                 __syncthreads();
                 dout = kl_row_final<T>(lf_dual_acc_merge_warp<T>(xa, nranks, p.xf.cs), p.xf, p.kind);
             };
-            kl_with_terms(p.terms, pass1);
+            kl_with_terms<THREE>(p.terms, pass1);
             lf_kl_coef coef = kl_row_coef<LIN>(p, dout, w, dl, dl_all, inv_div);
             float2 sums = make_float2(0.0f, 0.0f);
             if (three) {
@@ -1395,7 +1405,7 @@ static lf_status kl_launch_kernel(kl_kparams p, kl_plan *plan, cudaStream_t stre
  * whose slices of the pair (student + teacher units) fit `stages` stages (automatic: at least
  * KL_RES_MIN_STAGES, as many as fit, at most KL_RES_MAX_STAGES) and keeps the most CTAs
  * resident, the smaller on a tie. */
-template <typename TS, typename TT, bool LIN>
+template <typename TS, typename TT, bool LIN, bool THREE>
 static lf_status kl_launch_resident(kl_kparams p, const kl_args *a, bool forced, cudaStream_t stream, cudaError_t *cuda_err,
                                     bool *launched)
 {
@@ -1404,8 +1414,8 @@ static lf_status kl_launch_resident(kl_kparams p, const kl_args *a, bool forced,
     if constexpr (sizeof(TS) != 2 || sizeof(TT) != 2) {
         return forced ? LF_ERR_ARG : LF_OK;
     } else {
-        auto kernel = kl_res_kernel<TS, TT, LIN, false>;
-        auto kernel_dyn = kl_res_kernel<TS, TT, LIN, true>;
+        auto kernel = kl_res_kernel<TS, TT, LIN, false, THREE>;
+        auto kernel_dyn = kl_res_kernel<TS, TT, LIN, true, THREE>;
         static lf_ring_device ring_d[KL_MAX_DEVICES], ring_dyn_d[KL_MAX_DEVICES]; /* per instantiation and device: set up once */
         int dev = 0;
         KL_CHECK(cudaGetDevice(&dev));
@@ -1467,13 +1477,13 @@ static lf_status kl_launch_resident(kl_kparams p, const kl_args *a, bool forced,
             static lf_ring_device side_d[KL_MAX_DEVICES];
             static int sms_d[KL_MAX_DEVICES], side_per_sm_d[KL_MAX_DEVICES];
             static size_t side_bytes_d[KL_MAX_DEVICES];
-            KL_CHECK(lf_ring_setup(kl_side_kernel<TS, TT, LIN>, dev, &side_d[dev]));
+            KL_CHECK(lf_ring_setup(kl_side_kernel<TS, TT, LIN, THREE>, dev, &side_d[dev]));
             if (!sms_d[dev]) KL_CHECK(cudaDeviceGetAttribute(&sms_d[dev], cudaDevAttrMultiProcessorCount, dev));
             const size_t side_bytes = (size_t)side_stages * 32 * pl.slice_units;
             /* The ring fits wherever the clusters' does (no more stages, less static shared
              * memory), so this check is only a guard; the occupancy is taken at its real size. */
             if ((int64_t)side_bytes <= side_d[dev].dyn_max && side_bytes != side_bytes_d[dev]) {
-                KL_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&side_per_sm_d[dev], kl_side_kernel<TS, TT, LIN>,
+                KL_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&side_per_sm_d[dev], kl_side_kernel<TS, TT, LIN, THREE>,
                                                                        KL_RES_THREADS, side_bytes));
                 side_bytes_d[dev] = side_bytes;
             }
@@ -1514,7 +1524,7 @@ static lf_status kl_launch_resident(kl_kparams p, const kl_args *a, bool forced,
         KL_CHECK(lf_launch_clusters(dyn ? kernel_dyn : kernel, ctas, pl.cluster, block, pl.dyn_bytes, stream, false, p, pl.cluster,
                                     pl.stages, (int)pl.slice_units, (int)nclusters));
         if (side > 0)
-            KL_CHECK(lf_launch_clusters(kl_side_kernel<TS, TT, LIN>, side, 1, block, (size_t)side_stages * 32 * pl.slice_units,
+            KL_CHECK(lf_launch_clusters(kl_side_kernel<TS, TT, LIN, THREE>, side, 1, block, (size_t)side_stages * 32 * pl.slice_units,
                                         stream, true, p, pl.cluster, side_stages, (int)pl.slice_units, first, reserve));
         *launched = true;
         return LF_OK;
@@ -1532,7 +1542,9 @@ static lf_status kl_launch_any(const kl_kparams &p, const kl_args *a, cudaStream
      * only on clusters of 2). TVD has JSD's structure with less arithmetic per pair. */
     if (!SPARSE && (schedule == KL_SCHED_RESIDENT || (schedule == KL_SCHED_AUTO && p.grad))) {
         bool launched = false;
-        const lf_status st = kl_launch_resident<TS, TT, LIN>(p, a, schedule == KL_SCHED_RESIDENT, s, e, &launched);
+        const bool three = p.kind == LF_KL_JSD || p.kind == LF_KL_TVD; /* a kernel of their own (kl_with_terms) */
+        const lf_status st = three ? kl_launch_resident<TS, TT, LIN, true>(p, a, schedule == KL_SCHED_RESIDENT, s, e, &launched)
+                                   : kl_launch_resident<TS, TT, LIN, false>(p, a, schedule == KL_SCHED_RESIDENT, s, e, &launched);
         if (st != LF_OK || launched) return st;
     } else if (schedule == KL_SCHED_RESIDENT) {
         return LF_ERR_ARG; /* a sparse teacher is built in shared memory, piece by piece: streamed */
