@@ -24,6 +24,10 @@
  * clusters cost a kind (RESULTS.md, "What is left for the 85% distillation target").
  * --divisor-given passes the mean's divisor (N: the bench masks nothing) as a device scalar, so
  * the launch has no divisor kernel before it (name it with --tag, e.g. _divgiven).
+ * Built with -DKL_RES_TRACE (bench/prebuild.sh EXTRA=... SUFFIX=_trace), each resident launch's
+ * RESULT line is preceded by TIMES lines: the last timed launch's span against its events, and
+ * over its CTAs (cluster and side) when each entered, got its first stage, ended its rows and
+ * exited, in us after the first entry (what a launch's fixed cost is made of).
  * A benchmark, not a test: it checks nothing but CUDA errors.
  */
 #define KL_NO_MAIN

@@ -55,10 +55,14 @@
  *   than without them (bench/RESULTS.md, session 23, design logs 68-69). JSD's pass 2 keeps
  *   log2 p - log2 M in the shared memory the stages leave (~24% of a slice), so its gradient
  *   computes only p there (kl_args.jsd_keep: +0.5-1.5 points against the same code without
- *   them, but JSD is not faster than before they came: design log 73, not resolved). On
+ *   them, but JSD is not faster than before they came: design log 73, not resolved). JSD and
+ *   TVD run kernels of their own (template parameter THREE), whose pass 1 sums the two lse
+ *   alone (LF_DUAL_LSE, not forward KL's cross term): JSD 2.3-4.0% faster on an H200 (session
+ *   47). At 8 MUFU operations per pair the H200's MUFU rate alone caps JSD at ~74% of copy. On
  *   the H200 the rest of forward / reverse KL's gap is the latency of each row's block merge
  *   and cluster exchange (timing probes, KL_RES_PROBE: forward KL at 87-95% of copy without
- *   them, design log 72).
+ *   them, design log 72). KL_RES_TRACE (a diagnostic build) stamps each CTA's entry, first
+ *   stage, row-loop end and exit, which bench_kl prints: what a launch's fixed cost is made of.
  * Contract (as DESIGN.md and examples/cross_entropy.cu)
  *   - Masked rows (mask byte 0, or label == ignore_index) have loss 0, zero gradient, weight 0.
  *     A label outside [0, V) that is not ignore_index adds 1 to *n_errors and masks the row;
