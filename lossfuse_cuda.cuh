@@ -2188,8 +2188,8 @@ static __device__ __forceinline__ void lf_impl_dual_sweep(const lf_dual_acc &a, 
     p[5] = rb;
 }
 
-/* This thread's units of a staged piece of n units, no barrier. TERMS: LF_DUAL_RB, _RA or
- * _FULL (above). The sums need a shift per side that no element exceeds by more than ~88 nats
+/* This thread's units of a staged piece of n units, no barrier. TERMS: LF_DUAL_LSE, _RB, _RA
+ * or _FULL (above). The sums need a shift per side that no element exceeds by more than ~88 nats
  * (2^127 in exp2 units). Without the entropy terms the shifts are lazy: a thread's maxima so
  * far serve, and on its first piece of a row the maxima of its first unit (8 elements: a
  * packed max, no sweep); the piece is summed in one sweep. Only if a sum then passes 2^64 (an
@@ -2202,7 +2202,9 @@ static __device__ __forceinline__ void lf_impl_dual_sweep(const lf_dual_acc &a, 
  * subnormals), and what it held is then below 2^(64 - 126) of the maximum's own term.
  * Returns true when the share went the long way (the entropy terms, a large sum, or special
  * values: a -inf entry or a NaN); false means every entry of the share is finite, which the
- * fast gradient forms need (lf_kl_piece_grad's `exact`). */
+ * fast gradient forms need (lf_kl_piece_grad's `exact`) -- except with LF_DUAL_LSE, whose sums
+ * take a -inf entry as the 0 it weighs (no cross term shows it): false then says only that no
+ * entry is NaN or +inf (its caller learns of -inf entries from JSD's pass 2). */
 template <int THREADS, typename TS, typename TT, bool LIN, int TERMS>
 static __device__ __forceinline__ bool lf_dual_piece_stats(lf_dual_acc &a, const uint4 *bs, const uint4 *bt, int n, int PU,
                                                            const lf_kl_xf &xf)
