@@ -114,6 +114,10 @@ static inline void bench_times_lines(const char *impl, const char *tag, int64_t 
     }
 }
 
+/* the columns of the resident kernels' per-CTA stamps (cross_entropy.cu's CE_RES_TRACE,
+ * kl_distill.cu's KL_RES_TRACE) */
+static const char *const bench_res_times_names[4] = {"entry", "first_stage", "loop_end", "exit"};
+
 static inline void bench_res_trace_lines(const char *impl, const char *tag, int64_t N, int64_t V, const unsigned long long *tr,
                                          const std::vector<unsigned long long> &tm, int nb, int last)
 {
@@ -123,8 +127,7 @@ static inline void bench_res_trace_lines(const char *impl, const char *tag, int6
            tr[1] / tot, tr[2] / tot, tr[3] / tot, tr[4] / tot, tr[5] / tot);
     unsigned long long t0 = ~0ull;
     for (int b = 0; b < nb; ++b) t0 = std::min(t0, tm[4 * b]);
-    static const char *const names[4] = {"entry", "first_stage", "loop_end", "exit"};
-    bench_times_lines(impl, tag, N, V, tm.data(), 4, nb, 1, last + 1, names, t0);
+    bench_times_lines(impl, tag, N, V, tm.data(), 4, nb, 1, last + 1, bench_res_times_names, t0);
 }
 
 static bool bench_next_shape(const std::string &shapes, size_t *pos, int64_t *N, int64_t *V)

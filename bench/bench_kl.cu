@@ -174,7 +174,7 @@ int main(int argc, char **argv)
                     CK(cudaMemsetAsync(flush, it & 0xff, flush_bytes));
 #ifdef KL_RES_TRACE
                     {
-                        static unsigned long long zero[1024 * 5]; /* the stamps of the last launch only */
+                        static unsigned long long zero[1024 * 4]; /* the stamps of the last launch only */
                         CK(cudaMemcpyToSymbolAsync(kl_res_times, zero, sizeof(kl_res_times), 0, cudaMemcpyHostToDevice));
                         CK(cudaMemcpyToSymbolAsync(kl_side_times, zero, sizeof(kl_side_times), 0, cudaMemcpyHostToDevice));
                     }
@@ -196,20 +196,19 @@ int main(int argc, char **argv)
 #ifdef KL_RES_TRACE
                 if (plan.schedule == KL_SCHED_RESIDENT) { /* the last launch's stamps, us after the first CTA's entry */
                     const int nr = std::min(plan.ctas, 1024), ns = std::min(plan.side_ctas, 256);
-                    std::vector<unsigned long long> tr((size_t)1024 * 5), ts((size_t)256 * 5);
+                    std::vector<unsigned long long> tr((size_t)1024 * 4), ts((size_t)256 * 4);
                     CK(cudaMemcpyFromSymbol(tr.data(), kl_res_times, tr.size() * 8));
                     CK(cudaMemcpyFromSymbol(ts.data(), kl_side_times, ts.size() * 8));
                     unsigned long long t0 = ~0ull, t1 = 0;
-                    for (int c = 0; c < nr; ++c) t0 = std::min(t0, tr[5 * c]), t1 = std::max(t1, tr[5 * c + 4]);
-                    for (int c = 0; c < ns; ++c) t0 = std::min(t0, ts[5 * c]), t1 = std::max(t1, ts[5 * c + 4]);
+                    for (int c = 0; c < nr; ++c) t0 = std::min(t0, tr[4 * c]), t1 = std::max(t1, tr[4 * c + 3]);
+                    for (int c = 0; c < ns; ++c) t0 = std::min(t0, ts[4 * c]), t1 = std::max(t1, ts[4 * c + 3]);
                     char tg[64];
                     snprintf(tg, sizeof tg, "mode=%s", names[k]);
                     printf("TIMES impl=lossfuse %s N=%lld V=%lld span=%.1f us (first entry to last exit), last launch %.1f us "
                            "(events)\n", tg, (long long)N, (long long)V, (double)(t1 - t0) * 1e-3, t.back() * 1e3);
-                    static const char *const rn[5] = {"entry", "first_stage", "last_stage", "loop_end", "exit"};
-                    static const char *const sn[5] = {"side_entry", "-", "-", "side_rows_end", "side_exit"};
-                    bench_times_lines("lossfuse", tg, N, V, tr.data(), 5, nr, 0, 5, rn, t0);
-                    bench_times_lines("lossfuse", tg, N, V, ts.data(), 5, ns, 0, 5, sn, t0);
+                    static const char *const sn[4] = {"side_entry", "-", "side_rows_end", "side_exit"};
+                    bench_times_lines("lossfuse", tg, N, V, tr.data(), 4, nr, 0, 4, bench_res_times_names, t0);
+                    bench_times_lines("lossfuse", tg, N, V, ts.data(), 4, ns, 0, 4, sn, t0);
                 }
 #endif
                 printf("RESULT impl=lossfuse%s%s%s mode=%s%s%s N=%lld V=%lld dtype=bf16 ms=%.4f bytes=%zu extra_bytes=%zu "

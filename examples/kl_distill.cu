@@ -730,15 +730,14 @@ __global__ void __launch_bounds__(KL_THREADS, KL_CTAS_PER_SM) kl_kernel(const kl
 #endif
 
 /* KL_RES_TRACE (a diagnostic build, off by default; bench_kl prints TIMES lines from it): per
- * CTA of the last launch, %globaltimer ns at its entry, its first stage landed, its last stage
- * landed (the later group), the end of its row loop (the later group) and its exit; the cluster
- * CTAs in kl_res_times (the first 1024), the side CTAs in kl_side_times (the first 256: entry,
- * -, -, the end of their rows, exit after the wait for the cluster grid). What a launch's fixed
- * cost is made of: the ring's fill, the last rows' compute with nothing left to load, the
- * spread of the CTAs' ends, the batch sum. */
+ * CTA of the last launch, %globaltimer ns at its entry, its first stage landed, the end of its
+ * row loop (the later group) and its exit, as cross_entropy.cu's CE_RES_TRACE; the cluster CTAs
+ * in kl_res_times (the first 1024), the side CTAs in kl_side_times (the first 256: entry, -, the
+ * end of their rows, exit after the wait for the cluster grid). What a launch's fixed cost is
+ * made of: the ring's fill, the spread of the CTAs' ends, the batch sum. */
 #ifdef KL_RES_TRACE
-__device__ unsigned long long kl_res_times[1024][5];
-__device__ unsigned long long kl_side_times[256][5];
+__device__ unsigned long long kl_res_times[1024][4];
+__device__ unsigned long long kl_side_times[256][4];
 #define KL_TR_SET(arr, j)                                                                          \
     do {                                                                                           \
         if (threadIdx.x == 0 && blockIdx.x < sizeof(arr) / sizeof(arr[0])) arr[blockIdx.x][j] = lf_globaltimer_ns(); \
@@ -976,7 +975,6 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
         __syncwarp();
         lf_mbar_wait(&full[q], use_par);
         if (k == 0) KL_TR_SET(kl_res_times, 1);
-        KL_TR_MAX(kl_res_times, 2);
         int64_t r_next = -1; /* dynamic: the row this stage takes next, and its status */
         int st_dyn = 1;
         if (dyn) {
@@ -1122,13 +1120,13 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
             use_par ^= 1u;
         }
     }
-    KL_TR_MAX(kl_res_times, 3);
+    KL_TR_MAX(kl_res_times, 2);
     __syncthreads();
     if (nranks > 1) lf_cluster_sync(); /* no CTA leaves while a peer may still post to it */
     /* the batch sum (its rows' losses are in row order in the workspace: the same bits whichever
      * CTA took a row); dynamic, also with reduction none: the last CTA resets the row counter */
     if ((p.reduction != LF_REDUCE_NONE || dyn) && grp == 0) kl_batch_reduce<TH>(p, fin, &is_last, bar);
-    if (grp == 0) KL_TR_SET(kl_res_times, 4);
+    if (grp == 0) KL_TR_SET(kl_res_times, 3);
 }
 
 /* Side CTAs: the SMs a cluster grid leaves idle, filled. A grid of clusters of c CTAs runs on
@@ -1341,10 +1339,10 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
         }
         __syncthreads(); /* xa, xb and s_row[buf] free again */
     }
-    if (grp == 0) KL_TR_SET(kl_side_times, 3);
+    if (grp == 0) KL_TR_SET(kl_side_times, 2);
     lf_pdl_wait(); /* the cluster grid has completed and its rows' losses are visible */
     if (grp == 0) kl_batch_reduce<TH>(p, fin, &is_last, bar);
-    if (grp == 0) KL_TR_SET(kl_side_times, 4);
+    if (grp == 0) KL_TR_SET(kl_side_times, 3);
 }
 
 /* ============================================================================================
