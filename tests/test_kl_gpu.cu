@@ -130,6 +130,16 @@ static double g_peak_bw = 0.0;
 
 static const char *g_only = NULL;
 
+/* The workspace's mean divisor poisoned (NaN) before a launch or replay: a masked or weighted
+ * mean without a given divisor must read the one its divisor kernel writes in the same launch,
+ * and an unmasked one must not read it at all (its divisor is N): a stale or early read gives
+ * NaN. (A synchronous copy: it lands before any launch after it, on any stream.) */
+static void poison_ws_divisor(void *ws)
+{
+    const float qn = NAN;
+    CK(cudaMemcpy((char *)ws + offsetof(kl_ws_header, divisor), &qn, 4, cudaMemcpyHostToDevice));
+}
+
 static void run_case(const Case &c)
 {
     if (g_only && !strstr(c.name, g_only)) return;
@@ -437,14 +447,7 @@ static void run_case(const Case &c)
     const float divh = 77.25f;
     CK(cudaMemcpy(divd.p, &divh, 4, cudaMemcpyHostToDevice));
     CK(cudaMemset(ws.p, 0, ws.bytes));
-    /* the workspace's divisor poisoned before each launch: a masked or weighted mean without a
-     * given divisor must read the one its divisor kernel writes in the same launch, and an
-     * unmasked one must not read it at all (its divisor is N): a stale or early read gives NaN */
-    auto poison_divisor = [&]() {
-        const float qn = NAN;
-        CK(cudaMemcpy((char *)ws.p + offsetof(kl_ws_header, divisor), &qn, 4, cudaMemcpyHostToDevice));
-    };
-    poison_divisor();
+    poison_ws_divisor(ws.p); /* and before each relaunch */
 
     /* outputs, poisoned */
     const int64_t nloss = c.red == LF_REDUCE_NONE ? N : 1;
@@ -971,7 +974,7 @@ static void run_case(const Case &c)
         };
         auto relaunch = [&](const kl_args &b) {
             for (DevBuf *o : {&loss, &kf, &kr, &ens, &ent}) fill_poison(o->p, o->bytes / 4, LF_F32);
-            poison_divisor();
+            poison_ws_divisor(ws.p);
             if (c.grad == 1) poison_grad();
             if (c.grad == 2) { /* the student as the first launch had it: generated, then the planted rows */
                 gen_student(xs.p, c.sdt, N, V, ss, seed_s, c.outlier);
@@ -1208,8 +1211,7 @@ static void test_graph(lf_kl_kind kind)
     for (int r = 0; r < 3; ++r) {
         CK(cudaMemset(g.p, 0xff, N * V * 2));
         fill_poison(l.p, 1, LF_F32); /* written by the replay's last CTA only: a stale count would leave it */
-        const float qn = NAN;        /* the workspace's divisor: the replay's divisor kernel writes it before any read */
-        CK(cudaMemcpy((char *)ws.p + offsetof(kl_ws_header, divisor), &qn, 4, cudaMemcpyHostToDevice));
+        poison_ws_divisor(ws.p);      /* the replay's divisor kernel writes it before any read */
         CK(cudaDeviceSynchronize());  /* (the poison, on the default stream, lands before the replay on s) */
         CK(cudaGraphLaunch(exec, s));
         CK(cudaStreamSynchronize(s));
