@@ -60,8 +60,8 @@
  *   alone (LF_DUAL_LSE, not forward KL's cross term): JSD 2.3-4.0% faster on an H200 (session
  *   47). At 8 MUFU operations per pair the H200's MUFU rate alone caps JSD at ~74% of copy. On
  *   the H200 the rest of forward / reverse KL's gap is the latency of each row's block merge
- *   and cluster exchange (timing probes, KL_RES_PROBE: forward KL at 87-95% of copy without
- *   them, design log 72). KL_RES_TRACE (a diagnostic build) stamps each CTA's entry, first
+ *   and cluster exchange (timing probes: forward KL at 87-95% of copy without them, design
+ *   log 72; the probes, which gave wrong results by design, are in commit 0f06ffe's file). KL_RES_TRACE (a diagnostic build) stamps each CTA's entry, first
  *   stage, row-loop end and exit, which bench_kl prints: what a launch's fixed cost is made of.
  * Contract (as DESIGN.md and examples/cross_entropy.cu)
  *   - Masked rows (mask byte 0, or label == ignore_index) have loss 0, zero gradient, weight 0.
@@ -721,14 +721,6 @@ __global__ void __launch_bounds__(KL_THREADS, KL_CTAS_PER_SM) kl_kernel(const kl
 #ifndef KL_JSD_KEEP_CODE
 #define KL_JSD_KEEP_CODE 1 /* 0: kl_res_kernel without the kept JSD values (kl_args.jsd_keep then does nothing) */
 #endif
-/* Timing probes, WRONG results (bench/RESULTS.md, design log 72): 1 skips the cluster exchanges,
- * 2 the element math (the passes sum nothing, the gradient pass stores the staged student),
- * 3 the block merges and the cluster exchanges, 4 as 3 with the block merge's barrier kept,
- * 5 as 3 with its warp merges kept. 1, 3, 4 and 5 with fixed shares only. */
-#ifndef KL_RES_PROBE
-#define KL_RES_PROBE 0
-#endif
-
 /* KL_RES_TRACE (a diagnostic build, off by default; bench_kl prints TIMES lines from it): per
  * CTA of the last launch, %globaltimer ns at its entry, its first stage landed, the end of its
  * row loop (the later group) and its exit, as cross_entropy.cu's CE_RES_TRACE; the cluster CTAs
@@ -754,20 +746,6 @@ __device__ unsigned long long kl_side_times[256][4];
     do {                  \
     } while (0)
 #endif
-
-/* KL_RES_PROBE 5: the warp half of lf_block_dual_acc alone (no record, no barrier) */
-template <int TERMS> static __device__ __forceinline__ lf_dual_acc lf_block_dual_acc_warp_probe(lf_dual_acc a, float cs)
-{
-    const float ms = lf_warp_max_f32(a.ms), mt = lf_warp_max_f32(a.mt);
-    lf_impl_acc_move2<TERMS>(a, ms, mt, cs);
-    a.ms = ms;
-    a.mt = mt;
-    a.ss = lf_warp_sum_f32(a.ss);
-    a.st = lf_warp_sum_f32(a.st);
-    a.ra = lf_warp_sum_f32(a.ra);
-    a.rb = lf_warp_sum_f32(a.rb);
-    return a;
-}
 
 /* The factors of a row's gradient scale that hold for the whole launch: the upstream gradient
  * of a reduced loss and the mean's 1 / divisor (0 for a zero divisor). */
@@ -1054,17 +1032,10 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
                 constexpr int T = decltype(terms)::value;
                 lf_dual_acc acc = lf_dual_acc_init();
                 if (rank == 0) lf_dual_edge_stats<TH, TS, TT, LIN, LF_DUAL_FULL>(acc, xs, xt, sp, p.xf);
-                if (KL_RES_PROBE == 2) {
-                    acc.ms = acc.mt = 0.0f;
-                    acc.ss = acc.st = 1.0f;
-                } else {
-                    exact = lf_dual_piece_stats<TH, TS, TT, LIN, T>(acc, bs, bt, nu, su, p.xf);
-                }
+                exact = lf_dual_piece_stats<TH, TS, TT, LIN, T>(acc, bs, bt, nu, su, p.xf);
                 draw_status();
-                if (KL_RES_PROBE == 4) lf_block_bar<TH>(bar);
-                if (KL_RES_PROBE == 5) acc = lf_block_dual_acc_warp_probe<T>(acc, p.xf.cs);
-                if (KL_RES_PROBE < 3) acc = lf_block_dual_acc<TH, T>(acc, p.xf.cs, red[grp][par], bar);
-                if (nranks > 1 && KL_RES_PROBE != 1 && KL_RES_PROBE < 3) {
+                acc = lf_block_dual_acc<TH, T>(acc, p.xf.cs, red[grp][par], bar);
+                if (nranks > 1) {
                     exchange1(acc);
                     acc = lf_dual_acc_merge_warp<T>(xa[grp][xq], nranks, p.xf.cs);
                 }
@@ -1075,12 +1046,10 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
             float2 sums = make_float2(0.0f, 0.0f);
             if (three) {
                 float2 acc2 = make_float2(0.0f, 0.0f);
-                if (KL_RES_PROBE != 2)
-                    exact |= lf_kl_piece_stats2<TH, TS, TT, LIN>(acc2, bs, bt, nu, su, p.xf, coef, keep, p.jsd_keep);
+                exact |= lf_kl_piece_stats2<TH, TS, TT, LIN>(acc2, bs, bt, nu, su, p.xf, coef, keep, p.jsd_keep);
                 if (rank == 0) lf_kl_edge_stats2<TH, TS, TT, LIN>(acc2, xs, xt, sp, p.xf, coef);
-                sums = KL_RES_PROBE >= 3 ? acc2 : lf_block_sum2_f32<TH>(acc2, red2[grp][par], bar);
-                if (KL_RES_PROBE == 4) lf_block_bar<TH>(bar);
-                if (nranks > 1 && KL_RES_PROBE != 1 && KL_RES_PROBE < 3) {
+                sums = lf_block_sum2_f32<TH>(acc2, red2[grp][par], bar);
+                if (nranks > 1) {
                     lf_cluster_post(sums, xb[grp][xq], &xbar[grp][1][xq], rank, nranks);
                     lf_cluster_posts_wait(&xbar[grp][1][xq], (x_phase >> (2 + xq)) & 1u);
                     x_phase ^= 1u << (2 + xq);
@@ -1096,12 +1065,7 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
             par ^= 1;
             if (grad) {
                 const bool vec_ok = ((uintptr_t)(out + sp.head) & 15u) == 0;
-                if (KL_RES_PROBE == 2 && vec_ok) {
-                    for (int i = (int)threadIdx.x; i < nu; i += TH)
-                        lf_st16(reinterpret_cast<uint4 *>(out + sp.head + 8 * (int64_t)(ub + i)), bs[i]);
-                } else {
-                    lf_kl_piece_grad<TH, TS, TT, LIN>(out, vec_ok, bs, bt, sp, ub, nu, su, p.xf, coef, exact, keep, p.jsd_keep);
-                }
+                lf_kl_piece_grad<TH, TS, TT, LIN>(out, vec_ok, bs, bt, sp, ub, nu, su, p.xf, coef, exact, keep, p.jsd_keep);
                 if (rank == 0) lf_kl_edge_grad<TH, TS, TT, LIN>(out, xs, xt, sp, p.xf, coef);
             }
             if (rank == 0 && threadIdx.x == 0) kl_row_outputs(p, row, dout, l * p.tau2_scale * w);
@@ -1453,8 +1417,7 @@ static lf_status kl_launch_resident(kl_kparams p, const kl_args *a, bool forced,
          * CTAs' fixed shares finishing up to 17% apart on an H200). All resident clusters, not
          * lf_ring_plan's `streaming` count: that rule was measured with the cross-entropy's
          * 4 B/elem, not here. */
-        bool dyn = a->static_rows <= 0 && p.n_rows < ((int64_t)1 << 32) &&
-                   (pl.cluster == 1 || KL_RES_PROBE == 0 || KL_RES_PROBE == 2); /* probes 1, 3-5: fixed shares */
+        bool dyn = a->static_rows <= 0 && p.n_rows < ((int64_t)1 << 32);
         if (dyn) { /* the dynamic kernel's own shared-memory opt-in; the plan's stages must fit it too */
             KL_CHECK(lf_ring_setup(kernel_dyn, dev, &ring_dyn_d[dev]));
             dyn = ring_dyn_d[dev].dyn_max >= (int)pl.dyn_bytes;
