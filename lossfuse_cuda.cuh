@@ -81,8 +81,10 @@
  *      grid whose CTAs stage row slices in a ring (lf_ring_setup, lf_ring_plan_make)
  *
  * Configuration macros: those of lossfuse.h (LF_HD, LF_USE_EXP2, LF_ASSERT), and
- * LF_KL_MAX_REDUX (section 8: the dual merges' maxima by redux.sync, 1, or by shuffles, 0; the
- * same bits).
+ *   LF_SEG_CHUNK   512     section 9: tokens per chunk of lf_seg_sum_chunked (a multiple of
+ *                          128); it fixes the sums' order, hence their bits
+ *   LF_RING_CTA_BW 33.5e9  section 12: bytes/s of the device's memory peak given to one
+ *                          streaming CTA by lf_ring_plan_make with dynamic rows
  *
  * Rules kept throughout
  *   - Every function is static; no __device__ or __constant__ variables; no hidden __shared__.
@@ -2306,21 +2308,13 @@ template <int THREADS> static __device__ __forceinline__ lf_dual lf_block_dual(l
 {
     return lf_impl_block_allreduce<THREADS>(v, scratch, lf_impl_op_dual(), 0);
 }
-/* The dual merges' maxima (lf_dual_acc_merge_warp, lf_block_dual_acc): one redux.sync each
- * (lf_warp_max_f32_redux), which took 1-3 points of copy off forward / reverse KL's row path on
- * an H200 (bench/RESULTS.md, design log 74); 0: shuffle butterflies, the same bits. */
-#ifndef LF_KL_MAX_REDUX
-#define LF_KL_MAX_REDUX 1
-#endif
-static __device__ __forceinline__ float lf_impl_wmax_butterfly(float m, int w)
-{
-    for (int o = w >> 1; o > 0; o >>= 1) m = fmaxf(m, lf_impl_shfl(m, o));
-    return m;
-}
+/* The dual merges' maxima (lf_dual_acc_merge_warp, lf_block_dual_acc) are one redux.sync each
+ * (lf_warp_max_f32_redux), not shuffle butterflies: the same bits, and 1-3 points of copy off
+ * forward / reverse KL's row path on an H200 (bench/RESULTS.md, design log 74). */
 
 /* n <= 32 states (w units) merged by one warp, every lane ending with the same bits: lane i
  * takes record i mod W (W: n rounded up to a power of two; lanes past n within W take an empty
- * record), the warp finds the common maxima (LF_KL_MAX_REDUX), each lane moves its record onto
+ * record), the warp finds the common maxima (redux.sync), each lane moves its record onto
  * them (one EX2 per side) and the sums meet in a butterfly. Each level adds the same two
  * values in both lanes of a pair, and float addition is commutative, so every lane has the
  * same result, run to run, whatever the warp's timing. A cross term that is +inf (a support
@@ -2336,8 +2330,8 @@ static __device__ __forceinline__ lf_dual_acc lf_dual_acc_merge_warp(const lf_du
     const int i = (int)(threadIdx.x & 31u) & (w - 1);
     lf_dual_acc v = i < n ? r[i] : lf_dual_acc_init();
     /* the maxima over all 32 lanes: lane l holds record l mod W, so that is the W records' */
-    const float Ms = LF_KL_MAX_REDUX ? lf_warp_max_f32_redux(v.ms) : lf_impl_wmax_butterfly(v.ms, w);
-    const float Mt = LF_KL_MAX_REDUX ? lf_warp_max_f32_redux(v.mt) : lf_impl_wmax_butterfly(v.mt, w);
+    const float Ms = lf_warp_max_f32_redux(v.ms);
+    const float Mt = lf_warp_max_f32_redux(v.mt);
     lf_impl_acc_move2<TERMS>(v, Ms, Mt, cs);
     v.ms = Ms; /* also where a move had nothing to do (an empty record, a NaN maximum) */
     v.mt = Mt;
@@ -2361,7 +2355,7 @@ static __device__ __forceinline__ lf_dual_acc lf_dual_acc_merge_warp(const lf_du
 }
 
 /* The same merge for a block, on the threads' lf_dual_acc (w units), one barrier: each warp
- * takes its maxima (LF_KL_MAX_REDUX), moves its lanes' sums onto them (one EX2 per side) and sums
+ * takes its maxima (redux.sync), moves its lanes' sums onto them (one EX2 per side) and sums
  * them (shuffles); lane 0 posts the warp's record; after the barrier each warp merges the
  * warps' records (lf_dual_acc_merge_warp) — the same bits in every thread, run to run.
  * scratch: THREADS/32 records; the caller owes a barrier before reusing it (or alternates
@@ -2371,8 +2365,8 @@ template <int THREADS, int TERMS = LF_DUAL_FULL>
 static __device__ __forceinline__ lf_dual_acc lf_block_dual_acc(lf_dual_acc a, float cs, lf_dual_acc *scratch, int bar = 0)
 {
     constexpr bool ENT = TERMS == LF_DUAL_FULL, RA = (TERMS & LF_DUAL_RA) != 0, RB = (TERMS & LF_DUAL_RB) != 0;
-    const float ms = LF_KL_MAX_REDUX ? lf_warp_max_f32_redux(a.ms) : lf_warp_max_f32(a.ms);
-    const float mt = LF_KL_MAX_REDUX ? lf_warp_max_f32_redux(a.mt) : lf_warp_max_f32(a.mt);
+    const float ms = lf_warp_max_f32_redux(a.ms);
+    const float mt = lf_warp_max_f32_redux(a.mt);
     lf_impl_acc_move2<TERMS>(a, ms, mt, cs);
     a.ms = ms; /* the warp's maxima (also where a move had nothing to do) */
     a.mt = mt;

@@ -42,10 +42,7 @@
  * --chunk-mb: chunk sizes to try, in MiB of the shard's logits (0: one chunk, the default).
  * bf16, label smoothing off, 10% ignored labels; medians of --iters (in place: the data are
  * gradients after the first iteration, which changes nothing of the work). Every timed run is
- * checked first (tp_demo_run's comparison with the single-GPU kernel; a mismatch exits 1),
- * except in a build with -DCE_RES_PROBE_NOXCHG=1 (examples/cross_entropy.cu's timing probe
- * without the cluster merge, whose results are wrong by design): its --nccl runs are timed and
- * printed whatever the check says (session 38: what taking the merge off a row's path is worth).
+ * checked first (tp_demo_run's comparison with the single-GPU kernel; a mismatch exits 1).
  * A benchmark, not a test.
  */
 #define TP_NO_MAIN
@@ -157,7 +154,7 @@ int main(int argc, char **argv)
                 tp_demo d = bench_tp_demo(P, N, V, iters);
                 d.use_nccl = 1;
                 const tp_demo_result r = tp_demo_run(&d);
-                if (r.st != LF_OK || (!r.ok && !CE_RES_PROBE_NOXCHG)) {
+                if (r.st != LF_OK || !r.ok) {
                     fprintf(stderr, "tp_demo_run N=%lld V=%lld tp=%d nccl: %s (%s), ok=%d\n", (long long)N, (long long)V, P,
                             lf_status_str(r.st), cudaGetErrorString(r.cuda), r.ok);
                     return 1;
@@ -197,7 +194,7 @@ int main(int argc, char **argv)
                     bench_trace_zero(P - 1);
 #endif
                     const tp_demo_result q = tp_demo_run(&e);
-                    if (q.st != LF_OK || (!q.ok && !CE_RES_PROBE_NOXCHG)) {
+                    if (q.st != LF_OK || !q.ok) {
                         fprintf(stderr, "tp_demo_run N=%lld V=%lld tp=%d read-once %g:%d:%d:%d: %s (%s), ok=%d\n", (long long)N,
                                 (long long)V, P, mb, lag, hints, per_sm, lf_status_str(q.st), cudaGetErrorString(q.cuda), q.ok);
                         return 1;

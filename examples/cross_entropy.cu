@@ -856,9 +856,6 @@ __global__ void __launch_bounds__(CE_THREADS, CE_CTAS_PER_SM) ce_kernel(const ce
 #ifndef CE_RES_PREFETCH
 #define CE_RES_PREFETCH 1 /* rows beyond the ring prefetched into L2 (0: none; measured: 1 best) */
 #endif
-#ifndef CE_RES_PROBE_NOXCHG
-#define CE_RES_PROBE_NOXCHG 0 /* a timing probe, WRONG results: 1 skips the cluster exchange (what it costs) */
-#endif
 #ifndef CE_RES_POLY
 #define CE_RES_POLY 0 /* of each 8 elements, exponentials on the FMA pipe (lf_ex2_fma), fast path */
 #endif
@@ -1242,7 +1239,7 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
                 st.lse = lf_block_lse<TH>(st.lse, reinterpret_cast<lf_lse *>(red[grp][par]), bar);
             }
             CE_TR(2);
-            if (nranks > 1 && !CE_RES_PROBE_NOXCHG) {
+            if (nranks > 1) {
                 post(st);
                 st = lf_cluster_stats_collect<FULL>(xs[grp][xq], &xbar[grp][xq], (x_phase >> xq) & 1u, nranks);
                 take_next();
@@ -1530,11 +1527,10 @@ static lf_status ce_launch_resident(const ce_kparams &p, int max_cluster, int st
     CE_CHECK(lf_ring_plan_make(kernel, block, dev, &ring_d[dev], r, &pl));
     if (pl.cluster == 0) return forced ? LF_ERR_SIZE : LF_OK;
     /* Rows handed out dynamically where the ring has at most two groups (ce_resident_kernel's
-     * end-of-rows hand-off; the timing probe without the exchange has no way to hand rows to a
-     * cluster's peers): every streaming cluster (lf_ring_plan) starts, and the ones on faster
+     * end-of-rows hand-off): every streaming cluster (lf_ring_plan) starts, and the ones on faster
      * SMs take more rows. Measured on an H200 (bench/RESULTS.md): with a fixed share each, the
      * CTAs of one launch finished up to 17% apart. */
-    bool dyn = !X::on && !static_rows && X::groups <= 2 && (pl.cluster == 1 || !CE_RES_PROBE_NOXCHG);
+    bool dyn = !X::on && !static_rows && X::groups <= 2;
     if (dyn) { /* the dynamic kernel's own shared-memory opt-in; the plan's stages must fit it too */
         CE_CHECK(lf_ring_setup(kernel_dyn, dev, &ring_dyn_d[dev]));
         dyn = ring_dyn_d[dev].dyn_max >= (int)pl.dyn_bytes;

@@ -61,8 +61,9 @@
  *   47). At 8 MUFU operations per pair the H200's MUFU rate alone caps JSD at ~74% of copy. On
  *   the H200 the rest of forward / reverse KL's gap is the latency of each row's block merge
  *   and cluster exchange (timing probes: forward KL at 87-95% of copy without them, design
- *   log 72; the probes, which gave wrong results by design, are in commit 0f06ffe's file). KL_RES_TRACE (a diagnostic build) stamps each CTA's entry, first
- *   stage, row-loop end and exit, which bench_kl prints: what a launch's fixed cost is made of.
+ *   log 72; the probes, which gave wrong results by design, are in commit 0f06ffe's file).
+ *   KL_RES_TRACE (a diagnostic build) stamps each CTA's entry, first stage, row-loop end and
+ *   exit, which bench_kl prints: what a launch's fixed cost is made of.
  * Contract (as DESIGN.md and examples/cross_entropy.cu)
  *   - Masked rows (mask byte 0, or label == ignore_index) have loss 0, zero gradient, weight 0.
  *     A label outside [0, V) that is not ignore_index adds 1 to *n_errors and masks the row;
@@ -718,9 +719,6 @@ __global__ void __launch_bounds__(KL_THREADS, KL_CTAS_PER_SM) kl_kernel(const kl
 #define KL_RES_THREADS (KL_RES_GROUP * KL_RES_GROUPS)
 #define KL_RES_MIN_STAGES 3
 #define KL_RES_MAX_STAGES 8
-#ifndef KL_JSD_KEEP_CODE
-#define KL_JSD_KEEP_CODE 1 /* 0: kl_res_kernel without the kept JSD values (kl_args.jsd_keep then does nothing) */
-#endif
 /* KL_RES_TRACE (a diagnostic build, off by default; bench_kl prints TIMES lines from it): per
  * CTA of the last launch, %globaltimer ns at its entry, its first stage landed, the end of its
  * row loop (the later group) and its exit, as cross_entropy.cu's CE_RES_TRACE; the cluster CTAs
@@ -868,8 +866,7 @@ __global__ void __launch_bounds__(KL_RES_THREADS, 1)
     const bool three = THREE || p.kind == LF_KL_JSD || p.kind == LF_KL_TVD;
     const bool grad = p.grad != nullptr;
     /* JSD: this group's kept pass-2 values (p.jsd_keep units, two planes), after the stages */
-    uint4 *const keep = KL_JSD_KEEP_CODE && p.jsd_keep > 0 ? kl_res_smem + (size_t)nstages * 2 * su + (size_t)grp * 2 * p.jsd_keep
-                                                           : nullptr;
+    uint4 *const keep = p.jsd_keep > 0 ? kl_res_smem + (size_t)nstages * 2 * su + (size_t)grp * 2 * p.jsd_keep : nullptr;
     if (threadIdx.x == 0 && grp == 0) {
         for (int q = 0; q < nstages; ++q) {
             lf_mbar_init(&full[q], 1);
