@@ -1763,6 +1763,38 @@ static __device__ __forceinline__ lf_row_stats lf_cluster_stats_collect(const lf
 /* ============================================================================================
  * 8. Dual-softmax row pass and the KL-family gradient (student s, teacher t; lossfuse.h §3b, §8)
  *
+ *    Usage: forward KL(q || p) of bf16 logits, one CTA of 256 threads per row pair, the whole
+ *    pair staged once (4 bytes of dynamic shared memory per element: V up to ~58K), the loss
+ *    per row and the gradient in place over the student (tests/test_kl_gpu.cu runs this kernel
+ *    against lf_ref_kl_row; examples/kl_distill.cu is the same pattern with pieces, a ring of
+ *    stages, clusters and every option):
+ *        typedef __nv_bfloat16 bf;
+ *        __global__ void row_kl_fwd(bf *xs_all, const bf *xt_all, int64_t V, float tau, float *loss)
+ *        {
+ *            extern __shared__ uint4 buf[];
+ *            __shared__ lf_dual_acc red[256 / 32];
+ *            bf *xs = xs_all + blockIdx.x * V;
+ *            const bf *xt = xt_all + blockIdx.x * V;
+ *            const lf_kl_xf xf = lf_kl_xf_make(tau, LF_SIDE_LOGITS, 0.0f, LF_SIDE_LOGITS, 0.0f, true);
+ *            const lf_dual_span sp = lf_dual_span_make(xs, xt, V);
+ *            const int nu = sp.nunit;                  // one piece of every unit of the row
+ *            uint4 *bs = buf, *bt = buf + lf_dual_part_vecs<bf>(nu);
+ *            lf_dual_piece_load<256, bf, bf>(bs, bt, xs, xt, sp, 0, nu, nu);
+ *            lf_cp_async_commit();
+ *            lf_cp_async_wait<0>();                    // a thread reads back only its own copies
+ *            lf_dual_acc acc = lf_dual_acc_init();
+ *            lf_dual_edge_stats<256, bf, bf, true, LF_DUAL_FULL>(acc, xs, xt, sp, xf);
+ *            lf_dual_piece_stats<256, bf, bf, true, LF_DUAL_FULL>(acc, bs, bt, nu, nu, xf);
+ *            acc = lf_block_dual_acc<256>(acc, xf.cs, red);   // the row's state, in every thread
+ *            const lf_dual_out o = lf_dual_final(lf_dual_acc_final(acc, xf));
+ *            const lf_kl_coef c = lf_kl_coef_make(LF_KL_FORWARD, 0.0f, 1.0f, o, xf, true);
+ *            lf_kl_piece_grad<256, bf, bf, true>(xs, true, bs, bt, sp, 0, nu, nu, xf, c);
+ *            lf_kl_edge_grad<256, bf, bf, true>(xs, xs, xt, sp, xf, c);   // each element: one owner
+ *            if (threadIdx.x == 0) loss[blockIdx.x] = o.kl_fwd;
+ *        }
+ *    launched as row_kl_fwd<<<N, 256, 32 * (V / 8 + 1)>>>(...) (with the shared-memory opt-in
+ *    past 48 KB). The gradient is d KL / d x_s = (p - q) / tau; scale it (c's g) for a mean.
+ *
  *    Both rows of a pair are staged piece by piece in shared memory, like section 5, but a
  *    piece is a range of 8-element UNITS that covers the same elements of both rows, whatever
  *    each side's dtype (one 16-byte vector of a bf16/fp16 side, two of an fp32 side):

@@ -1226,6 +1226,98 @@ static void test_graph(lf_kl_kind kind)
     printf("%-4s %s\n", "ok", g_case);
 }
 
+/* ---------------------------------------------------------------- the header's quick start -- */
+
+/* lossfuse_cuda.cuh section 8's usage kernel, as its doc comment writes it (keep the two the
+ * same): forward KL of a bf16 pair, one CTA per row, the whole pair staged once, the gradient
+ * in place over the student. Run here against lf_ref_kl_row, so that the pattern the header
+ * teaches is tested, not only compiled. */
+typedef __nv_bfloat16 bf;
+__global__ void row_kl_fwd(bf *xs_all, const bf *xt_all, int64_t V, float tau, float *loss)
+{
+    extern __shared__ uint4 buf[];
+    __shared__ lf_dual_acc red[256 / 32];
+    bf *xs = xs_all + blockIdx.x * V;
+    const bf *xt = xt_all + blockIdx.x * V;
+    const lf_kl_xf xf = lf_kl_xf_make(tau, LF_SIDE_LOGITS, 0.0f, LF_SIDE_LOGITS, 0.0f, true);
+    const lf_dual_span sp = lf_dual_span_make(xs, xt, V);
+    const int nu = sp.nunit; // one piece of every unit of the row
+    uint4 *bs = buf, *bt = buf + lf_dual_part_vecs<bf>(nu);
+    lf_dual_piece_load<256, bf, bf>(bs, bt, xs, xt, sp, 0, nu, nu);
+    lf_cp_async_commit();
+    lf_cp_async_wait<0>(); // a thread reads back only its own copies
+    lf_dual_acc acc = lf_dual_acc_init();
+    lf_dual_edge_stats<256, bf, bf, true, LF_DUAL_FULL>(acc, xs, xt, sp, xf);
+    lf_dual_piece_stats<256, bf, bf, true, LF_DUAL_FULL>(acc, bs, bt, nu, nu, xf);
+    acc = lf_block_dual_acc<256>(acc, xf.cs, red); // the row's state, in every thread
+    const lf_dual_out o = lf_dual_final(lf_dual_acc_final(acc, xf));
+    const lf_kl_coef c = lf_kl_coef_make(LF_KL_FORWARD, 0.0f, 1.0f, o, xf, true);
+    lf_kl_piece_grad<256, bf, bf, true>(xs, true, bs, bt, sp, 0, nu, nu, xf, c);
+    lf_kl_edge_grad<256, bf, bf, true>(xs, xs, xt, sp, xf, c); // each element: one owner
+    if (threadIdx.x == 0) loss[blockIdx.x] = o.kl_fwd;
+}
+
+/* Rows of V in {1, 7, 1000, 4099, 32768} (odd V: rows start at every alignment, so the edge
+ * forms run) at tau 1 and 0.5, data as the sweep's (outliers, teacher = student + noise),
+ * every row checked: the loss as run_case's forward KL (1e-5 relative + 2^-19 (1 + |lse_s| +
+ * |lse_t| + max |z| + log V) absolute), each gradient element within bf16's rounding (2^-8
+ * relative) plus the fp32 work, 2^-20 (p + q)(1 + |lse_s| + |lse_t| + max |z|) / tau, and
+ * EX2's flush (2^-125 / tau). The loss is poisoned first; the gradient overwrites the logits,
+ * so an element not written keeps a logit, far off the reference. */
+static void test_quickstart(void)
+{
+    const int64_t Vs[5] = {1, 7, 1000, 4099, 32768};
+    const int64_t N = 6;
+    CK(cudaFuncSetAttribute(row_kl_fwd, cudaFuncAttributeMaxDynamicSharedMemorySize, 32 * (32768 / 8 + 1)));
+    for (int vi = 0; vi < (g_small ? 4 : 5); ++vi)
+        for (int ti = 0; ti < 2; ++ti) {
+            const int64_t V = Vs[vi];
+            const float tau = ti ? 0.5f : 1.0f;
+            snprintf(g_case, sizeof g_case, "quickstart row_kl_fwd V=%lld tau=%g", (long long)V, tau);
+            if (g_only && !strstr(g_case, g_only)) continue;
+            DevBuf xs(N * V * 2), xt(N * V * 2), l(N * 4);
+            const uint64_t ss = mix64(g_seed + 500 + vi * 2 + ti), st = mix64(ss + 1);
+            gen_student(xs.p, LF_BF16, N, V, V, ss, 40.0f);
+            gen_teacher_any(xt.p, LF_BF16, N, V, V, V, ss, st, 40.0f, 1.5f);
+            fill_poison(l.p, N, LF_F32);
+            std::vector<uint16_t> hs(N * V), ht(N * V), hg(N * V);
+            std::vector<float> hl(N);
+            CK(cudaMemcpy(hs.data(), xs.p, N * V * 2, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(ht.data(), xt.p, N * V * 2, cudaMemcpyDeviceToHost));
+            row_kl_fwd<<<(unsigned)N, 256, (size_t)(32 * (V / 8 + 1))>>>((bf *)xs.p, (const bf *)xt.p, V, tau, (float *)l.p);
+            CK(cudaGetLastError());
+            CK(cudaDeviceSynchronize());
+            CK(cudaMemcpy(hg.data(), xs.p, N * V * 2, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(hl.data(), l.p, N * 4, cudaMemcpyDeviceToHost));
+            lf_kl_opts o = lf_kl_opts_default();
+            o.temperature = tau;
+            std::vector<float> fs(V), ft(V);
+            std::vector<double> dx(V);
+            for (int64_t i = 0; i < N; ++i) {
+                double zmax = 0.0;
+                for (int64_t j = 0; j < V; ++j) {
+                    fs[j] = lf_bf16_to_f32(hs[i * V + j]);
+                    ft[j] = lf_bf16_to_f32(ht[i * V + j]);
+                    zmax = fmax(zmax, fmax(fabs(fs[j]), fabs(ft[j])) / tau);
+                }
+                const lf_kl_row r = lf_ref_kl_row(fs.data(), ft.data(), V, &o, dx.data());
+                const double mag = 1.0 + fabs(r.lse_s) + fabs(r.lse_t) + zmax;
+                const double tl = 1e-5 * fabs(r.loss) + 0x1p-19 * (mag + log((double)V + 1.0));
+                EXPECT(close(hl[i], r.loss, tl), "row %lld loss %.9g want %.9g (tol %.3g)", (long long)i, hl[i], r.loss, tl);
+                int bad = 0;
+                for (int64_t j = 0; j < V; ++j) {
+                    const double pj = exp(fs[j] / tau - r.lse_s), qj = exp(ft[j] / tau - r.lse_t);
+                    const double g = lf_bf16_to_f32(hg[i * V + j]), want = dx[j];
+                    const double tol = 0x1p-8 * fabs(want) + (0x1p-20 * (pj + qj) * mag + 0x1p-125) / tau;
+                    if (!close(g, want, tol) && ++bad == 1)
+                        EXPECT(false, "row %lld j=%lld gradient %.9g want %.9g (tol %.3g)", (long long)i, (long long)j, g, want, tol);
+                }
+                EXPECT(bad == 0, "row %lld: %d gradient elements off", (long long)i, bad);
+            }
+            printf("%-4s %s\n", "ok", g_case);
+        }
+}
+
 int main(int argc, char **argv)
 {
     for (int i = 1; i < argc; ++i) {
@@ -1253,6 +1345,7 @@ int main(int argc, char **argv)
            g_small ? ", small sizes" : "");
 
     test_arguments();
+    test_quickstart();
     test_graph(LF_KL_JSD);
     test_graph(LF_KL_FORWARD);
 
