@@ -1376,6 +1376,39 @@ static __device__ __forceinline__ lf_row_stats lf_warp_row_pass(const T *row, in
  *    value that remains, with no barrier (thread t writes vectors vbeg + t + k*THREADS).
  *    In place (out_row == the row the piece was copied from) is safe: a piece is in shared
  *    memory before any of its elements is overwritten.
+ *    Usage: cross-entropy forward + backward of bf16 logits, one CTA of 256 threads per row, the
+ *    row staged once (the quick start at the top, plus the gradient in place; every label in
+ *    [0, V); tests/test_ce_gpu.cu runs this kernel against lf_ref_ce_row):
+ *        typedef __nv_bfloat16 bf;
+ *        __global__ void row_ce(bf *x, const int64_t *labels, int64_t V, float *loss)
+ *        {
+ *            extern __shared__ uint4 buf[];
+ *            __shared__ lf_row_stats red[256 / 32];
+ *            bf *row = x + blockIdx.x * V;
+ *            const int64_t y = labels[blockIdx.x];
+ *            const float x_y = lf_elem<bf>::to_f32(row[y]);  // before any thread overwrites it
+ *            const lf_row_span sp = lf_row_span_make(row, V);
+ *            const lf_xform t = lf_xform_make(1.0f, 0.0f);
+ *            lf_piece_load<256>(buf, row, sp, 0, sp.nvec);
+ *            lf_cp_async_commit();
+ *            const lf_edge e = lf_row_edge_load(row, sp);
+ *            lf_cp_async_wait<0>();
+ *            lf_row_stats st = lf_row_stats_init();
+ *            lf_edge_stats<false, false>(st, e, t, NULL);
+ *            lf_piece_stats<256, bf, false, false>(st, buf, sp, 0, sp.nvec, t, NULL);
+ *            st = lf_block_row_stats<256>(st, red);       // a barrier: every x_y is read
+ *            const float lse = lf_lse_final(st.lse);
+ *            const lf_grad_coef c = lf_grad_coef_make(1.0f, lse, 0.0f, 0.0f, 1.0f, (float)V, V, t);
+ *            lf_piece_grad_store<256, false, false>(row, true, buf, sp, 0, sp.nvec, c, t, NULL);
+ *            lf_edge_grad_store<false, false>(row, e, c, t, NULL);
+ *            __syncthreads();                              // the dense write of y, then its patch
+ *            if (threadIdx.x == 0) {
+ *                row[y] = lf_elem<bf>::from_f32(lf_ce_label_grad<false, false>(x_y, (int32_t)y, c, t, NULL));
+ *                loss[blockIdx.x] = lse - x_y;
+ *            }
+ *        }
+ *    launched as row_ce<<<N, 256, 16 * (V / 8 + 1)>>>(...). (The examples patch the label
+ *    without that barrier: the thread that wrote its dense value writes it, as said above.)
  * ========================================================================================== */
 
 typedef struct lf_grad_coef {

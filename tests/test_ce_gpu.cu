@@ -1123,6 +1123,101 @@ static void test_graph(void)
     printf("%-4s %s\n", "ok", g_case);
 }
 
+/* ---------------------------------------------------------------- the header's quick start -- */
+
+/* lossfuse_cuda.cuh section 6's usage kernel, as its doc comment writes it (keep the two the
+ * same): cross-entropy forward + backward of bf16 logits, one CTA per row, the row staged once,
+ * the gradient in place. Run here against lf_ref_ce_row, so that the pattern the header teaches
+ * is tested, not only compiled. */
+typedef __nv_bfloat16 bf;
+__global__ void row_ce(bf *x, const int64_t *labels, int64_t V, float *loss)
+{
+    extern __shared__ uint4 buf[];
+    __shared__ lf_row_stats red[256 / 32];
+    bf *row = x + blockIdx.x * V;
+    const int64_t y = labels[blockIdx.x];
+    const float x_y = lf_elem<bf>::to_f32(row[y]); // before any thread overwrites it
+    const lf_row_span sp = lf_row_span_make(row, V);
+    const lf_xform t = lf_xform_make(1.0f, 0.0f);
+    lf_piece_load<256>(buf, row, sp, 0, sp.nvec);
+    lf_cp_async_commit();
+    const lf_edge e = lf_row_edge_load(row, sp);
+    lf_cp_async_wait<0>();
+    lf_row_stats st = lf_row_stats_init();
+    lf_edge_stats<false, false>(st, e, t, NULL);
+    lf_piece_stats<256, bf, false, false>(st, buf, sp, 0, sp.nvec, t, NULL);
+    st = lf_block_row_stats<256>(st, red); // a barrier: every x_y is read
+    const float lse = lf_lse_final(st.lse);
+    const lf_grad_coef c = lf_grad_coef_make(1.0f, lse, 0.0f, 0.0f, 1.0f, (float)V, V, t);
+    lf_piece_grad_store<256, false, false>(row, true, buf, sp, 0, sp.nvec, c, t, NULL);
+    lf_edge_grad_store<false, false>(row, e, c, t, NULL);
+    __syncthreads(); // the dense write of y, then its patch
+    if (threadIdx.x == 0) {
+        row[y] = lf_elem<bf>::from_f32(lf_ce_label_grad<false, false>(x_y, (int32_t)y, c, t, NULL));
+        loss[blockIdx.x] = lse - x_y;
+    }
+}
+
+/* Rows of V in {1, 7, 1000, 4099, 65536} (odd V: rows at every alignment, so the edge forms
+ * run), labels drawn in [0, V) with rows whose label is the first or last column, logits as the
+ * sweep's (1% strong candidates, outliers up to 40). Every row checked: the loss within 1e-5
+ * relative + 2^-20 (1 + |lse| + max |z| + log V) (row_tol_abs's bound), each gradient element
+ * within bf16's rounding (2^-8 relative) plus 2^-20 (p_j + [j = y]) (1 + |lse| + max |z|) and
+ * EX2's flush (2^-125). The loss is poisoned first; the gradient overwrites the logits, so an
+ * element not written keeps a logit, far off the reference. */
+static void test_quickstart(void)
+{
+    const int64_t Vs[5] = {1, 7, 1000, 4099, 65536};
+    const int64_t N = 8;
+    CK(cudaFuncSetAttribute(row_ce, cudaFuncAttributeMaxDynamicSharedMemorySize, 16 * (65536 / 8 + 1)));
+    for (int vi = 0; vi < (g_small ? 4 : 5); ++vi) {
+        const int64_t V = Vs[vi];
+        snprintf(g_case, sizeof g_case, "quickstart row_ce V=%lld", (long long)V);
+        if (!only_match(g_case)) continue;
+        DevBuf x(N * V * 2), lab(N * 8), l(N * 4);
+        gen_logits<bf><<<2048, 256>>>((bf *)x.p, N, V, V, mix64(g_seed + 700 + vi), 40.0f);
+        CK(cudaGetLastError());
+        std::vector<int64_t> hy(N);
+        uint64_t rs = mix64(g_seed + 710 + vi);
+        for (int64_t i = 0; i < N; ++i) hy[i] = i == 0 ? 0 : i == 1 ? V - 1 : (int64_t)(rng_u(&rs) * (double)V) % V;
+        CK(cudaMemcpy(lab.p, hy.data(), N * 8, cudaMemcpyHostToDevice));
+        fill_poison(l.p, N, LF_F32);
+        std::vector<uint16_t> hx(N * V), hg(N * V);
+        std::vector<float> hl(N);
+        CK(cudaMemcpy(hx.data(), x.p, N * V * 2, cudaMemcpyDeviceToHost));
+        row_ce<<<(unsigned)N, 256, (size_t)(16 * (V / 8 + 1))>>>((bf *)x.p, (const int64_t *)lab.p, V, (float *)l.p);
+        CK(cudaGetLastError());
+        CK(cudaDeviceSynchronize());
+        CK(cudaMemcpy(hg.data(), x.p, N * V * 2, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(hl.data(), l.p, N * 4, cudaMemcpyDeviceToHost));
+        const lf_ce_opts o = lf_ce_opts_default();
+        std::vector<float> xr(V);
+        std::vector<double> dx(V);
+        for (int64_t i = 0; i < N; ++i) {
+            double zmax = 0.0;
+            for (int64_t j = 0; j < V; ++j) {
+                xr[j] = lf_bf16_to_f32(hx[i * V + j]);
+                zmax = fmax(zmax, fabs(xr[j]));
+            }
+            const lf_ce_row r = lf_ref_ce_row(xr.data(), V, hy[i], &o, dx.data());
+            const double mag = 1.0 + fabs(r.lse) + zmax;
+            const double tl = 1e-5 * fabs(r.loss) + 0x1p-20 * (mag + log((double)V + 1.0));
+            EXPECT(close(hl[i], r.loss, tl), "row %lld loss %.9g want %.9g (tol %.3g)", (long long)i, hl[i], r.loss, tl);
+            int bad = 0;
+            for (int64_t j = 0; j < V; ++j) {
+                const double pj = exp((double)xr[j] - r.lse);
+                const double g = lf_bf16_to_f32(hg[i * V + j]), want = dx[j];
+                const double tol = 0x1p-8 * fabs(want) + 0x1p-20 * (pj + (j == hy[i])) * mag + 0x1p-125;
+                if (!close(g, want, tol) && ++bad == 1)
+                    EXPECT(false, "row %lld j=%lld (label %lld) gradient %.9g want %.9g (tol %.3g)", (long long)i, (long long)j,
+                           (long long)hy[i], g, want, tol);
+            }
+            EXPECT(bad == 0, "row %lld: %d gradient elements off", (long long)i, bad);
+        }
+        printf("%-4s %s\n", "ok", g_case);
+    }
+}
+
 int main(int argc, char **argv)
 {
     for (int i = 1; i < argc; ++i) {
@@ -1143,6 +1238,7 @@ int main(int argc, char **argv)
            g_small ? ", small sizes" : "");
 
     test_arguments();
+    test_quickstart();
     test_ex2_fma();
     test_warp_pass();
     test_graph();
