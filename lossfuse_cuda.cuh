@@ -12,7 +12,8 @@
  *   Nothing here launches a kernel, allocates, or hides __shared__ arrays: scratch is yours.
  *
  * Quick start — one CTA of 256 threads per row, forward only, the row in shared memory
- * (see examples/cross_entropy.cu for the pipelined, clustered, fused forward+backward):
+ * (section 6 opens with the same kernel plus the gradient, which tests/test_ce_gpu.cu runs;
+ * see examples/cross_entropy.cu for the pipelined, clustered, fused forward+backward):
  *     __global__ void row_lse(const __nv_bfloat16 *x, int64_t V, int64_t stride, float *out) {
  *         extern __shared__ uint4 buf[];                   // ceil(V / 8) vectors
  *         __shared__ lf_row_stats red[256 / 32];

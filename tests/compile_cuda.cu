@@ -5,24 +5,8 @@
 
 #include <stdio.h>
 
-/* The quick-start kernel of the header's doc comment. */
-__global__ void row_lse(const __nv_bfloat16 *x, int64_t V, int64_t stride, float *out)
-{
-    extern __shared__ uint4 buf[];
-    __shared__ lf_row_stats red[256 / 32];
-    const __nv_bfloat16 *row = x + blockIdx.x * stride;
-    const lf_row_span sp = lf_row_span_make(row, V);
-    const lf_xform t = lf_xform_make(1.0f, 0.0f);
-    lf_piece_load<256>(buf, row, sp, 0, sp.nvec);
-    lf_cp_async_commit();
-    const lf_edge e = lf_row_edge_load(row, sp);
-    lf_cp_async_wait<0>();
-    lf_row_stats st = lf_row_stats_init();
-    lf_edge_stats<false, false>(st, e, t, NULL);
-    lf_piece_stats<256, __nv_bfloat16, false, false>(st, buf, sp, 0, sp.nvec, t, NULL);
-    st = lf_block_row_stats<256>(st, red);
-    if (threadIdx.x == 0) out[blockIdx.x] = lf_lse_final(st.lse);
-}
+/* (The header's quick start, row_lse, is the first half of section 6's usage kernel, row_ce,
+ * which tests/test_ce_gpu.cu compiles and runs against the reference: not repeated here.) */
 
 /* Every collective, the piece pipeline, the gradient writers and the cluster merge, per dtype. */
 template <typename T, bool FULL, bool SOFTCAP>
