@@ -12,8 +12,9 @@
  *   Nothing here launches a kernel, allocates, or hides __shared__ arrays: scratch is yours.
  *
  * Quick start — one CTA of 256 threads per row, forward only, the row in shared memory
- * (section 6 opens with the same kernel plus the gradient, which tests/test_ce_gpu.cu runs;
- * see examples/cross_entropy.cu for the pipelined, clustered, fused forward+backward):
+ * (tests/test_ce_gpu.cu runs it against the reference; section 6's intro ends with the same
+ * kernel plus the gradient; examples/cross_entropy.cu is the pipelined, clustered, fused
+ * forward+backward):
  *     __global__ void row_lse(const __nv_bfloat16 *x, int64_t V, int64_t stride, float *out) {
  *         extern __shared__ uint4 buf[];                   // ceil(V / 8) vectors
  *         __shared__ lf_row_stats red[256 / 32];
@@ -1408,7 +1409,8 @@ static __device__ __forceinline__ lf_row_stats lf_warp_row_pass(const T *row, in
  *                loss[blockIdx.x] = lse - x_y;
  *            }
  *        }
- *    launched as row_ce<<<N, 256, 16 * (V / 8 + 1)>>>(...). (The examples patch the label
+ *    launched as row_ce<<<N, 256, 16 * (V / 8 + 1)>>>(...), with the shared-memory opt-in past
+ *    48 KB (V >= 24576): V up to ~116K on sm_90, ~83K on sm_80. (The examples patch the label
  *    without that barrier: the thread that wrote its dense value writes it, as said above.)
  * ========================================================================================== */
 
@@ -1798,7 +1800,8 @@ static __device__ __forceinline__ lf_row_stats lf_cluster_stats_collect(const lf
  * 8. Dual-softmax row pass and the KL-family gradient (student s, teacher t; lossfuse.h §3b, §8)
  *
  *    Usage: forward KL(q || p) of bf16 logits, one CTA of 256 threads per row pair, the whole
- *    pair staged once (4 bytes of dynamic shared memory per element: V up to ~58K), the loss
+ *    pair staged once (4 bytes of dynamic shared memory per element: V up to ~58K on sm_90,
+ *    ~41K on sm_80), the loss
  *    per row and the gradient in place over the student (tests/test_kl_gpu.cu runs this kernel
  *    against lf_ref_kl_row; examples/kl_distill.cu is the same pattern with pieces, a ring of
  *    stages, clusters and every option):
@@ -1828,6 +1831,9 @@ static __device__ __forceinline__ lf_row_stats lf_cluster_stats_collect(const lf
  *        }
  *    launched as row_kl_fwd<<<N, 256, 32 * (V / 8 + 1)>>>(...) (with the shared-memory opt-in
  *    past 48 KB). The gradient is d KL / d x_s = (p - q) / tau; scale it (c's g) for a mean.
+ *    LF_DUAL_FULL keeps every statistic (both entropies, both KLs); forward KL alone needs only
+ *    LF_DUAL_RB (in pass 1 and the merge), which sums without the entropy terms' per-piece
+ *    maximum sweep: faster, and what examples/kl_distill.cu uses.
  *
  *    Both rows of a pair are staged piece by piece in shared memory, like section 5, but a
  *    piece is a range of 8-element UNITS that covers the same elements of both rows, whatever

@@ -5,8 +5,8 @@
 
 #include <stdio.h>
 
-/* (The header's quick start, row_lse, is the first half of section 6's usage kernel, row_ce,
- * which tests/test_ce_gpu.cu compiles and runs against the reference: not repeated here.) */
+/* (The header's quick start, row_lse, and the usage kernels of sections 6 and 8 are compiled
+ * and run against the references by tests/test_ce_gpu.cu and tests/test_kl_gpu.cu.) */
 
 /* Every collective, the piece pipeline, the gradient writers and the cluster merge, per dtype. */
 template <typename T, bool FULL, bool SOFTCAP>

@@ -1125,10 +1125,31 @@ static void test_graph(void)
 
 /* ---------------------------------------------------------------- the header's quick start -- */
 
-/* lossfuse_cuda.cuh section 6's usage kernel, as its doc comment writes it (keep the two the
- * same): cross-entropy forward + backward of bf16 logits, one CTA per row, the row staged once,
- * the gradient in place. Run here against lf_ref_ce_row, so that the pattern the header teaches
- * is tested, not only compiled. */
+/* The header's quick start (lossfuse_cuda.cuh, its top doc comment) and section 6's usage
+ * kernel, as the doc comments write them (keep them the same): the row's lse, forward only;
+ * cross-entropy forward + backward of bf16 logits, one CTA per row, the row staged once, the
+ * gradient in place. Run here against lf_ref_ce_row, so that the patterns the header teaches
+ * are tested, not only compiled. (row_ce's barrier before the label's patch orders another
+ * thread's dense write of y before it: a race on global memory that no check here can catch
+ * for certain, nor racecheck, which watches shared memory.) */
+__global__ void row_lse(const __nv_bfloat16 *x, int64_t V, int64_t stride, float *out)
+{
+    extern __shared__ uint4 buf[];
+    __shared__ lf_row_stats red[256 / 32];
+    const __nv_bfloat16 *row = x + blockIdx.x * stride;
+    const lf_row_span sp = lf_row_span_make(row, V);
+    const lf_xform t = lf_xform_make(1.0f, 0.0f);
+    lf_piece_load<256>(buf, row, sp, 0, sp.nvec);
+    lf_cp_async_commit();
+    const lf_edge e = lf_row_edge_load(row, sp);
+    lf_cp_async_wait<0>();
+    lf_row_stats st = lf_row_stats_init();
+    lf_edge_stats<false, false>(st, e, t, NULL);
+    lf_piece_stats<256, __nv_bfloat16, false, false>(st, buf, sp, 0, sp.nvec, t, NULL);
+    st = lf_block_row_stats<256>(st, red);
+    if (threadIdx.x == 0) out[blockIdx.x] = lf_lse_final(st.lse);
+}
+
 typedef __nv_bfloat16 bf;
 __global__ void row_ce(bf *x, const int64_t *labels, int64_t V, float *loss)
 {
@@ -1158,9 +1179,10 @@ __global__ void row_ce(bf *x, const int64_t *labels, int64_t V, float *loss)
     }
 }
 
-/* Rows of V in {1, 7, 1000, 4099, 65536} (odd V: rows at every alignment, so the edge forms
- * run), labels drawn in [0, V) with rows whose label is the first or last column, logits as the
- * sweep's (1% strong candidates, outliers up to 40). Every row checked: the loss within 1e-5
+/* Eight rows of V in {1, 7, 1000, 4099, 65536} (V = 4099: rows at all eight alignments, so the
+ * edge forms run), labels drawn in [0, V) with rows whose label is the first or last column,
+ * logits as the sweep's (1% strong candidates, 0.01% outliers in [-12, 28)). Every row checked:
+ * row_lse's lse and row_ce's loss within 1e-5
  * relative + 2^-20 (1 + |lse| + max |z| + log V) (row_tol_abs's bound), each gradient element
  * within bf16's rounding (2^-8 relative) plus 2^-20 (p_j + [j = y]) (1 + |lse| + max |z|) and
  * EX2's flush (2^-125). The loss is poisoned first; the gradient overwrites the logits, so an
@@ -1170,11 +1192,12 @@ static void test_quickstart(void)
     const int64_t Vs[5] = {1, 7, 1000, 4099, 65536};
     const int64_t N = 8;
     CK(cudaFuncSetAttribute(row_ce, cudaFuncAttributeMaxDynamicSharedMemorySize, 16 * (65536 / 8 + 1)));
+    CK(cudaFuncSetAttribute(row_lse, cudaFuncAttributeMaxDynamicSharedMemorySize, 16 * (65536 / 8 + 1)));
     for (int vi = 0; vi < (g_small ? 4 : 5); ++vi) {
         const int64_t V = Vs[vi];
-        snprintf(g_case, sizeof g_case, "quickstart row_ce V=%lld", (long long)V);
+        snprintf(g_case, sizeof g_case, "quickstart row_lse + row_ce V=%lld", (long long)V);
         if (!only_match(g_case)) continue;
-        DevBuf x(N * V * 2), lab(N * 8), l(N * 4);
+        DevBuf x(N * V * 2), lab(N * 8), l(N * 4), ls(N * 4);
         gen_logits<bf><<<2048, 256>>>((bf *)x.p, N, V, V, mix64(g_seed + 700 + vi), 40.0f);
         CK(cudaGetLastError());
         std::vector<int64_t> hy(N);
@@ -1182,14 +1205,18 @@ static void test_quickstart(void)
         for (int64_t i = 0; i < N; ++i) hy[i] = i == 0 ? 0 : i == 1 ? V - 1 : (int64_t)(rng_u(&rs) * (double)V) % V;
         CK(cudaMemcpy(lab.p, hy.data(), N * 8, cudaMemcpyHostToDevice));
         fill_poison(l.p, N, LF_F32);
+        fill_poison(ls.p, N, LF_F32);
         std::vector<uint16_t> hx(N * V), hg(N * V);
-        std::vector<float> hl(N);
+        std::vector<float> hl(N), hlse(N);
         CK(cudaMemcpy(hx.data(), x.p, N * V * 2, cudaMemcpyDeviceToHost));
+        row_lse<<<(unsigned)N, 256, (size_t)(16 * (V / 8 + 1))>>>((const bf *)x.p, V, V, (float *)ls.p);
+        CK(cudaGetLastError());
         row_ce<<<(unsigned)N, 256, (size_t)(16 * (V / 8 + 1))>>>((bf *)x.p, (const int64_t *)lab.p, V, (float *)l.p);
         CK(cudaGetLastError());
         CK(cudaDeviceSynchronize());
         CK(cudaMemcpy(hg.data(), x.p, N * V * 2, cudaMemcpyDeviceToHost));
         CK(cudaMemcpy(hl.data(), l.p, N * 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(hlse.data(), ls.p, N * 4, cudaMemcpyDeviceToHost));
         const lf_ce_opts o = lf_ce_opts_default();
         std::vector<float> xr(V);
         std::vector<double> dx(V);
@@ -1203,6 +1230,8 @@ static void test_quickstart(void)
             const double mag = 1.0 + fabs(r.lse) + zmax;
             const double tl = 1e-5 * fabs(r.loss) + 0x1p-20 * (mag + log((double)V + 1.0));
             EXPECT(close(hl[i], r.loss, tl), "row %lld loss %.9g want %.9g (tol %.3g)", (long long)i, hl[i], r.loss, tl);
+            const double tlse = 1e-5 * fabs(r.lse) + 0x1p-20 * (mag + log((double)V + 1.0));
+            EXPECT(close(hlse[i], r.lse, tlse), "row %lld row_lse %.9g want %.9g (tol %.3g)", (long long)i, hlse[i], r.lse, tlse);
             int bad = 0;
             for (int64_t j = 0; j < V; ++j) {
                 const double pj = exp((double)xr[j] - r.lse);

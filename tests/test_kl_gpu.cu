@@ -1257,8 +1257,8 @@ __global__ void row_kl_fwd(bf *xs_all, const bf *xt_all, int64_t V, float tau, f
     if (threadIdx.x == 0) loss[blockIdx.x] = o.kl_fwd;
 }
 
-/* Rows of V in {1, 7, 1000, 4099, 32768} (odd V: rows start at every alignment, so the edge
- * forms run) at tau 1 and 0.5, data as the sweep's (outliers, teacher = student + noise),
+/* Eight rows of V in {1, 7, 1000, 4099, 32768} (V = 4099: the rows start at all eight
+ * alignments of a 16-byte vector, so the edge forms run; V = 7: no body) at tau 1 and 0.5, data as the sweep's (outliers, teacher = student + noise),
  * every row checked: the loss as run_case's forward KL (1e-5 relative + 2^-19 (1 + |lse_s| +
  * |lse_t| + max |z| + log V) absolute), each gradient element within bf16's rounding (2^-8
  * relative) plus the fp32 work, 2^-20 (p + q)(1 + |lse_s| + |lse_t| + max |z|) / tau, and
@@ -1267,7 +1267,7 @@ __global__ void row_kl_fwd(bf *xs_all, const bf *xt_all, int64_t V, float tau, f
 static void test_quickstart(void)
 {
     const int64_t Vs[5] = {1, 7, 1000, 4099, 32768};
-    const int64_t N = 6;
+    const int64_t N = 8; /* at V = 4099, rows at all 8 alignments of a 16-byte vector */
     CK(cudaFuncSetAttribute(row_kl_fwd, cudaFuncAttributeMaxDynamicSharedMemorySize, 32 * (32768 / 8 + 1)));
     for (int vi = 0; vi < (g_small ? 4 : 5); ++vi)
         for (int ti = 0; ti < 2; ++ti) {
