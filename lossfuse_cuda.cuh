@@ -1096,14 +1096,17 @@ static __device__ __forceinline__ void lf_piece_sumexp(const uint4 *buf, int vbe
 
 /* One piece of the fast pass, pushed into st (lse; with FULL also u and, when sumx, wz = sum z)
  * and, with FULL, la (best_key: the CTA's running maximum, see above). NPOLY (0..8): of each 8
- * elements, that many exponentials on the FMA pipe (lf_ex2_fma), the rest on MUFU. */
-template <int THREADS, typename T, bool FULL, int NPOLY = 0>
+ * elements, that many exponentials on the FMA pipe (lf_ex2_fma), the rest on MUFU. AMAX =
+ * false (with FULL): no argmax (la and best_key untouched): the lazy search's scans, a few
+ * warps' per row, hold the whole group at the block merge's barrier (measured on an H200:
+ * examples/cross_entropy.cu's soft-target rows, ~4000 of ~21700 cycles per row and group). */
+template <int THREADS, typename T, bool FULL, int NPOLY = 0, bool AMAX = FULL>
 static __device__ __forceinline__ void lf_piece_stats_fast(lf_row_stats &st, lf_lazy_argmax &la, unsigned *best_key,
                                                            const uint4 *buf, const lf_row_span &sp, int vbeg, int vend,
                                                            const lf_xform &t, bool sumx)
 {
     const float xm = lf_piece_xmax<THREADS, T>(buf, vbeg, vend);
-    if (FULL) {
+    if (FULL && AMAX) {
         /* warp-aggregated: one shared atomic per warp (32 on one address would serialise);
          * only the warp's maximum can be the row's, so only it is compared and located */
         const bool improved = vbeg + (int)threadIdx.x < vend && (xm > la.v || la.i == -2);
@@ -1544,9 +1547,9 @@ template <typename T> static __device__ __forceinline__ bool lf_grad_fast_ok(flo
     return sizeof(T) == 2 && (fabsf(k) < 256.0f || k == LF_INF_F);
 }
 
-template <int THREADS, typename T, bool NEG, int NPOLY = 0>
+template <int THREADS, typename T, bool NEG, int NPOLY = 0, bool SUB = false>
 static __device__ __forceinline__ void lf_piece_grad_fast(T *out_row, const uint4 *buf, const lf_row_span &sp, int vbeg,
-                                                          int vend, float c, float k)
+                                                          int vend, float c, float k, float sub = 0.0f)
 {
     const int PV = lf_elem<T>::per_vec;
     uint4 *body = reinterpret_cast<uint4 *>(out_row + sp.head);
@@ -1558,6 +1561,7 @@ static __device__ __forceinline__ void lf_piece_grad_fast(T *out_row, const uint
         for (int e = 0; e < PV; ++e) {
             const float q = lf_impl_ex2_mix<NPOLY, PV>(fmaf(x[e], c, -k), e);
             g[e] = NEG ? -q : q;
+            if (SUB) g[e] -= sub;
         }
         lf_st16(body + v, lf_elem<T>::pack(g));
     }
@@ -1568,15 +1572,16 @@ static __device__ __forceinline__ void lf_piece_grad_fast(T *out_row, const uint
  * so a caller can take it once per row): true when written; false, nothing written, for the
  * caller's lf_piece_grad_store (a p_j with a's multiply, as exact as c: lf_grad_coef_onto_max).
  * One call site of each writer per kernel: a second inlined copy of the general writer cost a
- * bf16 fused forward+backward up to 1% on an H200. 16-byte stores (vec_ok). */
-template <int THREADS, typename T, int NPOLY = 0>
+ * bf16 fused forward+backward up to 1% on an H200. 16-byte stores (vec_ok). SUB: label
+ * smoothing without class weights too, a p_j - c.e (one FADD more per element). */
+template <int THREADS, typename T, int NPOLY = 0, bool SUB = false>
 static __device__ __forceinline__ bool lf_piece_grad_fast_if_ok(T *out_row, const uint4 *buf, const lf_row_span &sp,
                                                                 int vbeg, int vend, const lf_grad_coef &c, float k,
                                                                 float scale_l2e)
 {
     if (!lf_grad_fast_ok<T>(k)) return false;
-    if (c.a < 0.0f) lf_piece_grad_fast<THREADS, T, true, NPOLY>(out_row, buf, sp, vbeg, vend, scale_l2e, k);
-    else lf_piece_grad_fast<THREADS, T, false, NPOLY>(out_row, buf, sp, vbeg, vend, scale_l2e, k);
+    if (c.a < 0.0f) lf_piece_grad_fast<THREADS, T, true, NPOLY, SUB>(out_row, buf, sp, vbeg, vend, scale_l2e, k, c.e);
+    else lf_piece_grad_fast<THREADS, T, false, NPOLY, SUB>(out_row, buf, sp, vbeg, vend, scale_l2e, k, c.e);
     return true;
 }
 
