@@ -167,7 +167,7 @@ typedef struct ce_plan {
 } ce_plan;
 
 /* Arguments with every option at its default: the caller sets pointers and sizes. */
-static ce_args ce_args_default(void)
+[[maybe_unused]] static ce_args ce_args_default(void)
 {
     ce_args a;
     memset(&a, 0, sizeof a);
@@ -263,7 +263,7 @@ static __device__ __forceinline__ float ce_mean_divisor(const ce_kparams &p)
  * one CTA taking one label at a time cost 0.594 ms against 0.564 ms for reduction none.) */
 #define CE_DIV_THREADS 256
 #define CE_DIV_U 16 /* labels per thread with their loads in flight together */
-static int ce_divisor_ctas(int64_t n_rows)
+[[maybe_unused]] static int ce_divisor_ctas(int64_t n_rows)
 {
     const int64_t per = (int64_t)CE_DIV_THREADS * CE_DIV_U;
     const int64_t c = (n_rows + per - 1) / per;
@@ -931,6 +931,194 @@ struct ce_xchg_none {
     static constexpr int min_stages = CE_RES_MIN_STAGES; /* the automatic plan's least ring */
 };
 
+/* ---- A sparse soft target instead of a label (the hook ce_soft) -----------------------------
+ * examples/kl_distill.cu's sparse teacher (top-k pairs) runs here: it is cross-entropy against a
+ * target distribution q that is one value, rest[row], everywhere except at k listed entries,
+ *     q_j = rest[row]                                   j not listed
+ *     q_j = exp(lq[row * ld + i] * lq_scale - shift[row])   j = idx[row * ld + i], i < k
+ * (distinct indices in [0, V): the caller checks them). Per row whose label is not ignore_index
+ * (the label's value is not used otherwise), with FULL:
+ *     ce   = lse - sum_j q_j z_j                soft-target cross-entropy
+ *     loss = (ce, or ce - H(q) with sub_ent: the KL to the target) * loss_scale * w[row]
+ *     grad = g (p_j - q_j) dz/dx                g: as for a label (grad_scale, dloss, 1 / divisor,
+ *                                               p.xf.scale), times w[row]
+ * (loss_scale is not in g: a caller that scales both folds it into grad_scale too), reduced as
+ * p.reduction says, and per row, where asked, ce - H(q), H(p) and H(q) (kl_out, ent_p_out,
+ * ent_q_out: without scale or weight; NaN where p or q has no finite lse, 0 for ignored rows).
+ * It is label smoothing with a per-row mass (the gradient writer's e = g q_rest) and k labels.
+ * The row is still read from HBM once:
+ *   - the statistics pass sums z, as for label smoothing; each thread takes q_rest times its
+ *     own sum, and for the listed pairs i = t, t + TH, ... (t its index in the group) whose
+ *     column its CTA holds, (q_i - q_rest) z_i, read from the staged slice (rank 0 reads the row's
+ *     edge elements from global memory: nothing of the row has been written yet). All of it goes
+ *     into the statistics' wz before the block merge, so the merges sum it;
+ *   - the gradient is written as for smoothing, and after the row's end barrier each thread
+ *     patches the listed entries it read (their logits kept in registers, CE_SOFT_PAIRS each: k
+ *     <= CE_SOFT_PAIRS x CE_RES_GROUP) to g (p_i - q_i): the barrier orders its store after the
+ *     dense one of whichever thread wrote that element.
+ * 0 x (-inf) is 0: a student -inf entry where q_j = 0 adds nothing, where q_j > 0 the loss is
+ * +inf (a thread whose own z sum came out -inf sums its finite elements again and looks its -inf
+ * ones up in the list: rare, masked vocabularies). A NaN shift or rest makes the row NaN. */
+#ifndef CE_SOFT_PAIRS
+#define CE_SOFT_PAIRS 2
+#endif
+struct ce_soft {
+    static constexpr bool on = false;
+    static constexpr int groups = CE_RES_GROUPS;
+    static constexpr int min_stages = CE_RES_MIN_STAGES;
+    const int32_t *idx;  /* [N, ld]: the listed columns */
+    const float *lq;     /* [N, ld]: their target log-probabilities, up to lq_scale and the row's shift */
+    int64_t k, ld;       /* 0 <= k <= CE_SOFT_PAIRS * CE_RES_GROUP */
+    float lq_scale;
+    const float *shift;  /* [N] */
+    const float *rest;   /* [N]: q of every entry not listed (0: none) */
+    const float *ent_q;  /* [N]: H(q), NaN where q has no finite lse (the row is NaN then) */
+    const float *w;      /* [N] row weights, or NULL */
+    int sub_ent;         /* the loss is ce - H(q) */
+    float loss_scale;
+    float *kl_out, *ent_p_out, *ent_q_out; /* optional [N] */
+};
+template <class X>
+struct ce_is_soft {
+    static constexpr bool value = false;
+};
+template <>
+struct ce_is_soft<ce_soft> {
+    static constexpr bool value = true;
+};
+
+/* a listed entry a thread read (j < 0: none): its column, raw logit and target probability */
+typedef struct ce_soft_pair {
+    int32_t j;
+    float x, q;
+} ce_soft_pair;
+
+/* Whether this CTA holds column j of the row (its body slice [sb, se) staged in b; the edge
+ * elements for rank 0, read from the row x in global memory), and then *xv, its raw logit. */
+template <typename T>
+static __device__ __forceinline__ bool ce_soft_held(const T *x, const uint4 *b, const lf_row_span &sp, int sb, int se,
+                                                    bool edges, int64_t j, float *xv)
+{
+    const int PV = lf_elem<T>::per_vec;
+    const int64_t jb = j - sp.head;
+    if (jb < 0 || jb >= (int64_t)sp.nvec * PV) {
+        if (!edges) return false;
+        *xv = lf_elem<T>::to_f32(x[j]);
+        return true;
+    }
+    const int v = (int)(jb / PV);
+    if (v < sb || v >= se) return false;
+    *xv = lf_elem<T>::get(b[v - sb], (int)(jb % PV));
+    return true;
+}
+
+/* The rare case: this thread's own z sum is -inf (one of its elements is -inf). Its part of
+ * q_rest sum_{j not listed} z_j again: q_rest times the sum of its finite elements, or -inf
+ * where one of its -inf elements is not listed while q_rest > 0 (a listed one is its pair's
+ * term: q_i decides). k compares per -inf element. */
+template <int TH, typename T, bool SOFTCAP>
+static __device__ __noinline__ float ce_soft_own_rare(const uint4 *b, const lf_row_span &sp, int sb, int se, const lf_edge &edge,
+                                                      const int32_t *ix, int64_t k, float q_rest, const lf_xform t)
+{
+    const int PV = lf_elem<T>::per_vec;
+    float s = 0.0f;
+    bool inf = false;
+    auto one = [&](float xv, int64_t j) {
+        const float z = lf_xform_apply<SOFTCAP>(xv, t);
+        if (z != -LF_INF_F) {
+            s += z;
+            return;
+        }
+        if (inf || !(q_rest > 0.0f)) return;
+        for (int64_t i = 0; i < k; ++i)
+            if (__ldg(ix + i) == (int32_t)j) return;
+        inf = true;
+    };
+    for (int v = sb + (int)threadIdx.x; v < se; v += TH) {
+        float xs[PV];
+        lf_elem<T>::unpack(b[v - sb], xs);
+        for (int e = 0; e < PV; ++e) one(xs[e], sp.head + (int64_t)v * PV + e);
+    }
+    if (edge.j >= 0) one(edge.x, edge.j);
+    /* (s may have overflowed to -inf: finfo.min entries; with no rest mass they add nothing) */
+    return inf ? -LF_INF_F : q_rest > 0.0f ? q_rest * s : 0.0f;
+}
+
+/* The thread's listed pairs i = t, t + TH, ... (t its index in the group) of the row, loaded
+ * at the row's start: pr[u].j the column (-1: none), pr[u].q the raw lq for now. */
+template <int TH>
+static __device__ __forceinline__ void ce_soft_pairs_load(ce_soft_pair *pr, const ce_soft &xc, int64_t row)
+{
+#pragma unroll
+    for (int u = 0; u < CE_SOFT_PAIRS; ++u) {
+        const int64_t i = (int64_t)threadIdx.x + (int64_t)u * TH;
+        pr[u].j = i < xc.k ? __ldg(xc.idx + row * xc.ld + i) : -1;
+        pr[u].q = i < xc.k ? __ldg(xc.lq + row * xc.ld + i) : 0.0f;
+    }
+}
+
+/* This thread's part of sum_j q_j z_j, into st.wz (which held its own sum of z) before the block
+ * merge: q_rest times that sum, and (q_i - q_rest) z_i for its pairs (ce_soft_pairs_load) whose
+ * columns this CTA holds, which keep their raw logit and q_i in pr[] for the gradient's patch
+ * (the others: j = -1). */
+template <int TH, typename T, bool SOFTCAP>
+static __device__ __forceinline__ void ce_soft_terms(lf_row_stats &st, ce_soft_pair *pr, const ce_soft &xc, int64_t row,
+                                                     float q_rest, float shift, const T *x, const uint4 *b,
+                                                     const lf_row_span &sp, int sb, int se, const lf_edge &edge, bool edges,
+                                                     const lf_xform &t)
+{
+    float acc = st.wz == -LF_INF_F ? ce_soft_own_rare<TH, T, SOFTCAP>(b, sp, sb, se, edge, xc.idx + row * xc.ld, xc.k, q_rest, t)
+                                   : q_rest * st.wz;
+#pragma unroll
+    for (int u = 0; u < CE_SOFT_PAIRS; ++u) {
+        float xv;
+        if (pr[u].j < 0) continue;
+        if (!ce_soft_held<T>(x, b, sp, sb, se, edges, pr[u].j, &xv)) {
+            pr[u].j = -1; /* another CTA's column */
+            continue;
+        }
+        const float q = expf(fmaf(pr[u].q, xc.lq_scale, -shift));
+        const float z = lf_xform_apply<SOFTCAP>(xv, t);
+        if (z == -LF_INF_F) {
+            if (q > 0.0f) acc = -LF_INF_F; /* mass where the student has none */
+        } else {
+            acc = fmaf(q - q_rest, z, acc);
+        }
+        pr[u].x = xv;
+        pr[u].q = q;
+    }
+    st.wz = acc;
+}
+
+/* A soft-target row's outputs, by one thread: its loss where the reduction finds it (acc, cache:
+ * as ce_row_outputs) and the per-row values asked for. */
+template <class S> /* (S = ce_soft: a template, so that a file without soft targets compiles none) */
+static __device__ __forceinline__ void ce_soft_row_outputs(const ce_kparams &p, const S &xc, int64_t row, const lf_row_stats &rs,
+                                                           lf_xsum *acc, lf_xsum_cache *cache)
+{
+    const float lse = lf_lse_final(rs.lse);
+    const float h = xc.ent_q[row];
+    const bool ok = fabsf(lse) < LF_INF_F && h == h;
+    float ce = (rs.lse.m - rs.wz) + logf(rs.lse.s); /* lse - sum q z, without lse's rounding */
+    if (!(fabsf(lse) < LF_INF_F)) ce = NAN;
+    const float kl = ce - h;
+    if (xc.kl_out) xc.kl_out[row] = kl;
+    if (xc.ent_p_out) xc.ent_p_out[row] = ok ? lf_lse_entropy(rs.lse) : NAN;
+    if (xc.ent_q_out) xc.ent_q_out[row] = ok ? h : NAN;
+    if (p.lse) p.lse[row] = lse;
+    const float loss = (xc.sub_ent ? kl : ce) * xc.loss_scale * (xc.w ? xc.w[row] : 1.0f);
+    ce_row_loss_out(p, row, lse, loss, 0.0f, acc, cache, false);
+}
+
+/* ... and an ignored row's per-row values: 0 (its loss: ce_row_outputs_zero) */
+template <class S>
+static __device__ __forceinline__ void ce_soft_row_zero(const S &xc, int64_t row)
+{
+    if (xc.kl_out) xc.kl_out[row] = 0.0f;
+    if (xc.ent_p_out) xc.ent_p_out[row] = 0.0f;
+    if (xc.ent_q_out) xc.ent_q_out[row] = 0.0f;
+}
+
 template <typename T, bool GRAD, bool FULL, bool SOFTCAP, bool DYN, class X = ce_xchg_none>
 __global__ void __launch_bounds__(CE_RES_THREADS, 1)
     ce_resident_kernel(const ce_kparams p, int nranks, int nstages, int stage_vecs, int nclusters, const X xc)
@@ -939,6 +1127,8 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
      * but not taken (a runtime flag) made the clustered rows 3% slower (bench/RESULTS.md) */
     constexpr bool dyn = DYN;
     constexpr int G = X::groups, TH = CE_RES_THREADS / G; /* the collectives run per group */
+    constexpr bool SOFT = ce_is_soft<X>::value; /* a sparse soft target per row (ce_soft) */
+    static_assert(!SOFT || FULL, "a soft target sums z as label smoothing does: FULL");
 #ifdef CE_RES_TRACE
     unsigned long long tr_[6] = {0, 0, 0, 0, 0, 0};
     const long long t0_ = clock64();
@@ -1170,7 +1360,7 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
         const int status = y == p.ignore_index ? 1 : (y < 0 || y >= YV) ? 2 : 0;
         /* the label's column in this row (with an exchange: in this shard where y_here) */
         int64_t yl = y;
-        bool y_here = true;
+        bool y_here = !SOFT; /* a soft target has no label */
         if constexpr (X::on) {
             yl = y - xc.v0;
             y_here = status == 0 && yl >= 0 && yl < V;
@@ -1181,6 +1371,15 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
         lf_row_stats st_out;
         int out_slot = -1; /* -1: none here; else the slot of the label logit xy_s */
         float o_lse = 0.0f, o_loss = 0.0f; /* X::on: the merged lse and loss, for the outputs */
+        /* SOFT: the listed entries this thread read, patched after the row's end barrier with
+         * the row's coefficients */
+        [[maybe_unused]] ce_soft_pair pr[SOFT ? CE_SOFT_PAIRS : 1];
+        [[maybe_unused]] lf_grad_coef s_coef;
+        [[maybe_unused]] float q_rest = 0.0f, s_gs = 0.0f;
+        if constexpr (SOFT) {
+#pragma unroll
+            for (int u = 0; u < CE_SOFT_PAIRS; ++u) pr[u].j = -1;
+        }
         if (status) {
             draw_label();
             if (GRAD) lf_row_zero<TH, T>(out, V, rank, nranks);
@@ -1195,10 +1394,20 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
             lf_row_slice(sp, rank, nranks, &sb, &se);
             lf_row_stats st = lf_row_stats_init();
             lf_lazy_argmax la = lf_lazy_argmax_init();
-            if (fast) lf_piece_stats_fast<TH, T, FULL, CE_RES_POLY>(st, la, &am_key[grp][par], b, sp, sb, se, p.xf, p.eps > 0.0f);
+            [[maybe_unused]] float shift = 0.0f; /* SOFT: the row's target, loaded ahead of the pass */
+            if constexpr (SOFT) { /* (the thread's pairs too: their loads' latency hides behind the pass) */
+                q_rest = __ldg(xc.rest + row);
+                shift = __ldg(xc.shift + row);
+                ce_soft_pairs_load<TH>(pr, xc, row);
+            }
+            if (fast)
+                lf_piece_stats_fast<TH, T, FULL, CE_RES_POLY, !SOFT>(st, la, &am_key[grp][par], b, sp, sb, se, p.xf,
+                                                                     SOFT || p.eps > 0.0f); /* (no argmax for a soft target) */
             else lf_piece_stats<TH, T, FULL, SOFTCAP>(st, b, sp, sb, se, p.xf, p.class_w);
             const lf_edge edge = lf_edge_resolve<T>(eraw);
             lf_edge_stats<FULL, SOFTCAP>(st, edge, p.xf, p.class_w);
+            if constexpr (SOFT)
+                ce_soft_terms<TH, T, SOFTCAP>(st, pr, xc, row, q_rest, shift, x, b, sp, sb, se, edge, rank == 0, p.xf);
             draw_label();
             CE_TR(1);
             {
@@ -1291,19 +1500,27 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
                     w_y = p.class_w ? __ldg(p.class_w + y) : 1.0f;
                     wsum = (FULL && p.class_w) ? st.w : (float)V;
                 }
-                const float g = p.grad_scale * (p.reduction == LF_REDUCE_NONE ? dl : dl_all);
+                float g = p.grad_scale * (p.reduction == LF_REDUCE_NONE ? dl : dl_all);
+                if constexpr (SOFT) {
+                    if (xc.w) g *= __ldg(xc.w + row);
+                }
                 if (inv_div < 0.0f) {
                     lf_pdl_wait();
                     const float d = ce_mean_divisor(p);
                     inv_div = d == 0.0f ? 0.0f : 1.0f / d;
                 }
                 lf_grad_coef coef = lf_grad_coef_make(g * inv_div, lse, p.eps, p.lam, w_y, wsum, YV, p.xf);
+                if constexpr (SOFT) { /* (eps and lam 0, w_y 1: a = g scale) the rest's mass everywhere */
+                    s_gs = coef.a;
+                    coef.e = coef.a * q_rest;
+                }
                 lf_grad_coef_onto_max_for<T>(coef, mx, sx); /* p_j against m: no lse rounding */
                 const bool vec_ok = ((uintptr_t)out & 15u) == (uintptr_t)sp.phase;
                 if (rank == 0) lf_edge_grad_store<FULL, SOFTCAP>(out, edge, coef, p.xf, p.class_w);
-                if (!(fast_grad && vec_ok &&
-                      lf_piece_grad_fast_if_ok<TH, T, CE_RES_POLY>(out, b, sp, sb, se, coef, lf_grad_fast_k(coef),
-                                                                   p.xf.scale_l2e)))
+                if constexpr (SOFT) s_coef = coef;
+                if (!((SOFT ? fast : fast_grad) && vec_ok &&
+                      lf_piece_grad_fast_if_ok<TH, T, CE_RES_POLY, SOFT>(out, b, sp, sb, se, coef, lf_grad_fast_k(coef),
+                                                                         p.xf.scale_l2e)))
                     lf_piece_grad_store<TH, FULL, SOFTCAP>(out, vec_ok, b, sp, sb, se, coef, p.xf, p.class_w);
                 if (y_here) ce_label_grad_patch<TH, T, FULL, SOFTCAP>(out, b, sp, sb, se, edge, rank == 0, yl, coef, p);
             }
@@ -1321,6 +1538,15 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
          * last warp to finish reload it instead, counted with a shared atomic, is no faster; with a
          * fence before the count it is 9% slower, the fence waiting for the gradient stores.) */
         lf_block_bar<TH>(bar);
+        if constexpr (SOFT && GRAD) { /* the listed entries: g (p_i - q_i), after every thread's dense stores */
+#pragma unroll
+            for (int u = 0; u < CE_SOFT_PAIRS; ++u) {
+                if (pr[u].j < 0) continue;
+                lf_grad_coef ck = s_coef;
+                ck.b = s_gs * (pr[u].q - q_rest);
+                out[pr[u].j] = lf_elem<T>::from_f32(lf_ce_label_grad<FULL, SOFTCAP>(pr[u].x, pr[u].j, ck, p.xf, nullptr));
+            }
+        }
         if (threadIdx.x == 0 && dyn) {
             load(q, k_next, r_next, y_dyn);
         } else if (threadIdx.x == 0 && k_next < my_rows) {
@@ -1329,9 +1555,14 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
         }
         /* the row's outputs (xy_s[grp][out_slot] is next written in the group's third row from here) */
         if (status) {
-            if (rank == 0 && (int)threadIdx.x == out_t) ce_row_outputs_zero(p, row, status, sums);
+            if (rank == 0 && (int)threadIdx.x == out_t) {
+                ce_row_outputs_zero(p, row, status, sums);
+                if constexpr (SOFT) ce_soft_row_zero(xc, row);
+            }
         } else if (out_slot >= 0) {
-            if constexpr (X::on)
+            if constexpr (SOFT)
+                ce_soft_row_outputs(p, xc, row, st_out, sums ? p.ws->xs : nullptr, xcache);
+            else if constexpr (X::on)
                 ce_row_loss_out(p, row, o_lse, o_loss, p.lam * o_lse * o_lse, sums ? p.ws->xs : nullptr, xcache);
             else
                 ce_row_outputs<FULL, SOFTCAP>(p, row, y, st_out, xy_s[grp][out_slot], sums ? p.ws->xs : nullptr, xcache);
@@ -1602,6 +1833,10 @@ static lf_status ce_launch_warp(const ce_kparams &p, bool forced, ce_plan *plan,
     return LF_OK;
 }
 
+/* CE_RESIDENT_ONLY: a file that includes this one for ce_launch_resident alone (kl_distill.cu's
+ * soft-target path) leaves out the launcher of ce_args and the kernels only it launches: they
+ * would be compiled for nothing. */
+#ifndef CE_RESIDENT_ONLY
 template <typename T, bool GRAD, bool FULL, bool SOFTCAP>
 static lf_status ce_launch_kernel(const ce_kparams &p, int max_cluster, int schedule, int stages, int static_rows,
                                   ce_plan *plan, cudaStream_t stream, cudaError_t *cuda_err)
@@ -1735,7 +1970,7 @@ static lf_status ce_check_args(const ce_args *a)
 
 /* Validate, then launch (one kernel; two for reduction mean without a divisor). Returns LF_OK,
  * LF_ERR_* for bad arguments (nothing launched), or LF_ERR_DEVICE with *cuda_err set. */
-static lf_status ce_launch(const ce_args *a, cudaStream_t stream, cudaError_t *cuda_err)
+[[maybe_unused]] static lf_status ce_launch(const ce_args *a, cudaStream_t stream, cudaError_t *cuda_err)
 {
     if (cuda_err) *cuda_err = cudaSuccess;
     const lf_status st = ce_check_args(a);
@@ -1791,6 +2026,7 @@ static lf_status ce_launch(const ce_args *a, cudaStream_t stream, cudaError_t *c
     default: return ce_dispatch<__half>(p, grad, full, softcap, a, stream, cuda_err);
     }
 }
+#endif /* CE_RESIDENT_ONLY */
 
 /* CE_CHECK stays defined: cp_local_ce.cu and vocab_parallel_ce.cu, which include this file, use it */
 
