@@ -27,7 +27,9 @@
  * Built with -DKL_RES_TRACE (bench/prebuild.sh EXTRA=... SUFFIX=_trace), each resident launch's
  * RESULT line is preceded by TIMES lines: the last timed launch's span against its events, and
  * over its CTAs (cluster and side) when each entered, got its first stage, ended its rows and
- * exited, in us after the first entry (what a launch's fixed cost is made of).
+ * exited, in us after the first entry (what a launch's fixed cost is made of). Built with
+ * -DCE_RES_TRACE, the soft-target path's lines are preceded by cross_entropy.cu's TRACE line
+ * (the shares of its groups' cycles by phase, over all timed launches) and its per-CTA stamps.
  * A benchmark, not a test: it checks nothing but CUDA errors.
  */
 #define KL_NO_MAIN
@@ -146,7 +148,9 @@ int main(int argc, char **argv)
             const bool static_rows = kv >= 15 && kv < 20, noside = kv >= 20;
             if (("," + kinds + ",").find("," + std::string(names[k]) + ",") == std::string::npos) continue;
             if (sched != KL_SCHED_AUTO && !variants) continue;
-            if (sched == KL_SCHED_RESIDENT && topk >= 0) continue; /* a sparse teacher streams */
+            /* a sparse teacher: the automatic plan (the soft-target path for forward KL and soft CE,
+             * kl_launch_soft) and the streamed one */
+            if (sched == KL_SCHED_RESIDENT && topk >= 0) continue;
             kl_args b0 = a;
             b0.opts.kind = (lf_kl_kind)k;
             b0.schedule = sched;
@@ -169,6 +173,12 @@ int main(int argc, char **argv)
                 memset(&plan, 0, sizeof plan);
                 b.plan = &plan;
                 std::vector<float> t;
+#ifdef CE_RES_TRACE
+                { /* the soft-target path's cross-entropy kernel: its phases over the timed launches */
+                    const unsigned long long tr_zero[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+                    CK(cudaMemcpyToSymbol(ce_res_trace, tr_zero, sizeof tr_zero));
+                }
+#endif
                 for (int it = 0; it < iters + 3; ++it) {
                     CK(cudaMemcpyAsync(xs, pristine, bytes, cudaMemcpyDeviceToDevice));
                     CK(cudaMemsetAsync(flush, it & 0xff, flush_bytes));
@@ -193,6 +203,18 @@ int main(int argc, char **argv)
                     if (it >= 3) t.push_back(ms);
                 }
                 CK(cudaGetLastError());
+#ifdef CE_RES_TRACE
+                if (plan.soft_target) { /* (cycles of every launch, the stamps of the last) */
+                    unsigned long long tr[8];
+                    CK(cudaMemcpyFromSymbol(tr, ce_res_trace, sizeof tr));
+                    const int nb = plan.ctas < 1024 ? plan.ctas : 1024;
+                    std::vector<unsigned long long> tm((size_t)nb * 4);
+                    CK(cudaMemcpyFromSymbol(tm.data(), ce_res_times, tm.size() * 8));
+                    char tg[64];
+                    snprintf(tg, sizeof tg, "mode=%s", names[k]);
+                    bench_res_trace_lines("lossfuse", tg, N, V, tr, tm, nb, 3);
+                }
+#endif
 #ifdef KL_RES_TRACE
                 if (plan.schedule == KL_SCHED_RESIDENT) { /* the last launch's stamps, us after the first CTA's entry */
                     const int nr = std::min(plan.ctas, 1024), ns = std::min(plan.side_ctas, 256);
@@ -220,7 +242,7 @@ int main(int argc, char **argv)
                                                         : "",
                        keep_tag, tag.c_str(),
                        names[k], suffix, fwd_only ? "_fo" : "", (long long)N, (long long)V, median(t), moved, wsb,
-                       plan.schedule == KL_SCHED_RESIDENT ? "resident" : "streamed", plan.cluster, plan.stages, plan.pieces,
+                       plan.soft_target ? "soft_target" : plan.schedule == KL_SCHED_RESIDENT ? "resident" : "streamed", plan.cluster, plan.stages, plan.pieces,
                        plan.ctas, plan.dynamic, plan.side_ctas, plan.jsd_keep);
                 fflush(stdout);
             }

@@ -12,9 +12,15 @@
  *       forward KL(q || p), reverse KL(p || q), JSD_beta, soft CE -sum q log p, TVD 1/2 |p - q|_1
  *   Or a SPARSE teacher (offline distillation): per row only its top-k (index, log-probability)
  *   pairs, the rest of the mass dropped or spread over the other V - k entries (kl_args.topk_*,
- *   lossfuse.h lf_ref_kl_sparse_teacher). The kernel builds that teacher in shared memory, piece
- *   by piece (fill with the rest value, scatter the pairs), and runs the same passes: every loss
- *   and option above works with it, and only the student is read from HBM.
+ *   lossfuse.h lf_ref_kl_sparse_teacher). Only the student is read from HBM. Forward KL and soft
+ *   CE (16-bit student, sm_90, k <= KL_SOFT_MAX_K, no reverse-KL output) take the soft-target
+ *   path (kl_launch_soft): the teacher is then cross-entropy's target, q_j = q_r everywhere but
+ *   at the k listed entries, so the loss is examples/cross_entropy.cu's row-resident kernel with
+ *   label smoothing's per-row mass q_r and k patched labels (its hook ce_soft), each student row
+ *   read once: soft CE = lse - sum_j q_j z_j, forward KL = soft CE - H(q), H(q) and the
+ *   teacher's lse per row from its k + 1 values (kl_topk_prep_kernel, in double). Every other
+ *   case builds the teacher in shared memory, piece by piece (fill with the rest value, scatter
+ *   the pairs), and runs the dense passes: every loss and option above works with it.
  *   (definitions and gradients: lossfuse.h section 8, lf_ref_kl_row). Forward + backward in ONE
  *   launch, gradient with respect to the student only, in place over the student logits or to
  *   another buffer; forward only without a gradient buffer. Options: temperature tau (and the
@@ -102,13 +108,26 @@
  *     carries ~2^-24 |z|) and at a temperature that is a power of 2 (another temperature's m /
  *     tau carries ~2^-24 |m| / tau). JSD and TVD take p_j = exp2(w cs - lse log2 e) in their
  *     second pass, whose shift carries ~2^-24 |lse| in every p_j and q_j: their loss is off by
- *     about that much absolute (a few 1e-4 nats at |lse| ~ 8e3), even where it is 0.
+ *     about that much absolute (a few 1e-4 nats at |lse| ~ 8e3), even where it is 0. The
+ *     soft-target path's loss is lse_s - sum_j q_j z_j (- H(q) for forward KL, H(q) in double):
+ *     fp32 sums of z over the row, good to ~2^-24 (|lse| + max |z|) relative per term, not the
+ *     cross terms' form above (a KL far below that, between rows of large logits, loses its
+ *     digits there). Under the cap every path's gradient carries dz/dx = (1 - tanh^2) / tau from
+ *     an fp32 tanh: ~2^-21 / tau absolute in the factor, so an entry far past the cap (|x| >
+ *     ~4 cap, factor < 1e-3) has its tiny gradient to that absolute size, not relative.
  *   - Deterministic: fixed-order reductions within a row and over rows; no float atomics.
  *   - No host synchronisation; CUDA-graph capturable; N = 0 launches nothing.
  *
  * Sections: 1. API   2. kernels   3. launcher   4. main (make data, check, time)
  */
 #include "lossfuse_cuda.cuh"
+#ifndef CE_NO_MAIN
+#define CE_NO_MAIN
+#endif
+#ifndef CE_RESIDENT_ONLY
+#define CE_RESIDENT_ONLY /* its ce_launch_resident only */
+#endif
+#include "examples/cross_entropy.cu" /* a sparse teacher's forward KL / soft CE: ce_resident_kernel with ce_soft */
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -181,6 +200,8 @@ typedef struct kl_args {
                             * take more), except JSD on clusters of 16 without side CTAs (a fixed
                             * share: measured faster there, bench/RESULTS.md design log 67); 1: a fixed share per
                             * cluster; -1: the counter always. The results are the same bits either way */
+                           /* (the soft-target path: max_cluster and stages as for cross-entropy's ring,
+                            * static_rows 1 a fixed share, otherwise the counter; no side CTAs) */
     int side_ctas;         /* resident with rows from the counter: 0 (default) automatic, side CTAs on the
                             * SMs that the clusters leave idle where the device is bound by its SMs
                             * (kl_side_kernel; an H200, not an H100); -1: none; n > 0: n side CTAs, which
@@ -208,11 +229,15 @@ typedef struct kl_args {
  *   KL_SCHED_RESIDENT  sm_90, 16-bit student and dense 16-bit teacher: one CTA per SM holds
  *                      whole row-pair slices in a ring of stages filled by the copy engine;
  *                      pairs too wide for three stages are split over a cluster. Each pair is
- *                      read from HBM once. Where it does not apply, LF_ERR_ARG (or, for the
- *                      device, LF_ERR_DEVICE).
+ *                      read from HBM once. With a sparse teacher: the soft-target path (forward
+ *                      KL or soft CE, 16-bit student, k <= KL_SOFT_MAX_K, no kl_rev output;
+ *                      kl_launch_soft), each student row read once. Where it does not apply,
+ *                      LF_ERR_ARG (or, for the device, LF_ERR_DEVICE).
  *   KL_SCHED_AUTO      resident for forward + backward of every kind where it applies (a
  *                      pair's slices fit a cluster of up to 16 CTAs: V up to ~300K in bf16),
- *                      else streamed: where it measured faster (kl_launch_any). */
+ *                      else streamed: where it measured faster (kl_launch_any). A sparse
+ *                      teacher: the soft-target path where it applies and its rows are at least
+ *                      CE_RES_MIN_SLICE bytes (forward only too), else streamed. */
 enum kl_schedule { KL_SCHED_AUTO = 0, KL_SCHED_STREAM = 1, KL_SCHED_RESIDENT = 2 };
 
 typedef struct kl_plan {
@@ -225,6 +250,8 @@ typedef struct kl_plan {
     int dynamic;     /* resident: rows handed out from the workspace's counter (kl_args.static_rows) */
     int side_ctas;   /* resident, dynamic: CTAs of the side grid on the SMs the clusters leave idle (kl_args.side_ctas) */
     int jsd_keep;    /* resident JSD: units of a CTA's slice whose pass-2 values each group keeps (kl_args.jsd_keep) */
+    int soft_target; /* a sparse teacher run as cross-entropy with a soft target (kl_launch_soft): cluster,
+                      * stages, ctas and dynamic are that kernel's */
 } kl_plan;
 
 static kl_args kl_args_default(void)
@@ -240,8 +267,9 @@ static kl_args kl_args_default(void)
     return a;
 }
 
-/* Workspace: a 64-byte header (completion counter, row counter, default divisor) and three
- * words per row (the row's loss; with a sparse teacher its rest value and status). Zero it
+/* Workspace: a 64-byte header (completion counter, row counter, default divisor), three words
+ * per row (the row's loss; with a sparse teacher its rest value and status), four more per row
+ * and cross-entropy's workspace for a sparse teacher's soft-target path (kl_launch_soft). Zero it
  * once; every launch leaves the counters at zero again. One per launch in flight. */
 typedef struct kl_ws_header {
     unsigned long long rows_done;
@@ -255,7 +283,14 @@ static_assert(sizeof(kl_ws_header) == 64, "kl_workspace_bytes documents a 64-byt
 
 static size_t kl_workspace_bytes(int64_t n_rows)
 {
-    return sizeof(kl_ws_header) + 3 * sizeof(float) * (size_t)(n_rows > 0 ? n_rows : 0);
+    const size_t n = (size_t)(n_rows > 0 ? n_rows : 0);
+    return ((sizeof(kl_ws_header) + 7 * sizeof(float) * n + 15) & ~(size_t)15) + ce_workspace_bytes((int64_t)n);
+}
+
+/* the soft-target path's cross-entropy workspace: the last part of kl_workspace_bytes */
+static ce_ws_header *kl_soft_ce_ws(void *ws, int64_t n_rows)
+{
+    return (ce_ws_header *)((char *)ws + ((sizeof(kl_ws_header) + 7 * sizeof(float) * (size_t)n_rows + 15) & ~(size_t)15));
 }
 
 /* ============================================================================================
@@ -278,6 +313,8 @@ static size_t kl_workspace_bytes(int64_t n_rows)
 #ifndef KL_TOPK_SMEM
 #define KL_TOPK_SMEM 256
 #endif
+/* The soft-target path (kl_launch_soft) takes top-k lists of up to this many pairs per row */
+#define KL_SOFT_MAX_K (CE_SOFT_PAIRS * CE_RES_GROUP)
 #define KL_SMEM_SPARSE_BYTES (KL_SMEM_BYTES + KL_ROW_CACHE * 4 + 3 * (KL_TOPK_SMEM * 8 + 16 * 4))
 
 typedef struct kl_kparams {
@@ -314,6 +351,13 @@ typedef struct kl_kparams {
     float *ws_loss;
     float *ws_rest; /* sparse teacher: per row, written by kl_topk_prep_kernel */
     int *ws_status;
+    /* A sparse teacher as cross-entropy's soft target (kl_launch_soft; soft = 1): per row, from
+     * kl_topk_prep_kernel, the label (0, or -100 for a masked row), the teacher's lse at tau
+     * (shift), q of an untracked entry (rest) and H(q) (ent_t) */
+    int soft;
+    double tau;
+    int32_t *s_label;
+    float *s_shift, *s_rest, *s_ent_t;
 } kl_kparams;
 
 /* 0 valid, 1 masked, 2 bad label or bad top-k pairs (also masked) */
@@ -341,7 +385,12 @@ static __device__ __forceinline__ float kl_mean_divisor(const kl_kparams &p)
  * and the raw value of the V - k untracked entries,
  *     spread:  log((1 - sum_i exp(lp_i)) / (V - k)), the sum in double;
  *     -inf when dropped, when nothing is left (the sum >= 1) or k = V;
- *     NaN when a log-probability is NaN or +inf (the row's outputs NaN, as for dense input). */
+ *     NaN when a log-probability is NaN or +inf (the row's outputs NaN, as for dense input).
+ * For the soft-target path (p.soft, kl_launch_soft) also, in double: the teacher at tau, l_i =
+ * lp_i / tau and r / tau for the others, its lse (s_shift), q_r = exp(r / tau - lse) (s_rest),
+ * H(q) = lse - sum_j q_j l_j (s_ent_t), all NaN for a row without mass or with a bad value; and
+ * the row's label for cross-entropy (0, or -100 where the row is masked: mask byte, ignore_index,
+ * a bad label or bad pairs, which count in *n_errors here). */
 __global__ void __launch_bounds__(256) kl_topk_prep_kernel(const kl_kparams p)
 {
     const int lane = (int)(threadIdx.x & 31u);
@@ -364,13 +413,55 @@ __global__ void __launch_bounds__(256) kl_topk_prep_kernel(const kl_kparams p)
         nonfinite = __any_sync(0xffffffffu, nonfinite);
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) in += __shfl_xor_sync(0xffffffffu, in, o);
+        /* (every lane has the sum) */
+        const double rest = nonfinite ? (double)NAN
+                            : (p.topk_rest == LF_KL_REST_SPREAD && k < p.vocab && in < 1.0) ? log((1.0 - in) / (double)(p.vocab - k))
+                                                                                            : -(double)LF_INF_F;
         if (lane == 0) {
             p.ws_status[row] = bad ? 2 : 0;
-            p.ws_rest[row] = nonfinite ? NAN
-                             : (p.topk_rest == LF_KL_REST_SPREAD && k < p.vocab && in < 1.0)
-                                 ? (float)log((1.0 - in) / (double)(p.vocab - k))
-                                 : -LF_INF_F;
+            p.ws_rest[row] = (float)rest;
         }
+        if (!p.soft) continue;
+        /* the teacher at tau: its maximum, then sum_j e_j and sum_j e_j l_j with e_j = exp(l_j - M)
+         * (the V - k untracked entries by lane 0) */
+        const double rt = rest / p.tau, nr = (double)(p.vocab - k);
+        const bool has_rest = rest > -(double)LF_INF_F && k < p.vocab; /* (false for NaN) */
+        double M = has_rest ? rt : -(double)LF_INF_F;
+        for (int64_t i = lane; i < k; i += 32) {
+            const double l = (double)lp[i] / p.tau;
+            if (l > M) M = l;
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) M = fmax(M, __shfl_xor_sync(0xffffffffu, M, o));
+        double S = 0.0, A = 0.0;
+        if (lane == 0 && has_rest) {
+            const double e = nr * exp(rt - M);
+            S = e;
+            A = e * rt;
+        }
+        for (int64_t i = lane; i < k; i += 32) {
+            const double l = (double)lp[i] / p.tau;
+            if (l > -(double)LF_INF_F) {
+                const double e = exp(l - M);
+                S += e;
+                A += e * l;
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            S += __shfl_xor_sync(0xffffffffu, S, o);
+            A += __shfl_xor_sync(0xffffffffu, A, o);
+        }
+        if (lane != 0) continue;
+        int st = kl_row_status(p, row); /* mask and label first: a row they mask is not checked */
+        if (st == 0 && bad) st = 2;
+        if (st == 2 && p.n_errors) atomicAdd(p.n_errors, 1u);
+        p.s_label[row] = st == 0 ? 0 : -100;
+        const bool ok = !nonfinite && M > -(double)LF_INF_F; /* values, and some mass */
+        const double lse = M + log(S);
+        p.s_shift[row] = ok ? (float)lse : NAN;
+        p.s_rest[row] = !ok ? NAN : has_rest ? (float)exp(rt - lse) : 0.0f;
+        p.s_ent_t[row] = ok ? (float)(lse - A / S) : NAN;
     }
 }
 
@@ -1493,6 +1584,110 @@ static lf_status kl_launch_resident(kl_kparams p, const kl_args *a, bool forced,
     }
 }
 
+/* A sparse teacher's forward KL and soft CE, student-only (kl_launch_soft's cross-entropy
+ * kernel): plan it (dry) or launch it. */
+template <typename TS, bool GRAD, bool SOFTCAP>
+static lf_status kl_soft_ce(const kl_kparams &p, const kl_args *a, bool dry, cudaStream_t s, cudaError_t *e, bool *launched)
+{
+    ce_kparams c;
+    memset(&c, 0, sizeof c);
+    c.logits = a->student;
+    c.stride = a->s_stride;
+    c.n_rows = a->n_rows;
+    c.vocab = a->vocab;
+    c.labels = p.s_label;
+    c.ignore_index = -100;
+    /* KL's z = softcap(x) / tau is cross-entropy's softcap(x / tau) with the cap over tau */
+    const float tau = a->opts.temperature;
+    c.xf = lf_xform_make(1.0f / tau, SOFTCAP ? a->opts.softcap / tau : 0.0f);
+    c.reduction = (int)a->reduction;
+    /* the mean's divisor: the caller's, or what kl_divisor_kernel counts (the kernel waits for it
+     * where it reads it: programmatic dependent launch) */
+    c.divisor = a->divisor ? a->divisor : a->reduction == LF_REDUCE_MEAN ? &p.ws->divisor : nullptr;
+    c.dloss = a->dloss;
+    c.grad_scale = a->grad_scale * p.tau2_scale;
+    c.grad = a->grad;
+    c.grad_stride = a->grad_stride;
+    c.loss = a->loss;
+    c.ws = kl_soft_ce_ws(a->workspace, a->n_rows);
+    c.ws_loss = (float *)(c.ws + 1);
+    c.ws_z = c.ws_loss + a->n_rows;
+    ce_soft xc;
+    xc.idx = a->topk_idx;
+    xc.lq = a->topk_lp;
+    xc.k = a->topk;
+    xc.ld = a->topk_stride;
+    xc.lq_scale = 1.0f / tau;
+    xc.shift = p.s_shift;
+    xc.rest = p.s_rest;
+    xc.ent_q = p.s_ent_t;
+    xc.w = a->weights;
+    xc.sub_ent = p.kind == LF_KL_FORWARD;
+    xc.loss_scale = p.tau2_scale;
+    xc.kl_out = a->kl_fwd;
+    xc.ent_p_out = a->ent_s;
+    xc.ent_q_out = a->ent_t;
+    ce_plan cp;
+    memset(&cp, 0, sizeof cp);
+    cudaError_t ce_err = cudaSuccess;
+    const bool after_divisor = a->reduction == LF_REDUCE_MEAN && !a->divisor;
+    const lf_status st = ce_launch_resident<TS, GRAD, true, SOFTCAP, ce_soft>(c, a->max_cluster, a->stages, a->static_rows == 1,
+                                                                              a->schedule == KL_SCHED_RESIDENT, after_divisor, &cp,
+                                                                              s, &ce_err, launched, xc, 0, dry);
+    if (e && ce_err != cudaSuccess) *e = ce_err;
+    if (st == LF_OK && *launched && a->plan) {
+        kl_plan *pl = a->plan;
+        memset(pl, 0, sizeof *pl);
+        pl->schedule = KL_SCHED_RESIDENT;
+        pl->pieces = 1;
+        pl->cluster = cp.cluster;
+        pl->stages = cp.stages;
+        pl->ctas = cp.ctas;
+        pl->dynamic = cp.dynamic;
+        pl->soft_target = 1;
+    }
+    return st;
+}
+
+static lf_status kl_soft_go(const kl_kparams &p, const kl_args *a, bool dry, cudaStream_t s, cudaError_t *e, bool *launched)
+{
+    const bool g = a->grad != nullptr, cap = a->opts.softcap > 0.0f;
+    if (a->s_dtype == LF_BF16) {
+        if (g) return cap ? kl_soft_ce<__nv_bfloat16, true, true>(p, a, dry, s, e, launched)
+                          : kl_soft_ce<__nv_bfloat16, true, false>(p, a, dry, s, e, launched);
+        return cap ? kl_soft_ce<__nv_bfloat16, false, true>(p, a, dry, s, e, launched)
+                   : kl_soft_ce<__nv_bfloat16, false, false>(p, a, dry, s, e, launched);
+    }
+    if (g) return cap ? kl_soft_ce<__half, true, true>(p, a, dry, s, e, launched) : kl_soft_ce<__half, true, false>(p, a, dry, s, e, launched);
+    return cap ? kl_soft_ce<__half, false, true>(p, a, dry, s, e, launched) : kl_soft_ce<__half, false, false>(p, a, dry, s, e, launched);
+}
+
+/* Whether a sparse teacher's launch takes the soft-target path (kl_args.schedule): forward KL
+ * or soft CE (JSD at beta 0 too), a 16-bit student, at most KL_SOFT_MAX_K pairs per row, no
+ * reverse-KL output, not streamed by request, and the cross-entropy plan resident (sm_90). */
+static lf_status kl_soft_plan(const kl_kparams &p, const kl_args *a, cudaStream_t s, cudaError_t *e, bool *soft)
+{
+    *soft = false;
+    const bool fits = (p.kind == LF_KL_FORWARD || p.kind == LF_KL_SOFT_CE) && !a->kl_rev &&
+                      (a->s_dtype == LF_BF16 || a->s_dtype == LF_F16) && a->topk <= KL_SOFT_MAX_K;
+    if (a->schedule == KL_SCHED_STREAM || !fits) return a->schedule == KL_SCHED_RESIDENT ? LF_ERR_ARG : LF_OK;
+    return kl_soft_go(p, a, true, s, e, soft);
+}
+
+/* The soft-target path after kl_topk_prep_kernel: the mean's divisor where it is counted
+ * (kl_divisor_kernel), then the cross-entropy kernel, which writes every output. */
+static lf_status kl_launch_soft(const kl_kparams &p, const kl_args *a, cudaStream_t stream, cudaError_t *cuda_err)
+{
+    if (p.reduction == LF_REDUCE_MEAN && !p.divisor) {
+        kl_divisor_kernel<<<1, 1024, 0, stream>>>(p);
+        KL_CHECK(cudaGetLastError());
+    }
+    bool launched = false;
+    const lf_status st = kl_soft_go(p, a, false, stream, cuda_err, &launched);
+    if (st != LF_OK) return st;
+    return launched ? LF_OK : LF_ERR_DEVICE; /* (planned just before: launched) */
+}
+
 template <typename TS, typename TT, bool LIN, bool SPARSE>
 static lf_status kl_launch_any(const kl_kparams &p, const kl_args *a, cudaStream_t s, cudaError_t *e)
 {
@@ -1530,7 +1725,8 @@ static lf_status kl_dispatch_t(const kl_kparams &p, lf_dtype tt, bool lin, const
 
 /* Validate, then launch (one kernel; one more for reduction mean without a divisor where a mask,
  * labels, weights or a sparse teacher are given, kl_divisor_kernel, and one more with a sparse
- * teacher: kl_topk_prep_kernel, k^2 / 64 compares per row). Returns LF_OK,
+ * teacher: kl_topk_prep_kernel, k^2 / 64 compares per row; the soft-target path: the prep, the
+ * divisor kernel where it runs, the cross-entropy kernel). Returns LF_OK,
  * LF_ERR_* for bad arguments (nothing launched), or LF_ERR_DEVICE with *cuda_err set. */
 static lf_status kl_launch(const kl_args *a, cudaStream_t stream, cudaError_t *cuda_err)
 {
@@ -1640,9 +1836,21 @@ static lf_status kl_launch(const kl_args *a, cudaStream_t stream, cudaError_t *c
         p.topk_rest = (int)a->topk_rest;
         p.ws_rest = p.ws_loss + a->n_rows;
         p.ws_status = reinterpret_cast<int *>(p.ws_rest + a->n_rows);
+        bool soft = false;
+        st = kl_soft_plan(p, a, stream, cuda_err, &soft);
+        if (st != LF_OK) return st;
+        if (soft) {
+            p.soft = 1;
+            p.tau = (double)tau;
+            p.s_label = reinterpret_cast<int32_t *>(p.ws_status + a->n_rows);
+            p.s_shift = reinterpret_cast<float *>(p.s_label + a->n_rows);
+            p.s_rest = p.s_shift + a->n_rows;
+            p.s_ent_t = p.s_rest + a->n_rows;
+        }
         const int64_t blocks = (a->n_rows + 7) / 8;
         kl_topk_prep_kernel<<<(unsigned)(blocks < 4096 ? blocks : 4096), 256, 0, stream>>>(p);
         KL_CHECK(cudaGetLastError());
+        if (soft) return kl_launch_soft(p, a, stream, cuda_err);
     }
     if (a->reduction == LF_REDUCE_MEAN && !a->divisor) {
         /* Nothing can mask or weight a row: the divisor is n_rows, and the launch has no kernel

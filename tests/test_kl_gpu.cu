@@ -97,6 +97,8 @@ struct Case {
     bool dloss = false;
     float grad_scale = 1.0f;
     bool stats = false;      /* request kl_fwd, kl_rev, ent_s, ent_t */
+    bool no_rev = false;     /* with stats: not kl_rev (the soft-target path has none) */
+    int soft = -1;           /* a sparse teacher on sm_90: the plan must (1) or must not (0) be the soft-target path */
     float noise = 1.5f;      /* teacher = student + noise (0: identical rows) */
     float outlier = 40.0f;
     bool plant_masks = false, plant_nonfinite = false;
@@ -504,7 +506,7 @@ static void run_case(const Case &c)
     a.loss = (float *)loss.p;
     if (c.stats) {
         a.kl_fwd = (float *)kf.p;
-        a.kl_rev = (float *)kr.p;
+        a.kl_rev = c.no_rev ? NULL : (float *)kr.p;
         a.ent_s = (float *)ens.p;
         a.ent_t = (float *)ent.p;
     }
@@ -562,7 +564,12 @@ static void run_case(const Case &c)
             if (c.grad) probe.grad = gtmp.p, probe.grad_stride = gs;
             probe.workspace = ws3.p;
             probe.loss = (float *)l2.p;
-            probe.kl_fwd = probe.kl_rev = probe.ent_s = probe.ent_t = NULL;
+            /* the outputs asked for as in the checked launch (a reverse KL output rules the
+             * soft-target path out), written to scratch */
+            probe.kl_fwd = f.kl_fwd;
+            probe.kl_rev = f.kl_rev;
+            probe.ent_s = f.ent_s;
+            probe.ent_t = f.ent_t;
             probe.n_errors = (unsigned *)cnt2.p;
             probe.plan = &fp;
             cudaError_t pe;
@@ -589,6 +596,8 @@ static void run_case(const Case &c)
     if (g_cc_major >= 9 && c.expect_cluster)
         EXPECT(plan.cluster == c.expect_cluster, "plan: cluster %d, want %d", plan.cluster, c.expect_cluster);
     if (c.schedule != KL_SCHED_AUTO) EXPECT(plan.schedule == c.schedule, "plan: schedule %d, forced %d", plan.schedule, c.schedule);
+    if (g_cc_major >= 9 && c.soft >= 0)
+        EXPECT(plan.soft_target == c.soft, "plan: soft-target path %d, want %d", plan.soft_target, c.soft);
     if (g_cc_major >= 9 && c.expect_dynamic >= 0 && plan.schedule == KL_SCHED_RESIDENT)
         EXPECT(plan.dynamic == c.expect_dynamic, "plan: dynamic %d, want %d", plan.dynamic, c.expect_dynamic);
     if (g_cc_major >= 9 && c.expect_side_auto && !g_small) {
@@ -638,7 +647,7 @@ static void run_case(const Case &c)
     for (int64_t i = 0; i < nloss; ++i) unwritten += bits(lossh[i]) == POISON32;
     if (c.stats)
         for (int64_t i = 0; i < N; ++i)
-            unwritten += (bits(kfh[i]) == POISON32) + (bits(krh[i]) == POISON32) + (bits(ensh[i]) == POISON32) +
+            unwritten += (bits(kfh[i]) == POISON32) + (!c.no_rev && bits(krh[i]) == POISON32) + (bits(ensh[i]) == POISON32) +
                          (bits(enth[i]) == POISON32);
     EXPECT(unwritten == 0, "%lld per-row outputs left unwritten", (long long)unwritten);
     if (c.grad == 1) {
@@ -809,7 +818,8 @@ static void run_case(const Case &c)
             const double esw = ok_row ? r.ent_s : 0.0, etw = ok_row ? r.ent_t : 0.0;
             const double tk = tight_row ? tight_abs : tol_abs;
             EXPECT(close(kfh[i], kfw, 1e-5 * fabs(kfw) + tk), "row %lld kl_fwd %.9g want %.9g", (long long)i, kfh[i], kfw);
-            EXPECT(close(krh[i], krw, 1e-5 * fabs(krw) + tk), "row %lld kl_rev %.9g want %.9g", (long long)i, krh[i], krw);
+            if (!c.no_rev)
+                EXPECT(close(krh[i], krw, 1e-5 * fabs(krw) + tk), "row %lld kl_rev %.9g want %.9g", (long long)i, krh[i], krw);
             EXPECT(close(ensh[i], esw, 1e-5 * fabs(esw) + tol_abs), "row %lld ent_s %.9g want %.9g", (long long)i, ensh[i], esw);
             EXPECT(close(enth[i], etw, 1e-5 * fabs(etw) + tol_abs), "row %lld ent_t %.9g want %.9g", (long long)i, enth[i], etw);
         }
@@ -901,6 +911,10 @@ static void run_case(const Case &c)
              * the teacher is at the floor (row 7; lrf keeps that log-ratio, lr takes it as 0) */
             if (pj[j] < 0x1p-120) e32 += sc * pj[j] * (2.0 + ratio + lrf[j]);
             if (sparse && !tracked[j]) e32 += sc * (pj[j] + qj[j]) * rest_rel * (1.0 + ratio);
+            /* under the cap dz/dx = (1 - t^2) / tau from an fp32 t = tanh(x / cap): t's rounding
+             * (a few 2^-24) stays in 1 - t^2 as ~2^-21 absolute, which past |x| ~ 4 cap, where
+             * 1 - t^2 < 1e-3, is more than fp16's rounding of the element (seen: cap 5, fp16) */
+            if (c.cap > 0.0f) e32 += fabs(G) * scale2 / c.tau * (pj[j] + qj[j]) * (1.0 + ratio) * 0x1p-21;
             if (c.kind == LF_KL_TVD && !same_rows) {
                 e32 += sc * pj[j] * (band + 1e-6);
                 if (fabs(pj[j] - qj[j]) <= 8.0 * rel32 * (pj[j] + qj[j])) e32 += sc * pj[j];
@@ -1043,6 +1057,46 @@ static void run_case(const Case &c)
     fflush(stdout);
 }
 
+/* A sweep of sparse-teacher cases: each of the nkl kinds x both rest modes over the vocabularies
+ * Vs, k = ks[t % nk] in turn (at most V; every entry, at most kmax, in every all_every-th case at
+ * V <= 1000), gradient modes and temperatures in turn, the statistics asked for; tweak(c, t)
+ * sets the rest (t: the case's index). */
+template <typename F>
+static void sparse_sweep(const char *name, const lf_kl_kind *kl, int nkl, const int64_t *Vs, int nVs, const int64_t *ks, int nk,
+                         int all_every, int64_t kmax, F &&tweak)
+{
+    int t = 0;
+    for (int vi = 0; vi < nVs; ++vi)
+        for (int q = 0; q < nkl; ++q)
+            for (lf_kl_rest rm : {LF_KL_REST_DROP, LF_KL_REST_SPREAD}) {
+                Case c;
+                c.name = name;
+                c.V = Vs[vi];
+                c.kind = kl[q];
+                c.rest = rm;
+                c.topk = std::min<int64_t>(ks[t % nk], c.V);
+                if (t % all_every == all_every - 1 && c.V <= 1000) c.topk = std::min<int64_t>(c.V, kmax); /* (the check is k^2) */
+                c.grad = t % 4 == 3 ? 0 : 1 + t % 2;
+                c.stats = true;
+                c.tau = t % 3 == 1 ? 2.0f : 1.0f;
+                tweak(c, t);
+                ++t;
+                run_case(c);
+            }
+}
+
+/* the base of the sparse-teacher option cases: 20 pairs per row, every row checked */
+static Case sparse_base(lf_kl_kind kd, int64_t V)
+{
+    Case b;
+    b.V = V;
+    b.N = g_small ? 9 : 41;
+    b.kind = kd;
+    b.topk = 20;
+    b.check_all = true;
+    return b;
+}
+
 /* ---------------------------------------------------------------- special cases ------------ */
 
 static void test_arguments(void)
@@ -1125,8 +1179,15 @@ static void test_arguments(void)
     b.teacher = xt.p;
     EXPECT(kl_launch(&b, 0, &ce) == LF_ERR_ARG, "dense and sparse teacher together accepted");
     b = sp;
-    b.schedule = KL_SCHED_RESIDENT;
-    EXPECT(kl_launch(&b, 0, &ce) == LF_ERR_ARG, "resident schedule with a sparse teacher accepted");
+    b.schedule = KL_SCHED_RESIDENT; /* the soft-target path takes forward KL and soft CE only */
+    b.opts.kind = LF_KL_REVERSE;
+    EXPECT(kl_launch(&b, 0, &ce) == LF_ERR_ARG, "resident schedule with a sparse teacher's reverse KL accepted");
+    b.opts.kind = LF_KL_FORWARD;
+    b.kl_rev = (float *)l.p; /* (not written: refused before any launch) */
+    EXPECT(kl_launch(&b, 0, &ce) == LF_ERR_ARG, "resident schedule with a sparse teacher and kl_rev accepted");
+    b.kl_rev = NULL;
+    b.s_dtype = LF_F32;
+    EXPECT(kl_launch(&b, 0, &ce) == LF_ERR_ARG, "resident schedule with a sparse teacher and an fp32 student accepted");
     b = sp;
     b.topk = 9;
     b.topk_stride = 9;
@@ -1452,34 +1513,14 @@ int main(int argc, char **argv)
         const int64_t *Vsp = g_small ? Vsp_small : Vsp_full;
         const int nVsp = g_small ? 5 : 7;
         const int64_t ks[5] = {0, 1, 7, 64, KL_TOPK_SMEM + 44};
-        int t = 0;
-        for (int vi = 0; vi < nVsp; ++vi)
-            for (lf_kl_kind kd : kinds)
-                for (lf_kl_rest rm : {LF_KL_REST_DROP, LF_KL_REST_SPREAD}) {
-                    Case c;
-                    c.name = "sparse sweep";
-                    c.V = Vsp[vi];
-                    c.N = 5;
-                    c.kind = kd;
-                    c.rest = rm;
-                    c.topk = std::min<int64_t>(ks[t % 5], c.V);
-                    if (t % 7 == 6 && c.V <= 1000) c.topk = c.V; /* every entry tracked (the check is k^2) */
-                    c.sdt = dts[t % 3];
-                    c.grad = t % 4 == 3 ? 0 : 1 + t % 2;
-                    c.red = t % 2 ? LF_REDUCE_NONE : LF_REDUCE_MEAN;
-                    c.stats = true;
-                    c.tau = t % 3 == 1 ? 2.0f : 1.0f;
-                    ++t;
-                    run_case(c);
-                }
+        sparse_sweep("sparse sweep", kinds, 5, Vsp, nVsp, ks, 5, 7, INT64_MAX, [&](Case &c, int t) {
+            c.N = 5;
+            c.sdt = dts[t % 3];
+            c.red = t % 2 ? LF_REDUCE_NONE : LF_REDUCE_MEAN;
+        });
         for (lf_kl_kind kd : kinds)
             for (int64_t V : {(int64_t)1000, g_small ? (int64_t)16385 : (int64_t)128256}) {
-                Case b;
-                b.V = V;
-                b.N = g_small ? 9 : 41;
-                b.kind = kd;
-                b.topk = 20;
-                b.check_all = true;
+                const Case b = sparse_base(kd, V);
                 Case c;
                 c = b; c.name = "sparse tau 0.05"; c.tau = 0.05f; c.stats = true; run_case(c);
                 c = b; c.name = "sparse drop, tau 20 + tau^2"; c.rest = LF_KL_REST_DROP; c.tau = 20.0f; c.tau2 = 1; run_case(c);
@@ -1511,6 +1552,74 @@ int main(int argc, char **argv)
         c.labels = true;
         c.bad_frac = 0.01;
         run_case(c);
+    }
+
+    /* A sparse teacher's forward KL and soft CE on the soft-target path (kl_launch_soft: the
+     * cross-entropy kernel with a soft target, sm_90, 16-bit students), forced (below sm_90 the
+     * automatic plan, checked the same), at every vocabulary from 1 to 262144, k from 0 to
+     * KL_SOFT_MAX_K, both rest modes and 16-bit dtypes, every option and planted value; the
+     * statistics it has (kl_fwd, ent_s, ent_t: not kl_rev). */
+    {
+        const int sched = g_cc_major >= 9 ? KL_SCHED_RESIDENT : KL_SCHED_AUTO;
+        const int want = g_cc_major >= 9 ? 1 : 0;
+        const int64_t Vs_full[] = {1, 7, 31, 1000, 4099, 32768, 50257, 151936, 262144}, Vs_small[] = {1, 7, 31, 1000, 16385};
+        const int64_t *Vs = g_small ? Vs_small : Vs_full;
+        const int nVs = g_small ? 5 : 9;
+        const int64_t ks[6] = {0, 1, 7, 64, 300, KL_SOFT_MAX_K};
+        const lf_kl_kind soft_kinds[2] = {LF_KL_FORWARD, LF_KL_SOFT_CE};
+        sparse_sweep("soft target sweep", soft_kinds, 2, Vs, nVs, ks, 6, 5, KL_SOFT_MAX_K, [&](Case &c, int t) {
+            c.N = 7;
+            c.sdt = t % 2 ? LF_F16 : LF_BF16;
+            c.red = t % 3 == 0 ? LF_REDUCE_NONE : t % 3 == 1 ? LF_REDUCE_MEAN : LF_REDUCE_SUM;
+            c.no_rev = true;
+            c.schedule = sched;
+            c.soft = want;
+        });
+        for (lf_kl_kind kd : soft_kinds)
+            for (int64_t V : {(int64_t)1000, g_small ? (int64_t)16385 : (int64_t)128256}) {
+                Case b = sparse_base(kd, V);
+                b.schedule = sched;
+                b.soft = want;
+                b.no_rev = true;
+                Case c;
+                c = b; c.name = "soft target tau 0.05"; c.tau = 0.05f; c.stats = true; run_case(c);
+                c = b; c.name = "soft target drop, tau 20 + tau^2"; c.rest = LF_KL_REST_DROP; c.tau = 20.0f; c.tau2 = 1; run_case(c);
+                c = b; c.name = "soft target softcap 30, tau 2, in place"; c.cap = 30.0f; c.tau = 2.0f; c.grad = 2; c.stats = true; run_case(c);
+                c = b; c.name = "soft target softcap 5, fp16, drop"; c.cap = 5.0f; c.sdt = LF_F16; c.rest = LF_KL_REST_DROP; run_case(c);
+                c = b; c.name = "soft target labels + bad labels, mask, weights"; c.labels = true; c.bad_frac = 0.2; c.mask = true; c.weights = true; run_case(c);
+                c = b; c.name = "soft target none, dloss, strides +5 / k+3"; c.red = LF_REDUCE_NONE; c.dloss = true; c.spad = 5; c.kpad = 3; run_case(c);
+                c = b; c.name = "soft target sum, dloss, grad scale 3"; c.red = LF_REDUCE_SUM; c.dloss = true; c.grad_scale = 3.0f; run_case(c);
+                c = b; c.name = "soft target mean, device divisor, weights"; c.dev_divisor = true; c.weights = true; run_case(c);
+                c = b; c.name = "soft target planted pairs"; c.plant_topk = true; c.stats = true; c.red = LF_REDUCE_NONE; run_case(c);
+                c = b; c.name = "soft target planted pairs, drop, mean"; c.plant_topk = true; c.rest = LF_KL_REST_DROP; run_case(c);
+                c = b; c.name = "soft target -inf masks"; c.plant_masks = true; c.stats = true; c.red = LF_REDUCE_NONE; run_case(c);
+                c = b; c.name = "soft target -inf masks, drop"; c.plant_masks = true; c.rest = LF_KL_REST_DROP; c.stats = true; run_case(c);
+                c = b; c.name = "soft target NaN / inf rows"; c.plant_nonfinite = true; c.stats = true; c.red = LF_REDUCE_NONE; run_case(c);
+                c = b; c.name = "soft target all masked"; c.labels = true; c.ignore_frac = 1.0; run_case(c);
+            }
+        /* the automatic plan: the soft-target path where it applies, the streamed one where not */
+        Case b;
+        b.name = "soft target automatic plan";
+        b.V = 32768;
+        b.N = 33;
+        b.topk = 64;
+        Case c;
+        c = b; c.soft = want; run_case(c);
+        c = b; c.kind = LF_KL_SOFT_CE; c.soft = want; c.grad = 0; run_case(c);
+        c = b; c.name = "soft target automatic plan: jsd beta 0"; c.kind = LF_KL_JSD; c.beta = 0.0f; c.soft = want; run_case(c);
+        c = b; c.name = "soft target automatic plan: kl_rev asked"; c.stats = true; c.soft = 0; run_case(c);
+        c = b; c.name = "soft target automatic plan: k past the limit"; c.topk = KL_SOFT_MAX_K + 1; c.soft = 0; run_case(c);
+        c = b; c.name = "soft target automatic plan: fp32 student"; c.sdt = LF_F32; c.soft = 0; run_case(c);
+        c = b; c.name = "soft target automatic plan: reverse KL"; c.kind = LF_KL_REVERSE; c.soft = 0; run_case(c);
+        c = b; c.name = "soft target automatic plan: streamed by request"; c.schedule = KL_SCHED_STREAM; c.soft = 0; run_case(c);
+        c = b; c.name = "soft target determinism, in place"; c.N = g_small ? 40 : 2048; c.V = g_small ? 16385 : 151936;
+        c.topk = 100; c.grad = 2; c.determinism = true; c.schedule = sched; c.soft = want; run_case(c);
+        c = b; c.name = "soft target 200000 rows"; c.N = 200000; c.V = g_small ? 7 : 31; c.topk = 5; c.labels = true;
+        c.bad_frac = 0.01; c.schedule = sched; c.soft = want; run_case(c);
+        if (!g_small) { /* rows x V > 2^31: 64-bit offsets, gradient in place */
+            c = b; c.name = "soft target N*V > 2^31 in place"; c.N = 8193; c.V = 262144; c.grad = 2; c.schedule = sched; c.soft = want;
+            run_case(c);
+        }
     }
 
     /* Determinism: bit-identical loss and gradient across runs. */
