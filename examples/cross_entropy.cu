@@ -956,9 +956,12 @@ struct ce_xchg_none {
  *     patches the listed entries it read (their logits kept in registers, CE_SOFT_PAIRS each: k
  *     <= CE_SOFT_PAIRS x CE_RES_GROUP) to g (p_i - q_i): the barrier orders its store after the
  *     dense one of whichever thread wrote that element.
- * 0 x (-inf) is 0: a student -inf entry where q_j = 0 adds nothing, where q_j > 0 the loss is
- * +inf (a thread whose own z sum came out -inf sums its finite elements again and looks its -inf
- * ones up in the list: rare, masked vocabularies). A NaN shift or rest makes the row NaN. */
+ * 0 x (-inf) is 0: a student -inf entry where the target has no mass adds nothing; where it has
+ * some, the loss is +inf, even where fp32 flushes that mass to 0 (as lossfuse.h's reference:
+ * the target's log-value decides): for a listed entry a finite lq, for the others rest > 0 (a
+ * caller whose rest underflows passes FLT_TRUE_MIN). A thread whose own z sum came out -inf
+ * sums q_rest z over its finite elements again (no overflow at finfo.min masks) and looks its
+ * -inf ones up in the list: rare, masked vocabularies. A NaN shift or rest makes the row NaN. */
 #ifndef CE_SOFT_PAIRS
 #define CE_SOFT_PAIRS 2
 #endif
@@ -971,7 +974,7 @@ struct ce_soft {
     int64_t k, ld;       /* 0 <= k <= CE_SOFT_PAIRS * CE_RES_GROUP */
     float lq_scale;
     const float *shift;  /* [N] */
-    const float *rest;   /* [N]: q of every entry not listed (0: none) */
+    const float *rest;   /* [N]: q of every entry not listed (0: none; where it has mass, at least FLT_TRUE_MIN) */
     const float *ent_q;  /* [N]: H(q), NaN where q has no finite lse (the row is NaN then) */
     const float *w;      /* [N] row weights, or NULL */
     int sub_ent;         /* the loss is ce - H(q) */
@@ -1012,10 +1015,11 @@ static __device__ __forceinline__ bool ce_soft_held(const T *x, const uint4 *b, 
     return true;
 }
 
-/* The rare case: this thread's own z sum is -inf (one of its elements is -inf). Its part of
- * q_rest sum_{j not listed} z_j again: q_rest times the sum of its finite elements, or -inf
- * where one of its -inf elements is not listed while q_rest > 0 (a listed one is its pair's
- * term: q_i decides). k compares per -inf element. */
+/* The rare case: this thread's own z sum is -inf (one of its elements is -inf, or finfo.min
+ * entries overflowed it). Its part of q_rest sum_{j not listed} z_j again: q_rest z summed over
+ * its finite elements (each term first: finfo.min entries stay finite), or -inf where one of
+ * its -inf elements is not listed while q_rest > 0 (a listed one is its pair's term: lq_i
+ * decides). k compares per -inf element. */
 template <int TH, typename T, bool SOFTCAP>
 static __device__ __noinline__ float ce_soft_own_rare(const uint4 *b, const lf_row_span &sp, int sb, int se, const lf_edge &edge,
                                                       const int32_t *ix, int64_t k, float q_rest, const lf_xform t)
@@ -1026,7 +1030,7 @@ static __device__ __noinline__ float ce_soft_own_rare(const uint4 *b, const lf_r
     auto one = [&](float xv, int64_t j) {
         const float z = lf_xform_apply<SOFTCAP>(xv, t);
         if (z != -LF_INF_F) {
-            s += z;
+            s = fmaf(q_rest, z, s);
             return;
         }
         if (inf || !(q_rest > 0.0f)) return;
@@ -1040,8 +1044,8 @@ static __device__ __noinline__ float ce_soft_own_rare(const uint4 *b, const lf_r
         for (int e = 0; e < PV; ++e) one(xs[e], sp.head + (int64_t)v * PV + e);
     }
     if (edge.j >= 0) one(edge.x, edge.j);
-    /* (s may have overflowed to -inf: finfo.min entries; with no rest mass they add nothing) */
-    return inf ? -LF_INF_F : q_rest > 0.0f ? q_rest * s : 0.0f;
+    if (q_rest != q_rest) return q_rest; /* a NaN target: the row is NaN */
+    return inf ? -LF_INF_F : q_rest > 0.0f ? s : 0.0f;
 }
 
 /* The thread's listed pairs i = t, t + TH, ... (t its index in the group) of the row, loaded
@@ -1077,10 +1081,10 @@ static __device__ __forceinline__ void ce_soft_terms(lf_row_stats &st, ce_soft_p
             pr[u].j = -1; /* another CTA's column */
             continue;
         }
-        const float q = expf(fmaf(pr[u].q, xc.lq_scale, -shift));
+        const float lq = pr[u].q, q = expf(fmaf(lq, xc.lq_scale, -shift));
         const float z = lf_xform_apply<SOFTCAP>(xv, t);
         if (z == -LF_INF_F) {
-            if (q > 0.0f) acc = -LF_INF_F; /* mass where the student has none */
+            if (lq > -LF_INF_F) acc = -LF_INF_F; /* mass (if only below fp32's range) where the student has none */
         } else {
             acc = fmaf(q - q_rest, z, acc);
         }

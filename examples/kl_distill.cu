@@ -232,7 +232,8 @@ typedef struct kl_args {
  *                      read from HBM once. With a sparse teacher: the soft-target path (forward
  *                      KL or soft CE, 16-bit student, k <= KL_SOFT_MAX_K, no kl_rev output;
  *                      kl_launch_soft), each student row read once. Where it does not apply,
- *                      LF_ERR_ARG (or, for the device, LF_ERR_DEVICE).
+ *                      LF_ERR_ARG (or, for the device, LF_ERR_DEVICE; the soft-target path where
+ *                      its ring cannot hold a row, or n_rows >= 2^32: LF_ERR_SIZE).
  *   KL_SCHED_AUTO      resident for forward + backward of every kind where it applies (a
  *                      pair's slices fit a cluster of up to 16 CTAs: V up to ~300K in bf16),
  *                      else streamed: where it measured faster (kl_launch_any). A sparse
@@ -460,7 +461,8 @@ __global__ void __launch_bounds__(256) kl_topk_prep_kernel(const kl_kparams p)
         const bool ok = !nonfinite && M > -(double)LF_INF_F; /* values, and some mass */
         const double lse = M + log(S);
         p.s_shift[row] = ok ? (float)lse : NAN;
-        p.s_rest[row] = !ok ? NAN : has_rest ? (float)exp(rt - lse) : 0.0f;
+        /* (a rest with mass stays > 0 where fp32 flushes it: its student -inf entries make +inf) */
+        p.s_rest[row] = !ok ? NAN : has_rest ? fmaxf((float)exp(rt - lse), FLT_TRUE_MIN) : 0.0f;
         p.s_ent_t[row] = ok ? (float)(lse - A / S) : NAN;
     }
 }
@@ -1448,6 +1450,8 @@ static lf_status kl_launch_kernel(kl_kparams p, kl_plan *plan, cudaStream_t stre
         plan->ctas = nctas;
         plan->dynamic = 0;
         plan->side_ctas = 0;
+        plan->jsd_keep = 0;
+        plan->soft_target = 0;
     }
     kernel<<<nctas, KL_THREADS, smem, stream>>>(p, npieces < 1 ? 1 : npieces, nctas);
     KL_CHECK(cudaGetLastError());
@@ -1573,6 +1577,7 @@ static lf_status kl_launch_resident(kl_kparams p, const kl_args *a, bool forced,
             plan->ctas = (int)ctas;
             plan->dynamic = dyn;
             plan->jsd_keep = p.jsd_keep;
+            plan->soft_target = 0;
         }
         KL_CHECK(lf_launch_clusters(dyn ? kernel_dyn : kernel, ctas, pl.cluster, block, pl.dyn_bytes, stream, false, p, pl.cluster,
                                     pl.stages, (int)pl.slice_units, (int)nclusters));

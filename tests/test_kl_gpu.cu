@@ -115,6 +115,8 @@ struct Case {
     int64_t topk = -1, kpad = 0;
     lf_kl_rest rest = LF_KL_REST_SPREAD;
     bool plant_topk = false; /* rows 0-6: repeated / out-of-range indices, NaN / -inf / +inf lp, no rest mass */
+    bool plant_deep = false; /* row 0 (k >= 2): a listed pair at lp -150 (its q below fp32's range) where the
+                              * student is -inf: still mass there, so +inf for forward KL and soft CE */
     int schedule = KL_SCHED_AUTO, max_cluster = 0, stages = 0;
     int static_rows = 0;     /* resident: 1 = a fixed share of rows per cluster (kl_args.static_rows) */
     int expect_schedule = 0; /* on sm_90: the plan must be this schedule ... */
@@ -397,6 +399,12 @@ static void run_case(const Case &c)
             klp[6 * kst + 1] = INFINITY;                         /* row 6: +inf log-prob: NaN row */
             for (int64_t i = 0; i < 7; ++i) planted.insert(i);
             topk_bad[0] = topk_bad[1] = topk_bad[2] = 1;
+        }
+        if (c.plant_deep && N >= 1 && K >= 2) {
+            klp[1] = -150.0f;
+            hs[0][kidx[1]] = -INFINITY;
+            write_row(0);
+            planted.insert(0);
         }
     }
 
@@ -1596,6 +1604,11 @@ int main(int argc, char **argv)
                 c = b; c.name = "soft target -inf masks, drop"; c.plant_masks = true; c.rest = LF_KL_REST_DROP; c.stats = true; run_case(c);
                 c = b; c.name = "soft target NaN / inf rows"; c.plant_nonfinite = true; c.stats = true; c.red = LF_REDUCE_NONE; run_case(c);
                 c = b; c.name = "soft target all masked"; c.labels = true; c.ignore_frac = 1.0; run_case(c);
+                /* where fp32 flushes the target's mass, the student's -inf entries still make +inf */
+                c = b; c.name = "soft target -inf masks, tau 0.05"; c.plant_masks = true; c.tau = 0.05f; c.stats = true; c.red = LF_REDUCE_NONE; run_case(c);
+                c = b; c.name = "soft target a deep pair at -inf"; c.plant_deep = true; c.stats = true; c.red = LF_REDUCE_NONE; run_case(c);
+                c = b; c.name = "soft target finfo.min entries"; c.plant_fmin = true; c.red = LF_REDUCE_NONE; run_case(c);
+                c = b; c.name = "soft target finfo.min entries, drop, in place"; c.plant_fmin = true; c.rest = LF_KL_REST_DROP; c.grad = 2; c.red = LF_REDUCE_NONE; run_case(c);
             }
         /* the automatic plan: the soft-target path where it applies, the streamed one where not */
         Case b;
