@@ -1,5 +1,7 @@
-/* examples/kl_distill.cu — distillation losses from raw logits, built only from lossfuse's two
+/* examples/kl_distill.cu — distillation losses from raw logits, built from lossfuse's two
  * headers: forward KL, reverse KL, generalised JSD, soft-target cross-entropy, total variation.
+ * (A sparse teacher's forward KL and soft CE run examples/cross_entropy.cu's row-resident kernel,
+ * included here as dpo_packed.cu and the parallel examples include it: one kernel, not two.)
  *
  * Build and run (from the repository root; meson does the same, see README.md):
  *     nvcc -O3 -std=c++17 -arch=sm_90 -I. examples/kl_distill.cu -o kl_distill
