@@ -366,6 +366,7 @@ struct lf_impl_op_sum {
 };
 struct lf_impl_op_max {
     __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+    __device__ __forceinline__ double operator()(double a, double b) const { return fmax(a, b); }
 };
 struct lf_impl_op_lse {
     __device__ __forceinline__ lf_lse operator()(lf_lse a, lf_lse b) const { return lf_lse_merge(a, b); }
@@ -392,6 +393,7 @@ static __device__ __forceinline__ float lf_warp_sum_f32(float v) { return lf_imp
 static __device__ __forceinline__ double lf_warp_sum_f64(double v) { return lf_impl_warp_allreduce(v, lf_impl_op_sum()); }
 /* fmaxf semantics: NaN inputs are ignored unless every lane holds NaN. */
 static __device__ __forceinline__ float lf_warp_max_f32(float v) { return lf_impl_warp_allreduce(v, lf_impl_op_max()); }
+static __device__ __forceinline__ double lf_warp_max_f64(double v) { return lf_impl_warp_allreduce(v, lf_impl_op_max()); }
 /* The same maximum in one redux.sync (sm_80+) instead of five shuffle levels: the floats as
  * order-preserving integers (negative ones with their magnitude bits flipped), NaN lanes as
  * -inf, and NaN (0x7fffffff, as fmaxf gives) where every lane holds NaN. Every lane gets the

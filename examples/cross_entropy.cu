@@ -975,7 +975,8 @@ struct ce_soft {
     float lq_scale;
     const float *shift;  /* [N] */
     const float *rest;   /* [N]: q of every entry not listed (0: none; where it has mass, at least FLT_TRUE_MIN) */
-    const float *ent_q;  /* [N]: H(q), NaN where q has no finite lse (the row is NaN then) */
+    const float *ent_q;  /* [N]: H(q), NaN where q has no finite lse (the row is NaN then); NULL: taken as 0
+                          * (then sub_ent and ent_q_out mean nothing) */
     const float *w;      /* [N] row weights, or NULL */
     int sub_ent;         /* the loss is ce - H(q) */
     float loss_scale;
@@ -1101,7 +1102,7 @@ static __device__ __forceinline__ void ce_soft_row_outputs(const ce_kparams &p, 
                                                            lf_xsum *acc, lf_xsum_cache *cache)
 {
     const float lse = lf_lse_final(rs.lse);
-    const float h = xc.ent_q[row];
+    const float h = xc.ent_q ? xc.ent_q[row] : 0.0f;
     const bool ok = fabsf(lse) < LF_INF_F && h == h;
     float ce = (rs.lse.m - rs.wz) + logf(rs.lse.s); /* lse - sum q z, without lse's rounding */
     if (!(fabsf(lse) < LF_INF_F)) ce = NAN;

@@ -414,9 +414,7 @@ __global__ void __launch_bounds__(256) kl_topk_prep_kernel(const kl_kparams p)
         }
         bad = __any_sync(0xffffffffu, bad);
         nonfinite = __any_sync(0xffffffffu, nonfinite);
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) in += __shfl_xor_sync(0xffffffffu, in, o);
-        /* (every lane has the sum) */
+        in = lf_warp_sum_f64(in); /* (every lane has the sum) */
         const double rest = nonfinite ? (double)NAN
                             : (p.topk_rest == LF_KL_REST_SPREAD && k < p.vocab && in < 1.0) ? log((1.0 - in) / (double)(p.vocab - k))
                                                                                             : -(double)LF_INF_F;
@@ -434,8 +432,7 @@ __global__ void __launch_bounds__(256) kl_topk_prep_kernel(const kl_kparams p)
             const double l = (double)lp[i] / p.tau;
             if (l > M) M = l;
         }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) M = fmax(M, __shfl_xor_sync(0xffffffffu, M, o));
+        M = lf_warp_max_f64(M);
         double S = 0.0, A = 0.0;
         if (lane == 0 && has_rest) {
             const double e = nr * exp(rt - M);
@@ -450,11 +447,8 @@ __global__ void __launch_bounds__(256) kl_topk_prep_kernel(const kl_kparams p)
                 A += e * l;
             }
         }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            S += __shfl_xor_sync(0xffffffffu, S, o);
-            A += __shfl_xor_sync(0xffffffffu, A, o);
-        }
+        S = lf_warp_sum_f64(S);
+        A = lf_warp_sum_f64(A);
         if (lane != 0) continue;
         int st = kl_row_status(p, row); /* mask and label first: a row they mask is not checked */
         if (st == 0 && bad) st = 2;

@@ -1625,6 +1625,10 @@ int main(int argc, char **argv)
         c = b; c.name = "soft target automatic plan: fp32 student"; c.sdt = LF_F32; c.soft = 0; run_case(c);
         c = b; c.name = "soft target automatic plan: reverse KL"; c.kind = LF_KL_REVERSE; c.soft = 0; run_case(c);
         c = b; c.name = "soft target automatic plan: streamed by request"; c.schedule = KL_SCHED_STREAM; c.soft = 0; run_case(c);
+        /* kl_args.static_rows and stages reach the cross-entropy ring (a fixed share per CTA; a
+         * fourth stage) */
+        c = b; c.name = "soft target static rows"; c.schedule = sched; c.static_rows = 1; c.expect_dynamic = 0; c.soft = want; run_case(c);
+        c = b; c.name = "soft target 4 stages, V 131072"; c.V = 131072; c.N = 17; c.stages = 4; c.schedule = sched; c.soft = want; run_case(c);
         c = b; c.name = "soft target determinism, in place"; c.N = g_small ? 40 : 2048; c.V = g_small ? 16385 : 151936;
         c.topk = 100; c.grad = 2; c.determinism = true; c.schedule = sched; c.soft = want; run_case(c);
         c = b; c.name = "soft target 200000 rows"; c.N = 200000; c.V = g_small ? 7 : 31; c.topk = 5; c.labels = true;
