@@ -2,7 +2,7 @@
  *
  *   bench_kl [--shapes 4096x32768,...] [--iters 20] [--kinds kl_fwd,kl_rev,jsd,softce,tvd] [--tag _name]
  *            [--forward-only] [--topk K] [--variants] [--jsd-keep -1] [--stages S] [--max-cluster C]
- *            [--divisor-given]
+ *            [--divisor-given] [--labels]
  *
  * Each mode is the fused forward+backward of one loss, bf16 student and teacher logits, the
  * gradient written in place over the student, reduction mean (the floor: read the student and
@@ -23,7 +23,10 @@
  * which with a row slice per stage chooses the cluster; the largest cluster): e.g. what larger
  * clusters cost a kind (RESULTS.md, "What is left for the 85% distillation target").
  * --divisor-given passes the mean's divisor (N: the bench masks nothing) as a device scalar, so
- * the launch has no divisor kernel before it (name it with --tag, e.g. _divgiven).
+ * the launch has no divisor kernel before it (name it with --tag, e.g. _divgiven). --labels
+ * masks rows as a training batch's padding does: int64 labels, every 20th row ignore_index
+ * (-100), so the mean's divisor is counted by kl_divisor_kernel before the launch's main kernel
+ * (name it with --tag, e.g. _labels).
  * Built with -DKL_RES_TRACE (bench/prebuild.sh EXTRA=... SUFFIX=_trace), each resident launch's
  * RESULT line is preceded by TIMES lines: the last timed launch's span against its events, and
  * over its CTAs (cluster and side) when each entered, got its first stage, ended its rows and
@@ -49,6 +52,7 @@ int main(int argc, char **argv)
     std::string jsd_keep; /* --jsd-keep -1: JSD also timed with each kl_args.jsd_keep listed (impl=lossfuse_keep<k>) */
     int stages = 0, max_cluster = 0; /* kl_args.stages / max_cluster (0: automatic) */
     bool div_given = false;          /* --divisor-given: the mean's divisor as a device scalar (no divisor kernel) */
+    bool with_labels = false;        /* --labels: every 20th row ignored through its label (a divisor kernel) */
     for (int i = 1; i < argc; ++i) {
         if (!strcmp(argv[i], "--forward-only")) fwd_only = true;
         else if (!strcmp(argv[i], "--variants")) variants = true;
@@ -61,6 +65,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--stages") && i + 1 < argc) stages = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--max-cluster") && i + 1 < argc) max_cluster = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--divisor-given")) div_given = true;
+        else if (!strcmp(argv[i], "--labels")) with_labels = true;
     }
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
@@ -117,7 +122,17 @@ int main(int argc, char **argv)
             CK(cudaGetLastError());
         }
 
+        int64_t *labels = NULL;
+        if (with_labels) { /* label 0 (any valid index), -100 at every 20th row */
+            std::vector<int64_t> hy((size_t)N);
+            for (int64_t i = 0; i < N; ++i) hy[(size_t)i] = i % 20 == 7 ? -100 : (i * 31) % V;
+            CK(cudaMalloc(&labels, (size_t)N * 8));
+            CK(cudaMemcpy(labels, hy.data(), (size_t)N * 8, cudaMemcpyHostToDevice));
+        }
+
         kl_args a = kl_args_default();
+        a.labels = labels;
+        a.labels_i64 = 1;
         a.student = xs;
         a.teacher = xt;
         a.n_rows = N;
@@ -254,6 +269,7 @@ int main(int argc, char **argv)
         CK(cudaFree(ws));
         if (kidx) CK(cudaFree(kidx));
         if (klp) CK(cudaFree(klp));
+        if (labels) CK(cudaFree(labels));
     }
     return 0;
 }
