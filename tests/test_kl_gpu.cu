@@ -399,6 +399,14 @@ static void run_case(const Case &c)
             klp[6 * kst + 1] = INFINITY;                         /* row 6: +inf log-prob: NaN row */
             for (int64_t i = 0; i < 7; ++i) planted.insert(i);
             topk_bad[0] = topk_bad[1] = topk_bad[2] = 1;
+            if (N >= 9) { /* repeats the warp's hash table must find (kl_topk_prep_kernel): in one
+                           * lane's registers (positions 0 and 32), across lanes and registers, thrice */
+                kidx[7 * kst + std::min<int64_t>(K - 1, 32)] = kidx[7 * kst + 0];
+                kidx[8 * kst + K - 1] = kidx[8 * kst + K / 2] = kidx[8 * kst + 0];
+                planted.insert(7);
+                planted.insert(8);
+                topk_bad[7] = topk_bad[8] = 1;
+            }
         }
         if (c.plant_deep && N >= 1 && K >= 2) {
             klp[1] = -150.0f;
@@ -1537,6 +1545,9 @@ int main(int argc, char **argv)
                 c = b; c.name = "sparse none, dloss, strides +5 / k+3"; c.red = LF_REDUCE_NONE; c.dloss = true; c.spad = 5; c.kpad = 3; run_case(c);
                 c = b; c.name = "sparse planted pairs"; c.plant_topk = true; c.stats = true; c.red = LF_REDUCE_NONE; run_case(c);
                 c = b; c.name = "sparse planted pairs, drop, mean"; c.plant_topk = true; c.rest = LF_KL_REST_DROP; run_case(c);
+                /* the prep's hash table with pairs in every register (KL_PREP_REG), and its compares past it */
+                c = b; c.name = "sparse planted pairs, 512 pairs"; c.plant_topk = true; c.topk = 512; c.red = LF_REDUCE_NONE; run_case(c);
+                c = b; c.name = "sparse planted pairs, 600 pairs"; c.plant_topk = true; c.topk = 600; c.red = LF_REDUCE_NONE; run_case(c);
                 c = b; c.name = "sparse -inf masks"; c.plant_masks = true; c.stats = true; c.red = LF_REDUCE_NONE; run_case(c);
                 c = b; c.name = "sparse fp32 student, 300 pairs"; c.sdt = LF_F32; c.topk = 300; c.stats = true; run_case(c);
                 c = b; c.name = "sparse all masked"; c.labels = true; c.ignore_frac = 1.0; run_case(c);
@@ -1600,6 +1611,7 @@ int main(int argc, char **argv)
                 c = b; c.name = "soft target mean, device divisor, weights"; c.dev_divisor = true; c.weights = true; run_case(c);
                 c = b; c.name = "soft target planted pairs"; c.plant_topk = true; c.stats = true; c.red = LF_REDUCE_NONE; run_case(c);
                 c = b; c.name = "soft target planted pairs, drop, mean"; c.plant_topk = true; c.rest = LF_KL_REST_DROP; run_case(c);
+                c = b; c.name = "soft target planted pairs, 300 pairs"; c.plant_topk = true; c.topk = 300; c.stats = true; run_case(c);
                 c = b; c.name = "soft target -inf masks"; c.plant_masks = true; c.stats = true; c.red = LF_REDUCE_NONE; run_case(c);
                 c = b; c.name = "soft target -inf masks, drop"; c.plant_masks = true; c.rest = LF_KL_REST_DROP; c.stats = true; run_case(c);
                 c = b; c.name = "soft target NaN / inf rows"; c.plant_nonfinite = true; c.stats = true; c.red = LF_REDUCE_NONE; run_case(c);
@@ -1633,6 +1645,8 @@ int main(int argc, char **argv)
         c.topk = 100; c.grad = 2; c.determinism = true; c.schedule = sched; c.soft = want; run_case(c);
         c = b; c.name = "soft target 200000 rows"; c.N = 200000; c.V = g_small ? 7 : 31; c.topk = 5; c.labels = true;
         c.bad_frac = 0.01; c.schedule = sched; c.soft = want; run_case(c);
+        c = b; c.name = "soft target 30000 rows, mask, weights, mean"; c.N = 30000; c.V = g_small ? 7 : 300; c.topk = 5; c.labels = true;
+        c.mask = true; c.weights = true; c.determinism = true; c.schedule = sched; c.soft = want; run_case(c);
         if (!g_small) { /* rows x V > 2^31: 64-bit offsets, gradient in place */
             c = b; c.name = "soft target N*V > 2^31 in place"; c.N = 8193; c.V = 262144; c.grad = 2; c.schedule = sched; c.soft = want;
             run_case(c);
@@ -1846,6 +1860,13 @@ int main(int argc, char **argv)
         c.V = g_small ? 7 : 31;
         c.labels = true;
         c.bad_frac = 0.01;
+        run_case(c);
+        /* the mean's divisor kernel at its most CTAs, each looping: labels, mask bytes and weights
+         * (every load of its branch-free status), run twice for the same bits */
+        c.name = "200000 rows, mask, weights, mean";
+        c.mask = true;
+        c.weights = true;
+        c.determinism = true;
         run_case(c);
     }
 
