@@ -26,7 +26,7 @@
  * the launch has no divisor kernel before it (name it with --tag, e.g. _divgiven). --labels
  * masks rows as a training batch's padding does: int64 labels, every 20th row ignore_index
  * (-100), so the mean's divisor is counted by kl_divisor_kernel before the launch's main kernel
- * (name it with --tag, e.g. _labels).
+ * (name it with --tag, e.g. _labels; not with --divisor-given, whose N would not be the count).
  * Built with -DKL_RES_TRACE (bench/prebuild.sh EXTRA=... SUFFIX=_trace), each resident launch's
  * RESULT line is preceded by TIMES lines: the last timed launch's span against its events, and
  * over its CTAs (cluster and side) when each entered, got its first stage, ended its rows and
@@ -66,6 +66,10 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--max-cluster") && i + 1 < argc) max_cluster = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--divisor-given")) div_given = true;
         else if (!strcmp(argv[i], "--labels")) with_labels = true;
+    }
+    if (div_given && with_labels) {
+        fprintf(stderr, "bench_kl: --divisor-given passes N, which is not the count of rows --labels leaves\n");
+        return 2;
     }
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
@@ -123,7 +127,7 @@ int main(int argc, char **argv)
         }
 
         int64_t *labels = NULL;
-        if (with_labels) { /* label 0 (any valid index), -100 at every 20th row */
+        if (with_labels) { /* a valid index, -100 at every 20th row */
             std::vector<int64_t> hy((size_t)N);
             for (int64_t i = 0; i < N; ++i) hy[(size_t)i] = i % 20 == 7 ? -100 : (i * 31) % V;
             CK(cudaMalloc(&labels, (size_t)N * 8));

@@ -270,7 +270,8 @@ static kl_args kl_args_default(void)
     return a;
 }
 
-/* Workspace: a 64-byte header (completion counter, row counter, default divisor), three words
+/* Workspace: a 64-byte header (completion counter, row counter, default divisor and the divisor
+ * kernel's shares and counter), three words
  * per row (the row's loss; with a sparse teacher its rest value and status), four more per row
  * and cross-entropy's workspace for a sparse teacher's soft-target path (kl_launch_soft). Zero it
  * once; every launch leaves the counters at zero again. One per launch in flight. */
@@ -395,16 +396,18 @@ static __device__ __forceinline__ float kl_mean_divisor(const kl_kparams &p)
  * H(q) = lse - sum_j q_j l_j (s_ent_t), all NaN for a row without mass or with a bad value; and
  * the row's label for cross-entropy (0, or -100 where the row is masked: mask byte, ignore_index,
  * a bad label or bad pairs, which count in *n_errors here).
- * Distinct indices: rows of k <= 32 KL_PREP_REG pairs (every k of the soft-target path) hold
+ * Distinct indices: rows of k <= 32 x KL_PREP_REG pairs (every k of the soft-target path) hold
  * their pairs in registers, KL_PREP_REG per lane, and insert them into the warp's hash table in
- * shared memory (open addressing, at most half full; an index found there is a repeat), O(k)
- * per row; longer rows compare each pair with the later ones, k^2 / 64 loads per lane. (Measured
+ * dynamic shared memory (KL_PREP_SMEM, launched only for such k; open addressing, at most half
+ * full; an index found there is a repeat), O(k) per row; longer rows compare each pair with the
+ * later ones, k^2 / 64 loads per lane. (Measured
  * on an H100 at 4096 rows of 64 pairs, before the table: 11.8 us, as long as a warp's row: the
  * compares' loads one after another, bench/RESULTS.md, session 50.) */
 #define KL_PREP_REG 16
 #define KL_PREP_HASH_BITS 10
 #define KL_PREP_HASH (1 << KL_PREP_HASH_BITS)
 static_assert(KL_PREP_HASH >= 2 * 32 * KL_PREP_REG, "the table at most half full");
+#define KL_PREP_SMEM (8 * KL_PREP_HASH * (int)sizeof(int32_t)) /* a table per warp, 8 warps */
 
 /* Inserts index id (>= 0) into a warp's table (empty slots -1): its slot, or -1 where it was there
  * already (*bad set). */
@@ -424,12 +427,12 @@ static __device__ __forceinline__ int kl_prep_insert(int32_t *tab, int32_t id, i
 
 __global__ void __launch_bounds__(256) kl_topk_prep_kernel(const kl_kparams p)
 {
-    __shared__ int32_t tab_all[8][KL_PREP_HASH];
+    extern __shared__ int32_t tab_all[]; /* KL_PREP_SMEM bytes where hashed, else none */
     const int lane = (int)(threadIdx.x & 31u);
     const int64_t warps = (int64_t)gridDim.x * 8, w0 = (int64_t)blockIdx.x * 8 + threadIdx.x / 32;
     const int64_t k = p.topk;
     const bool hashed = k <= 32 * KL_PREP_REG;
-    int32_t *tab = tab_all[threadIdx.x / 32];
+    int32_t *tab = tab_all + (threadIdx.x / 32) * KL_PREP_HASH;
     if (hashed) {
         for (int t = lane; t < KL_PREP_HASH; t += 32) tab[t] = -1;
         __syncwarp();
@@ -437,7 +440,7 @@ __global__ void __launch_bounds__(256) kl_topk_prep_kernel(const kl_kparams p)
     for (int64_t row = w0; row < p.n_rows; row += warps) {
         const int32_t *idx = p.topk_idx + row * p.topk_stride;
         const float *lp = p.topk_lp + row * p.topk_stride;
-        /* the mask's and the label's status, its loads in flight beside the pairs' */
+        /* the mask's and the label's status (loaded before the pairs' work, not after it) */
         const int st0 = p.soft && lane == 0 ? kl_row_status(p, row, false) : 0;
         int bad = 0, nonfinite = 0;
         double in = 0.0;
@@ -1984,7 +1987,8 @@ static lf_status kl_launch(const kl_args *a, cudaStream_t stream, cudaError_t *c
             p.s_ent_t = p.s_rest + a->n_rows;
         }
         const int64_t blocks = (a->n_rows + 7) / 8;
-        kl_topk_prep_kernel<<<(unsigned)(blocks < 4096 ? blocks : 4096), 256, 0, stream>>>(p);
+        const int prep_smem = a->topk <= 32 * KL_PREP_REG ? KL_PREP_SMEM : 0; /* the hash tables */
+        kl_topk_prep_kernel<<<(unsigned)(blocks < 4096 ? blocks : 4096), 256, prep_smem, stream>>>(p);
         KL_CHECK(cudaGetLastError());
         if (soft) return kl_launch_soft(p, a, stream, cuda_err);
     }

@@ -114,7 +114,8 @@ struct Case {
      * generated teacher row as log-softmax, in shuffled order; row stride k + kpad */
     int64_t topk = -1, kpad = 0;
     lf_kl_rest rest = LF_KL_REST_SPREAD;
-    bool plant_topk = false; /* rows 0-6: repeated / out-of-range indices, NaN / -inf / +inf lp, no rest mass */
+    bool plant_topk = false; /* rows 0-6: repeated / out-of-range indices, NaN / -inf / +inf lp, no rest mass;
+                              * rows 7-8 and (N >= 11) the last two: repeated indices */
     bool plant_deep = false; /* row 0 (k >= 2): a listed pair at lp -150 (its q below fp32's range) where the
                               * student is -inf: still mass there, so +inf for forward KL and soft CE */
     int schedule = KL_SCHED_AUTO, max_cluster = 0, stages = 0;
@@ -399,14 +400,20 @@ static void run_case(const Case &c)
             klp[6 * kst + 1] = INFINITY;                         /* row 6: +inf log-prob: NaN row */
             for (int64_t i = 0; i < 7; ++i) planted.insert(i);
             topk_bad[0] = topk_bad[1] = topk_bad[2] = 1;
-            if (N >= 9) { /* repeats the warp's hash table must find (kl_topk_prep_kernel): in one
-                           * lane's registers (positions 0 and 32), across lanes and registers, thrice */
-                kidx[7 * kst + std::min<int64_t>(K - 1, 32)] = kidx[7 * kst + 0];
-                kidx[8 * kst + K - 1] = kidx[8 * kst + K / 2] = kidx[8 * kst + 0];
-                planted.insert(7);
-                planted.insert(8);
-                topk_bad[7] = topk_bad[8] = 1;
-            }
+            /* repeats the warp's hash table must find (kl_topk_prep_kernel): positions 0 and
+             * min(K - 1, 32) (for K > 32 in one lane's two registers), and 0, K / 2, K - 1 (for K > 32
+             * across lanes and registers; three times for K >= 3); the last two rows too, which
+             * with more rows than the prep's warps (32768) are a warp's second row, after a first
+             * that filled its table */
+            auto plant_repeats = [&](int64_t r1, int64_t r2) {
+                kidx[r1 * kst + std::min<int64_t>(K - 1, 32)] = kidx[r1 * kst + 0];
+                kidx[r2 * kst + K - 1] = kidx[r2 * kst + K / 2] = kidx[r2 * kst + 0];
+                planted.insert(r1);
+                planted.insert(r2);
+                topk_bad[r1] = topk_bad[r2] = 1;
+            };
+            if (N >= 9) plant_repeats(7, 8);
+            if (N >= 11) plant_repeats(N - 2, N - 1);
         }
         if (c.plant_deep && N >= 1 && K >= 2) {
             klp[1] = -150.0f;
@@ -632,8 +639,8 @@ static void run_case(const Case &c)
      * replay, starts from them); with side CTAs their row count of this launch is kept */
     kl_ws_header wh;
     CK(cudaMemcpy(&wh, ws.p, sizeof wh, cudaMemcpyDeviceToHost));
-    EXPECT(wh.rows_done == 0 && wh.row_next == 0 && wh.side_rows == 0, "workspace counters left at %llu, %llu, %u", wh.rows_done,
-           wh.row_next, wh.side_rows);
+    EXPECT(wh.rows_done == 0 && wh.row_next == 0 && wh.side_rows == 0 && wh.div_done == 0,
+           "workspace counters left at %llu, %llu, %u, %u", wh.rows_done, wh.row_next, wh.side_rows, wh.div_done);
     if (plan.side_ctas > 0) printf("     %d side CTAs took %u of %lld rows\n", plan.side_ctas, wh.side_rows_last, (long long)N);
     if (c.side_ctas > 0 && plan.side_ctas > 0 && !c.side_rest && !g_small && N >= 1000 && plan.ctas < g_sms) /* as below */
         EXPECT(wh.side_rows_last > 0, "%d side CTAs took no row of %lld", plan.side_ctas, (long long)N);
@@ -1548,6 +1555,10 @@ int main(int argc, char **argv)
                 /* the prep's hash table with pairs in every register (KL_PREP_REG), and its compares past it */
                 c = b; c.name = "sparse planted pairs, 512 pairs"; c.plant_topk = true; c.topk = 512; c.red = LF_REDUCE_NONE; run_case(c);
                 c = b; c.name = "sparse planted pairs, 600 pairs"; c.plant_topk = true; c.topk = 600; c.red = LF_REDUCE_NONE; run_case(c);
+                if (V == 1000) { /* more rows than the prep's warps: tables reused, repeats in second rows */
+                    c = b; c.name = "sparse planted pairs, 40000 rows of 64"; c.plant_topk = true; c.N = 40000; c.topk = 64;
+                    run_case(c);
+                }
                 c = b; c.name = "sparse -inf masks"; c.plant_masks = true; c.stats = true; c.red = LF_REDUCE_NONE; run_case(c);
                 c = b; c.name = "sparse fp32 student, 300 pairs"; c.sdt = LF_F32; c.topk = 300; c.stats = true; run_case(c);
                 c = b; c.name = "sparse all masked"; c.labels = true; c.ignore_frac = 1.0; run_case(c);
@@ -1612,6 +1623,10 @@ int main(int argc, char **argv)
                 c = b; c.name = "soft target planted pairs"; c.plant_topk = true; c.stats = true; c.red = LF_REDUCE_NONE; run_case(c);
                 c = b; c.name = "soft target planted pairs, drop, mean"; c.plant_topk = true; c.rest = LF_KL_REST_DROP; run_case(c);
                 c = b; c.name = "soft target planted pairs, 300 pairs"; c.plant_topk = true; c.topk = 300; c.stats = true; run_case(c);
+                if (V == 1000) {
+                    c = b; c.name = "soft target planted pairs, 40000 rows of 64"; c.plant_topk = true; c.N = 40000; c.topk = 64;
+                    run_case(c);
+                }
                 c = b; c.name = "soft target -inf masks"; c.plant_masks = true; c.stats = true; c.red = LF_REDUCE_NONE; run_case(c);
                 c = b; c.name = "soft target -inf masks, drop"; c.plant_masks = true; c.rest = LF_KL_REST_DROP; c.stats = true; run_case(c);
                 c = b; c.name = "soft target NaN / inf rows"; c.plant_nonfinite = true; c.stats = true; c.red = LF_REDUCE_NONE; run_case(c);
@@ -1862,7 +1877,7 @@ int main(int argc, char **argv)
         c.bad_frac = 0.01;
         run_case(c);
         /* the mean's divisor kernel at its most CTAs, each looping: labels, mask bytes and weights
-         * (every load of its branch-free status), run twice for the same bits */
+         * (every array its status loads), run twice for the same bits */
         c.name = "200000 rows, mask, weights, mean";
         c.mask = true;
         c.weights = true;
