@@ -269,31 +269,6 @@ static __device__ __forceinline__ float ce_mean_divisor(const ce_kparams &p)
     const int64_t c = (n_rows + per - 1) / per;
     return (int)(c < 1 ? 1 : c > CE_DIV_MAX_CTAS ? CE_DIV_MAX_CTAS : c);
 }
-/* A divisor kernel's end, by every thread of each CTA with its own partial sum acc: the CTA's sum
- * in a fixed order; then the CTA's share to part[blockIdx.x], and the CTA that completes the count
- * *done adds the shares in CTA order into *out (as float) and sets *done back to zero for the next
- * launch. One CTA writes *out itself. (kl_distill.cu's divisor kernel ends the same way.) */
-template <int THREADS>
-static __device__ __forceinline__ void ce_div_finish(double acc, double *scratch, double *part, unsigned *done, float *out)
-{
-    acc = lf_block_sum_f64<THREADS>(acc, scratch);
-    if (gridDim.x == 1) {
-        if (threadIdx.x == 0) *out = (float)acc;
-        return;
-    }
-    if (threadIdx.x == 0) {
-        part[blockIdx.x] = acc;
-        __threadfence();
-        if (atomicAdd(done, 1u) == gridDim.x - 1) {
-            __threadfence();
-            double d = 0.0;
-            for (unsigned b = 0; b < gridDim.x; ++b) d += __ldcg(&part[b]);
-            *out = (float)d;
-            *done = 0; /* ready for the next launch */
-        }
-    }
-}
-
 __global__ void __launch_bounds__(CE_DIV_THREADS) ce_divisor_kernel(const ce_kparams p)
 {
     __shared__ double scratch[CE_DIV_THREADS / 32];
@@ -311,7 +286,22 @@ __global__ void __launch_bounds__(CE_DIV_THREADS) ce_divisor_kernel(const ce_kpa
         for (int u = 0; u < CE_DIV_U; ++u)
             if (y[u] != p.ignore_index && y[u] >= 0 && y[u] < p.vocab) acc += p.class_w ? (double)__ldg(p.class_w + y[u]) : 1.0;
     }
-    ce_div_finish<CE_DIV_THREADS>(acc, scratch, p.ws->div_part, &p.ws->div_done, &p.ws->divisor);
+    acc = lf_block_sum_f64<CE_DIV_THREADS>(acc, scratch);
+    if (gridDim.x == 1) {
+        if (threadIdx.x == 0) p.ws->divisor = (float)acc;
+        return;
+    }
+    if (threadIdx.x == 0) {
+        p.ws->div_part[blockIdx.x] = acc;
+        __threadfence();
+        if (atomicAdd(&p.ws->div_done, 1u) == gridDim.x - 1) {
+            __threadfence();
+            double d = 0.0;
+            for (unsigned b = 0; b < gridDim.x; ++b) d += __ldcg(&p.ws->div_part[b]);
+            p.ws->divisor = (float)d;
+            p.ws->div_done = 0; /* ready for the next launch */
+        }
+    }
 }
 
 /* A row's loss and z term, where the reduction finds them: the outputs (reduction none) or the

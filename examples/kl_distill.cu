@@ -270,8 +270,7 @@ static kl_args kl_args_default(void)
     return a;
 }
 
-/* Workspace: a 64-byte header (completion counter, row counter, default divisor and the divisor
- * kernel's shares and counter), three words
+/* Workspace: a 64-byte header (completion counter, row counter, default divisor), three words
  * per row (the row's loss; with a sparse teacher its rest value and status), four more per row
  * and cross-entropy's workspace for a sparse teacher's soft-target path (kl_launch_soft). Zero it
  * once; every launch leaves the counters at zero again. One per launch in flight. */
@@ -281,8 +280,7 @@ typedef struct kl_ws_header {
     float divisor;
     unsigned int side_rows;      /* row-resident, side CTAs: rows they took in this launch so far */
     unsigned int side_rows_last; /* ... in the last launch that had side CTAs (set by its last CTA) */
-    unsigned int div_done;       /* kl_divisor_kernel's CTAs done (back to 0 by the last) */
-    double div_part[4];          /* their partial sums (KL_DIV_MAX_CTAS) */
+    float pad[9];
 } kl_ws_header;
 static_assert(sizeof(kl_ws_header) == 64, "kl_workspace_bytes documents a 64-byte header");
 
@@ -396,13 +394,18 @@ static __device__ __forceinline__ float kl_mean_divisor(const kl_kparams &p)
  * H(q) = lse - sum_j q_j l_j (s_ent_t), all NaN for a row without mass or with a bad value; and
  * the row's label for cross-entropy (0, or -100 where the row is masked: mask byte, ignore_index,
  * a bad label or bad pairs, which count in *n_errors here).
- * Distinct indices: rows of k <= 32 x KL_PREP_REG pairs (every k of the soft-target path) hold
- * their pairs in registers, KL_PREP_REG per lane, and insert them into the warp's hash table in
- * dynamic shared memory (KL_PREP_SMEM, launched only for such k; open addressing, at most half
- * full; an index found there is a repeat), O(k) per row; longer rows compare each pair with the
- * later ones, k^2 / 64 loads per lane. (Measured
- * on an H100 at 4096 rows of 64 pairs, before the table: 11.8 us, as long as a warp's row: the
- * compares' loads one after another, bench/RESULTS.md, session 50.) */
+ * Distinct indices: each pair is compared with the later ones, k^2 / 64 loads per lane, one
+ * after another (measured on an H100 at 4096 rows of 64 pairs: 11.8 us, a warp's row; 5% of the
+ * soft-target path's launch, bench/RESULTS.md, session 50). With KL_PREP_HASHED, rows of k <= 32
+ * x KL_PREP_REG pairs (every k of the soft-target path) hold their pairs in registers,
+ * KL_PREP_REG per lane, and insert them into the warp's hash table in dynamic shared memory
+ * (KL_PREP_SMEM, launched only for such k; open addressing, at most half full; an index found
+ * there is a repeat): O(k) per row. */
+#ifndef KL_PREP_HASHED
+#define KL_PREP_HASHED 0 /* 1: the hash tables below; 0 (for now): every row compares its pairs (not
+                          * yet run on a GPU: session 50 had no device time left for it; see
+                          * bench/RESULTS.md, session 50, for the call that switches it on) */
+#endif
 #define KL_PREP_REG 16
 #define KL_PREP_HASH_BITS 10
 #define KL_PREP_HASH (1 << KL_PREP_HASH_BITS)
@@ -431,7 +434,7 @@ __global__ void __launch_bounds__(256) kl_topk_prep_kernel(const kl_kparams p)
     const int lane = (int)(threadIdx.x & 31u);
     const int64_t warps = (int64_t)gridDim.x * 8, w0 = (int64_t)blockIdx.x * 8 + threadIdx.x / 32;
     const int64_t k = p.topk;
-    const bool hashed = k <= 32 * KL_PREP_REG;
+    const bool hashed = KL_PREP_HASHED && k <= 32 * KL_PREP_REG;
     int32_t *tab = tab_all + (threadIdx.x / 32) * KL_PREP_HASH;
     if (hashed) {
         for (int t = lane; t < KL_PREP_HASH; t += 32) tab[t] = -1;
@@ -441,7 +444,7 @@ __global__ void __launch_bounds__(256) kl_topk_prep_kernel(const kl_kparams p)
         const int32_t *idx = p.topk_idx + row * p.topk_stride;
         const float *lp = p.topk_lp + row * p.topk_stride;
         /* the mask's and the label's status (loaded before the pairs' work, not after it) */
-        const int st0 = p.soft && lane == 0 ? kl_row_status(p, row, false) : 0;
+        const int st0 = KL_PREP_HASHED && p.soft && lane == 0 ? kl_row_status(p, row, false) : 0;
         int bad = 0, nonfinite = 0;
         double in = 0.0;
         if (hashed) {
@@ -517,7 +520,8 @@ __global__ void __launch_bounds__(256) kl_topk_prep_kernel(const kl_kparams p)
         S = lf_warp_sum_f64(S);
         A = lf_warp_sum_f64(A);
         if (lane != 0) continue;
-        int st = st0; /* mask and label first: a row they mask is not checked */
+        int st = KL_PREP_HASHED ? st0 : kl_row_status(p, row); /* mask and label first: a row they mask
+                                                                * is not checked */
         if (st == 0 && bad) st = 2;
         if (st == 2 && p.n_errors) atomicAdd(p.n_errors, 1u);
         p.s_label[row] = st == 0 ? 0 : -100;
@@ -530,85 +534,15 @@ __global__ void __launch_bounds__(256) kl_topk_prep_kernel(const kl_kparams p)
     }
 }
 
-/* The default mean divisor: the sum of the weights of the valid rows (kl_row_status 0), in a
- * fixed order. On the launch's critical path (the first gradient needs it), so built for latency
- * as cross_entropy.cu's ce_divisor_kernel: up to KL_DIV_MAX_CTAS CTAs of KL_DIV_THREADS threads,
- * each thread with the loads of KL_DIV_U rows (mask, label, the sparse teacher's status, weight)
- * in flight together, each CTA a fixed share, the shares added in order by the CTA that
- * completes the count (ce_div_finish). It lets the kernel after it start at once (the
- * soft-target path's cross-entropy kernel waits where it first reads the divisor). Measured
- * before it (one CTA of 1024 threads, a row each at a time): ~3 us per 1000 rows on an H200
- * (bench/RESULTS.md, session 49, call 9). */
-#define KL_DIV_THREADS 256
-#define KL_DIV_U 8
-#define KL_DIV_MAX_CTAS 4
-static_assert(KL_DIV_MAX_CTAS <= (int)(sizeof(((kl_ws_header *)0)->div_part) / sizeof(double)), "a share per CTA");
-static int kl_divisor_ctas(int64_t n_rows)
+/* The default mean divisor, sum of the weights of unmasked rows, in a fixed order (one CTA). */
+__global__ void __launch_bounds__(1024) kl_divisor_kernel(const kl_kparams p)
 {
-    const int64_t per = (int64_t)KL_DIV_THREADS * KL_DIV_U;
-    const int64_t c = (n_rows + per - 1) / per;
-    return (int)(c < 1 ? 1 : c > KL_DIV_MAX_CTAS ? KL_DIV_MAX_CTAS : c);
-}
-__global__ void __launch_bounds__(KL_DIV_THREADS) kl_divisor_kernel(const kl_kparams p)
-{
-    __shared__ double scratch[KL_DIV_THREADS / 32];
-#ifndef KL_DIV_NO_TRIGGER /* (experiment) */
-    lf_pdl_trigger();
-#endif
-    const int64_t step = (int64_t)gridDim.x * KL_DIV_THREADS;
+    __shared__ double scratch[1024 / 32];
     double acc = 0.0;
-    for (int64_t i0 = (int64_t)blockIdx.x * KL_DIV_THREADS + threadIdx.x; i0 < p.n_rows; i0 += KL_DIV_U * step) {
-        /* kl_row_status with its tests on the pointers outside the rows' loops (the same for every
-         * thread), so that the loads of the KL_DIV_U rows from each array are in flight together;
-         * a row past the end reads row n_rows - 1 and does not count */
-        int64_t ic[KL_DIV_U];
-        bool ok[KL_DIV_U];
-#pragma unroll
-        for (int u = 0; u < KL_DIV_U; ++u) {
-            const int64_t i = i0 + u * step;
-            ok[u] = i < p.n_rows;
-            ic[u] = ok[u] ? i : p.n_rows - 1;
-        }
-        if (p.mask) {
-            unsigned char m[KL_DIV_U];
-#pragma unroll
-            for (int u = 0; u < KL_DIV_U; ++u) m[u] = p.mask[ic[u]];
-#pragma unroll
-            for (int u = 0; u < KL_DIV_U; ++u) ok[u] = ok[u] && m[u] != 0;
-        }
-        if (p.labels) {
-            int64_t y[KL_DIV_U];
-            if (p.labels_i64) {
-#pragma unroll
-                for (int u = 0; u < KL_DIV_U; ++u) y[u] = ((const int64_t *)p.labels)[ic[u]];
-            } else {
-#pragma unroll
-                for (int u = 0; u < KL_DIV_U; ++u) y[u] = ((const int32_t *)p.labels)[ic[u]];
-            }
-#pragma unroll
-            for (int u = 0; u < KL_DIV_U; ++u) ok[u] = ok[u] && y[u] != p.ignore_index && y[u] >= 0 && y[u] < p.vocab;
-        }
-        if (p.ws_status) {
-            int sv[KL_DIV_U];
-#pragma unroll
-            for (int u = 0; u < KL_DIV_U; ++u) sv[u] = p.ws_status[ic[u]];
-#pragma unroll
-            for (int u = 0; u < KL_DIV_U; ++u) ok[u] = ok[u] && sv[u] == 0;
-        }
-        if (p.weights) {
-            float w[KL_DIV_U];
-#pragma unroll
-            for (int u = 0; u < KL_DIV_U; ++u) w[u] = p.weights[ic[u]];
-#pragma unroll
-            for (int u = 0; u < KL_DIV_U; ++u)
-                if (ok[u]) acc += (double)w[u];
-        } else {
-#pragma unroll
-            for (int u = 0; u < KL_DIV_U; ++u)
-                if (ok[u]) acc += 1.0;
-        }
-    }
-    ce_div_finish<KL_DIV_THREADS>(acc, scratch, p.ws->div_part, &p.ws->div_done, &p.ws->divisor);
+    for (int64_t i = threadIdx.x; i < p.n_rows; i += 1024)
+        if (kl_row_status(p, i) == 0) acc += p.weights ? (double)p.weights[i] : 1.0;
+    acc = lf_block_sum_f64<1024>(acc, scratch);
+    if (threadIdx.x == 0) p.ws->divisor = (float)acc;
 }
 
 /* A row's outputs (one thread). A row without two distributions (NaN, +inf, no mass on a side)
@@ -1817,7 +1751,7 @@ static lf_status kl_soft_plan(const kl_kparams &p, const kl_args *a, cudaStream_
 static lf_status kl_launch_soft(const kl_kparams &p, const kl_args *a, cudaStream_t stream, cudaError_t *cuda_err)
 {
     if (p.reduction == LF_REDUCE_MEAN && !p.divisor) {
-        kl_divisor_kernel<<<kl_divisor_ctas(p.n_rows), KL_DIV_THREADS, 0, stream>>>(p);
+        kl_divisor_kernel<<<1, 1024, 0, stream>>>(p);
         KL_CHECK(cudaGetLastError());
     }
     bool launched = false;
@@ -1863,8 +1797,8 @@ static lf_status kl_dispatch_t(const kl_kparams &p, lf_dtype tt, bool lin, const
 
 /* Validate, then launch (one kernel; one more for reduction mean without a divisor where a mask,
  * labels, weights or a sparse teacher are given, kl_divisor_kernel, and one more with a sparse
- * teacher: kl_topk_prep_kernel, O(k) per row to k = 512 and k^2 / 64 compares past it; the
- * soft-target path: the prep, the divisor kernel where it runs, the cross-entropy kernel).
+ * teacher: kl_topk_prep_kernel, k^2 / 64 compares per row (KL_PREP_HASHED: O(k) to k = 512);
+ * the soft-target path: the prep, the divisor kernel where it runs, the cross-entropy kernel).
  * Returns LF_OK,
  * LF_ERR_* for bad arguments (nothing launched), or LF_ERR_DEVICE with *cuda_err set. */
 static lf_status kl_launch(const kl_args *a, cudaStream_t stream, cudaError_t *cuda_err)
@@ -1987,7 +1921,7 @@ static lf_status kl_launch(const kl_args *a, cudaStream_t stream, cudaError_t *c
             p.s_ent_t = p.s_rest + a->n_rows;
         }
         const int64_t blocks = (a->n_rows + 7) / 8;
-        const int prep_smem = a->topk <= 32 * KL_PREP_REG ? KL_PREP_SMEM : 0; /* the hash tables */
+        const int prep_smem = KL_PREP_HASHED && a->topk <= 32 * KL_PREP_REG ? KL_PREP_SMEM : 0; /* hash tables */
         kl_topk_prep_kernel<<<(unsigned)(blocks < 4096 ? blocks : 4096), 256, prep_smem, stream>>>(p);
         KL_CHECK(cudaGetLastError());
         if (soft) return kl_launch_soft(p, a, stream, cuda_err);
@@ -1999,7 +1933,7 @@ static lf_status kl_launch(const kl_args *a, cudaStream_t stream, cudaError_t *c
          * filling while it ran, gained nothing: bench/RESULTS.md, session 46) */
         if (!a->labels && !a->mask && !a->weights && !sparse) p.divisor_n = (float)a->n_rows;
         else {
-            kl_divisor_kernel<<<kl_divisor_ctas(p.n_rows), KL_DIV_THREADS, 0, stream>>>(p);
+            kl_divisor_kernel<<<1, 1024, 0, stream>>>(p);
             KL_CHECK(cudaGetLastError());
         }
     }

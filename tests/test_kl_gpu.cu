@@ -639,8 +639,8 @@ static void run_case(const Case &c)
      * replay, starts from them); with side CTAs their row count of this launch is kept */
     kl_ws_header wh;
     CK(cudaMemcpy(&wh, ws.p, sizeof wh, cudaMemcpyDeviceToHost));
-    EXPECT(wh.rows_done == 0 && wh.row_next == 0 && wh.side_rows == 0 && wh.div_done == 0,
-           "workspace counters left at %llu, %llu, %u, %u", wh.rows_done, wh.row_next, wh.side_rows, wh.div_done);
+    EXPECT(wh.rows_done == 0 && wh.row_next == 0 && wh.side_rows == 0, "workspace counters left at %llu, %llu, %u", wh.rows_done,
+           wh.row_next, wh.side_rows);
     if (plan.side_ctas > 0) printf("     %d side CTAs took %u of %lld rows\n", plan.side_ctas, wh.side_rows_last, (long long)N);
     if (c.side_ctas > 0 && plan.side_ctas > 0 && !c.side_rest && !g_small && N >= 1000 && plan.ctas < g_sms) /* as below */
         EXPECT(wh.side_rows_last > 0, "%d side CTAs took no row of %lld", plan.side_ctas, (long long)N);
@@ -1876,8 +1876,8 @@ int main(int argc, char **argv)
         c.labels = true;
         c.bad_frac = 0.01;
         run_case(c);
-        /* the mean's divisor kernel at its most CTAs, each looping: labels, mask bytes and weights
-         * (every array its status loads), run twice for the same bits */
+        /* the mean's divisor over many rows: labels, mask bytes and weights (every array its
+         * status reads), run twice for the same bits */
         c.name = "200000 rows, mask, weights, mean";
         c.mask = true;
         c.weights = true;
