@@ -363,9 +363,8 @@ typedef struct kl_kparams {
     float *s_shift, *s_rest, *s_ent_t;
 } kl_kparams;
 
-/* 0 valid, 1 masked, 2 bad label or bad top-k pairs (also masked; with_pairs false: the pairs'
- * status, which kl_topk_prep_kernel writes, left out) */
-static __device__ __forceinline__ int kl_row_status(const kl_kparams &p, int64_t row, bool with_pairs = true)
+/* 0 valid, 1 masked, 2 bad label or bad top-k pairs (also masked) */
+static __device__ __forceinline__ int kl_row_status(const kl_kparams &p, int64_t row)
 {
     if (p.mask && !p.mask[row]) return 1;
     if (p.labels) {
@@ -373,7 +372,7 @@ static __device__ __forceinline__ int kl_row_status(const kl_kparams &p, int64_t
         if (y == p.ignore_index) return 1;
         if (y < 0 || y >= p.vocab) return 2;
     }
-    return with_pairs && p.ws_status ? p.ws_status[row] : 0;
+    return p.ws_status ? p.ws_status[row] : 0;
 }
 
 /* The mean's divisor: the caller's device scalar, else the host's n_rows where nothing can mask
@@ -385,7 +384,8 @@ static __device__ __forceinline__ float kl_mean_divisor(const kl_kparams &p)
 }
 
 /* A sparse teacher's rows, one warp each, before the main kernel: the pairs checked (indices
- * in [0, V) and distinct) and the raw value of the V - k untracked entries,
+ * in [0, V) and distinct: k^2 / 64 compares per lane, fine for the k of stored top-k lists)
+ * and the raw value of the V - k untracked entries,
  *     spread:  log((1 - sum_i exp(lp_i)) / (V - k)), the sum in double;
  *     -inf when dropped, when nothing is left (the sum >= 1) or k = V;
  *     NaN when a log-probability is NaN or +inf (the row's outputs NaN, as for dense input).
@@ -393,94 +393,24 @@ static __device__ __forceinline__ float kl_mean_divisor(const kl_kparams &p)
  * lp_i / tau and r / tau for the others, its lse (s_shift), q_r = exp(r / tau - lse) (s_rest),
  * H(q) = lse - sum_j q_j l_j (s_ent_t), all NaN for a row without mass or with a bad value; and
  * the row's label for cross-entropy (0, or -100 where the row is masked: mask byte, ignore_index,
- * a bad label or bad pairs, which count in *n_errors here).
- * Distinct indices: each pair is compared with the later ones, k^2 / 64 loads per lane, one
- * after another (measured on an H100 at 4096 rows of 64 pairs: 11.8 us, a warp's row; 5% of the
- * soft-target path's launch, bench/RESULTS.md, session 50). With KL_PREP_HASHED, rows of k <= 32
- * x KL_PREP_REG pairs (every k of the soft-target path) hold their pairs in registers,
- * KL_PREP_REG per lane, and insert them into the warp's hash table in dynamic shared memory
- * (KL_PREP_SMEM, launched only for such k; open addressing, at most half full; an index found
- * there is a repeat): O(k) per row. */
-#ifndef KL_PREP_HASHED
-#define KL_PREP_HASHED 0 /* 1: the hash tables below; 0 (for now): every row compares its pairs (not
-                          * yet run on a GPU: session 50 had no device time left for it; see
-                          * bench/RESULTS.md, session 50, for the call that switches it on) */
-#endif
-#define KL_PREP_REG 16
-#define KL_PREP_HASH_BITS 10
-#define KL_PREP_HASH (1 << KL_PREP_HASH_BITS)
-static_assert(KL_PREP_HASH >= 2 * 32 * KL_PREP_REG, "the table at most half full");
-#define KL_PREP_SMEM (8 * KL_PREP_HASH * (int)sizeof(int32_t)) /* a table per warp, 8 warps */
-
-/* Inserts index id (>= 0) into a warp's table (empty slots -1): its slot, or -1 where it was there
- * already (*bad set). */
-static __device__ __forceinline__ int kl_prep_insert(int32_t *tab, int32_t id, int *bad)
-{
-    unsigned h = ((unsigned)id * 2654435761u) >> (32 - KL_PREP_HASH_BITS);
-    for (;;) {
-        const int32_t old = atomicCAS(&tab[h], -1, id);
-        if (old == -1) return (int)h;
-        if (old == id) {
-            *bad = 1;
-            return -1;
-        }
-        h = (h + 1) & (KL_PREP_HASH - 1);
-    }
-}
-
+ * a bad label or bad pairs, which count in *n_errors here). */
 __global__ void __launch_bounds__(256) kl_topk_prep_kernel(const kl_kparams p)
 {
-    extern __shared__ int32_t tab_all[]; /* KL_PREP_SMEM bytes where hashed, else none */
     const int lane = (int)(threadIdx.x & 31u);
     const int64_t warps = (int64_t)gridDim.x * 8, w0 = (int64_t)blockIdx.x * 8 + threadIdx.x / 32;
     const int64_t k = p.topk;
-    const bool hashed = KL_PREP_HASHED && k <= 32 * KL_PREP_REG;
-    int32_t *tab = tab_all + (threadIdx.x / 32) * KL_PREP_HASH;
-    if (hashed) {
-        for (int t = lane; t < KL_PREP_HASH; t += 32) tab[t] = -1;
-        __syncwarp();
-    }
     for (int64_t row = w0; row < p.n_rows; row += warps) {
         const int32_t *idx = p.topk_idx + row * p.topk_stride;
         const float *lp = p.topk_lp + row * p.topk_stride;
-        /* the mask's and the label's status (loaded before the pairs' work, not after it) */
-        const int st0 = KL_PREP_HASHED && p.soft && lane == 0 ? kl_row_status(p, row, false) : 0;
         int bad = 0, nonfinite = 0;
         double in = 0.0;
-        if (hashed) {
-            int32_t id[KL_PREP_REG];
-            float l[KL_PREP_REG];
-            int slot[KL_PREP_REG];
-#pragma unroll
-            for (int u = 0; u < KL_PREP_REG; ++u) {
-                const int64_t i = lane + 32 * u;
-                id[u] = i < k ? idx[i] : -1;
-                l[u] = i < k ? lp[i] : 0.0f;
-            }
-#pragma unroll
-            for (int u = 0; u < KL_PREP_REG; ++u) {
-                slot[u] = -1;
-                if (lane + 32 * u < k) { /* (in the order of the loop below: the same sum) */
-                    nonfinite |= !(l[u] < LF_INF_F);
-                    in += l[u] < LF_INF_F ? exp((double)l[u]) : 0.0;
-                    if (id[u] < 0 || id[u] >= p.vocab) bad = 1;
-                    else slot[u] = kl_prep_insert(tab, id[u], &bad);
-                }
-            }
-            __syncwarp(); /* every lane's inserts and finds done: empty the table for the next row */
-#pragma unroll
-            for (int u = 0; u < KL_PREP_REG; ++u)
-                if (slot[u] >= 0) tab[slot[u]] = -1;
-            __syncwarp();
-        } else {
-            for (int64_t i = lane; i < k; i += 32) {
-                const int32_t id = idx[i];
-                const float l = lp[i];
-                bad |= id < 0 || id >= p.vocab;
-                for (int64_t j = i + 1; j < k; ++j) bad |= idx[j] == id;
-                nonfinite |= !(l < LF_INF_F);
-                in += l < LF_INF_F ? exp((double)l) : 0.0;
-            }
+        for (int64_t i = lane; i < k; i += 32) {
+            const int32_t id = idx[i];
+            const float l = lp[i];
+            bad |= id < 0 || id >= p.vocab;
+            for (int64_t j = i + 1; j < k; ++j) bad |= idx[j] == id;
+            nonfinite |= !(l < LF_INF_F);
+            in += l < LF_INF_F ? exp((double)l) : 0.0;
         }
         bad = __any_sync(0xffffffffu, bad);
         nonfinite = __any_sync(0xffffffffu, nonfinite);
@@ -520,8 +450,7 @@ __global__ void __launch_bounds__(256) kl_topk_prep_kernel(const kl_kparams p)
         S = lf_warp_sum_f64(S);
         A = lf_warp_sum_f64(A);
         if (lane != 0) continue;
-        int st = KL_PREP_HASHED ? st0 : kl_row_status(p, row); /* mask and label first: a row they mask
-                                                                * is not checked */
+        int st = kl_row_status(p, row); /* mask and label first: a row they mask is not checked */
         if (st == 0 && bad) st = 2;
         if (st == 2 && p.n_errors) atomicAdd(p.n_errors, 1u);
         p.s_label[row] = st == 0 ? 0 : -100;
@@ -1797,9 +1726,8 @@ static lf_status kl_dispatch_t(const kl_kparams &p, lf_dtype tt, bool lin, const
 
 /* Validate, then launch (one kernel; one more for reduction mean without a divisor where a mask,
  * labels, weights or a sparse teacher are given, kl_divisor_kernel, and one more with a sparse
- * teacher: kl_topk_prep_kernel, k^2 / 64 compares per row (KL_PREP_HASHED: O(k) to k = 512);
- * the soft-target path: the prep, the divisor kernel where it runs, the cross-entropy kernel).
- * Returns LF_OK,
+ * teacher: kl_topk_prep_kernel, k^2 / 64 compares per row; the soft-target path: the prep, the
+ * divisor kernel where it runs, the cross-entropy kernel). Returns LF_OK,
  * LF_ERR_* for bad arguments (nothing launched), or LF_ERR_DEVICE with *cuda_err set. */
 static lf_status kl_launch(const kl_args *a, cudaStream_t stream, cudaError_t *cuda_err)
 {
@@ -1921,8 +1849,7 @@ static lf_status kl_launch(const kl_args *a, cudaStream_t stream, cudaError_t *c
             p.s_ent_t = p.s_rest + a->n_rows;
         }
         const int64_t blocks = (a->n_rows + 7) / 8;
-        const int prep_smem = KL_PREP_HASHED && a->topk <= 32 * KL_PREP_REG ? KL_PREP_SMEM : 0; /* hash tables */
-        kl_topk_prep_kernel<<<(unsigned)(blocks < 4096 ? blocks : 4096), 256, prep_smem, stream>>>(p);
+        kl_topk_prep_kernel<<<(unsigned)(blocks < 4096 ? blocks : 4096), 256, 0, stream>>>(p);
         KL_CHECK(cudaGetLastError());
         if (soft) return kl_launch_soft(p, a, stream, cuda_err);
     }

@@ -400,11 +400,11 @@ static void run_case(const Case &c)
             klp[6 * kst + 1] = INFINITY;                         /* row 6: +inf log-prob: NaN row */
             for (int64_t i = 0; i < 7; ++i) planted.insert(i);
             topk_bad[0] = topk_bad[1] = topk_bad[2] = 1;
-            /* repeats the warp's hash table must find (kl_topk_prep_kernel): positions 0 and
-             * min(K - 1, 32) (for K > 32 in one lane's two registers), and 0, K / 2, K - 1 (for K > 32
-             * across lanes and registers; three times for K >= 3); the last two rows too, which
-             * with more rows than the prep's warps (32768) are a warp's second row, after a first
-             * that filled its table */
+            /* repeats kl_topk_prep_kernel must find, placed for any form of its check (a per-warp
+             * hash table with 32 lanes of registers was written in session 50, bench/RESULTS.md):
+             * positions 0 and min(K - 1, 32) (for K > 32 in one lane's two registers), and 0, K / 2,
+             * K - 1 (for K > 32 across lanes and registers; three times for K >= 3); the last two
+             * rows too, which with more rows than the prep's warps (32768) are a warp's second row */
             auto plant_repeats = [&](int64_t r1, int64_t r2) {
                 kidx[r1 * kst + std::min<int64_t>(K - 1, 32)] = kidx[r1 * kst + 0];
                 kidx[r2 * kst + K - 1] = kidx[r2 * kst + K / 2] = kidx[r2 * kst + 0];
@@ -1552,10 +1552,10 @@ int main(int argc, char **argv)
                 c = b; c.name = "sparse none, dloss, strides +5 / k+3"; c.red = LF_REDUCE_NONE; c.dloss = true; c.spad = 5; c.kpad = 3; run_case(c);
                 c = b; c.name = "sparse planted pairs"; c.plant_topk = true; c.stats = true; c.red = LF_REDUCE_NONE; run_case(c);
                 c = b; c.name = "sparse planted pairs, drop, mean"; c.plant_topk = true; c.rest = LF_KL_REST_DROP; run_case(c);
-                /* the prep's hash table with pairs in every register (KL_PREP_REG), and its compares past it */
+                /* the prep's check with 16 pairs per lane, and past 512 pairs */
                 c = b; c.name = "sparse planted pairs, 512 pairs"; c.plant_topk = true; c.topk = 512; c.red = LF_REDUCE_NONE; run_case(c);
                 c = b; c.name = "sparse planted pairs, 600 pairs"; c.plant_topk = true; c.topk = 600; c.red = LF_REDUCE_NONE; run_case(c);
-                if (V == 1000) { /* more rows than the prep's warps: tables reused, repeats in second rows */
+                if (V == 1000) { /* more rows than the prep's warps: repeats in a warp's second row */
                     c = b; c.name = "sparse planted pairs, 40000 rows of 64"; c.plant_topk = true; c.N = 40000; c.topk = 64;
                     run_case(c);
                 }
