@@ -1474,15 +1474,19 @@ static __device__ __forceinline__ void lf_grad_coef_onto_max_for(lf_grad_coef &c
     if (sizeof(T) == 4 || !(fabsf(c.sh) < 256.0f)) lf_grad_coef_onto_max(c, m, s);
 }
 
-/* g_j for one element (the dense part: without the label's -b). */
-template <bool FULL, bool SOFTCAP>
+/* g_j for one element (the dense part: without the label's -b). RKL: a p_j (z_j - zc) instead,
+ * the gradient of a reverse KL (p || q) whose log q_j is one value over the entries written
+ * (zc = lse + log q_j + KL; a NaN a for an infinite KL); z_j - zc is held at -FLT_MAX or above, so
+ * that an entry without mass (z_j = -inf, or an fp32 z_j whose p_j is 0) gives 0, not 0 x -inf. */
+template <bool FULL, bool SOFTCAP, bool RKL = false>
 static __device__ __forceinline__ float lf_ce_grad_elem(float x, int32_t j, const lf_grad_coef &c, const lf_xform &t,
-                                                        const float *class_w)
+                                                        const float *class_w, float zc = 0.0f)
 {
     const float z = lf_xform_apply<SOFTCAP>(x, t);
     const float p = lf_ex2(SOFTCAP ? fmaf(z, LF_LOG2E, -c.sh) : fmaf(x, t.scale_l2e, -c.sh));
     float g = c.a * p;
-    if (FULL) g -= c.e * (class_w ? __ldg(class_w + j) : 1.0f);
+    if (RKL) g *= fmaxf(z - zc, -3.402823466e38f);
+    else if (FULL) g -= c.e * (class_w ? __ldg(class_w + j) : 1.0f);
     if (SOFTCAP) {
         const float tt = fmaxf(z * t.inv_cap, -1.0f); /* tanh; -1 at a masked -inf entry */
         g *= 1.0f - tt * tt;
@@ -1504,11 +1508,12 @@ static __device__ __forceinline__ float lf_ce_label_grad(float x_y, int32_t y, c
 }
 
 /* Write the gradient of this thread's vectors of a piece. vec_ok: the output row has the input
- * row's phase (true in place), so 16-byte stores line up; otherwise elements go one by one. */
-template <int THREADS, bool FULL, bool SOFTCAP, typename T>
+ * row's phase (true in place), so 16-byte stores line up; otherwise elements go one by one.
+ * RKL, zc: lf_ce_grad_elem's reverse-KL form. */
+template <int THREADS, bool FULL, bool SOFTCAP, typename T, bool RKL = false>
 static __device__ __forceinline__ void lf_piece_grad_store(T *out_row, bool vec_ok, const uint4 *buf, const lf_row_span &sp,
                                                            int vbeg, int vend, const lf_grad_coef &c, const lf_xform &t,
-                                                           const float *class_w)
+                                                           const float *class_w, float zc = 0.0f)
 {
     const int PV = lf_elem<T>::per_vec;
     uint4 *body = reinterpret_cast<uint4 *>(out_row + sp.head);
@@ -1517,7 +1522,7 @@ static __device__ __forceinline__ void lf_piece_grad_store(T *out_row, bool vec_
         float x[PV], g[PV];
         lf_elem<T>::unpack(buf[v - vbeg], x);
 #pragma unroll
-        for (int e = 0; e < PV; ++e) g[e] = lf_ce_grad_elem<FULL, SOFTCAP>(x[e], sp.head + v * PV + e, c, t, class_w);
+        for (int e = 0; e < PV; ++e) g[e] = lf_ce_grad_elem<FULL, SOFTCAP, RKL>(x[e], sp.head + v * PV + e, c, t, class_w, zc);
         if (vec_ok) {
             lf_st16(body + v, lf_elem<T>::pack(g));
         } else {
@@ -1549,9 +1554,10 @@ template <typename T> static __device__ __forceinline__ bool lf_grad_fast_ok(flo
     return sizeof(T) == 2 && (fabsf(k) < 256.0f || k == LF_INF_F);
 }
 
-template <int THREADS, typename T, bool NEG, int NPOLY = 0, bool SUB = false>
+template <int THREADS, typename T, bool NEG, int NPOLY = 0, bool SUB = false, bool RKL = false>
 static __device__ __forceinline__ void lf_piece_grad_fast(T *out_row, const uint4 *buf, const lf_row_span &sp, int vbeg,
-                                                          int vend, float c, float k, float sub = 0.0f)
+                                                          int vend, float c, float k, float sub = 0.0f, float zs = 0.0f,
+                                                          float zc = 0.0f)
 {
     const int PV = lf_elem<T>::per_vec;
     uint4 *body = reinterpret_cast<uint4 *>(out_row + sp.head);
@@ -1564,6 +1570,7 @@ static __device__ __forceinline__ void lf_piece_grad_fast(T *out_row, const uint
             const float q = lf_impl_ex2_mix<NPOLY, PV>(fmaf(x[e], c, -k), e);
             g[e] = NEG ? -q : q;
             if (SUB) g[e] -= sub;
+            if (RKL) g[e] *= fmaxf(fmaf(x[e], zs, -zc), -3.402823466e38f); /* (z_j - zc: lf_ce_grad_elem) */
         }
         lf_st16(body + v, lf_elem<T>::pack(g));
     }
@@ -1575,24 +1582,26 @@ static __device__ __forceinline__ void lf_piece_grad_fast(T *out_row, const uint
  * caller's lf_piece_grad_store (a p_j with a's multiply, as exact as c: lf_grad_coef_onto_max).
  * One call site of each writer per kernel: a second inlined copy of the general writer cost a
  * bf16 fused forward+backward up to 1% on an H200. 16-byte stores (vec_ok). SUB: label
- * smoothing without class weights too, a p_j - c.e (one FADD more per element). */
-template <int THREADS, typename T, int NPOLY = 0, bool SUB = false>
+ * smoothing without class weights too, a p_j - c.e (one FADD more per element). RKL: a p_j
+ * (z_j - zc) with z_j = x_j scale (lf_ce_grad_elem's reverse-KL form; an FFMA, an FMNMX and an
+ * FMUL more per element). */
+template <int THREADS, typename T, int NPOLY = 0, bool SUB = false, bool RKL = false>
 static __device__ __forceinline__ bool lf_piece_grad_fast_if_ok(T *out_row, const uint4 *buf, const lf_row_span &sp,
                                                                 int vbeg, int vend, const lf_grad_coef &c, float k,
-                                                                float scale_l2e)
+                                                                float scale_l2e, float scale = 0.0f, float zc = 0.0f)
 {
     if (!lf_grad_fast_ok<T>(k)) return false;
-    if (c.a < 0.0f) lf_piece_grad_fast<THREADS, T, true, NPOLY, SUB>(out_row, buf, sp, vbeg, vend, scale_l2e, k, c.e);
-    else lf_piece_grad_fast<THREADS, T, false, NPOLY, SUB>(out_row, buf, sp, vbeg, vend, scale_l2e, k, c.e);
+    if (c.a < 0.0f) lf_piece_grad_fast<THREADS, T, true, NPOLY, SUB, RKL>(out_row, buf, sp, vbeg, vend, scale_l2e, k, c.e, scale, zc);
+    else lf_piece_grad_fast<THREADS, T, false, NPOLY, SUB, RKL>(out_row, buf, sp, vbeg, vend, scale_l2e, k, c.e, scale, zc);
     return true;
 }
 
 /* Write the gradient of this thread's edge element (if any). */
-template <bool FULL, bool SOFTCAP, typename T>
+template <bool FULL, bool SOFTCAP, typename T, bool RKL = false>
 static __device__ __forceinline__ void lf_edge_grad_store(T *out_row, const lf_edge &e, const lf_grad_coef &c,
-                                                          const lf_xform &t, const float *class_w)
+                                                          const lf_xform &t, const float *class_w, float zc = 0.0f)
 {
-    if (e.j >= 0) out_row[e.j] = lf_elem<T>::from_f32(lf_ce_grad_elem<FULL, SOFTCAP>(e.x, e.j, c, t, class_w));
+    if (e.j >= 0) out_row[e.j] = lf_elem<T>::from_f32(lf_ce_grad_elem<FULL, SOFTCAP, RKL>(e.x, e.j, c, t, class_w, zc));
 }
 
 /* Zero this CTA's slice of an output row (and, on rank 0, its edges): the gradient of an

@@ -167,7 +167,7 @@ int main(int argc, char **argv)
             const bool static_rows = kv >= 15 && kv < 20, noside = kv >= 20;
             if (("," + kinds + ",").find("," + std::string(names[k]) + ",") == std::string::npos) continue;
             if (sched != KL_SCHED_AUTO && !variants) continue;
-            /* a sparse teacher: the automatic plan (the soft-target path for forward KL and soft CE,
+            /* a sparse teacher: the automatic plan (the soft-target path for forward KL, soft CE and reverse KL,
              * kl_launch_soft) and the streamed one */
             if (sched == KL_SCHED_RESIDENT && topk >= 0) continue;
             kl_args b0 = a;

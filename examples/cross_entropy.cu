@@ -961,12 +961,38 @@ struct ce_xchg_none {
  * the target's log-value decides): for a listed entry a finite lq, for the others rest > 0 (a
  * caller whose rest underflows passes FLT_TRUE_MIN). A thread whose own z sum came out -inf
  * sums q_rest z over its finite elements again (no overflow at finfo.min masks) and looks its
- * -inf ones up in the list: rare, masked vocabularies. A NaN shift or rest makes the row NaN. */
+ * -inf ones up in the list: rare, masked vocabularies. A NaN shift or rest makes the row NaN.
+ *
+ * ce_soft_rev (the same fields; rest then holds log q_rest: -inf where the other entries have no
+ * mass, NaN for a bad row) takes the reverse KL(p || q) instead, still one read of the row:
+ *     KL   = sum_j p_j (z_j - lse - log q_j) = u / s - log s
+ *            over the row's merged state (m, s, u) (lossfuse.h lf_lse), once each entry's term
+ *            e^{z_j - m} (z_j - m) in u carries its - e^{z_j - m} log q_j as well (u moves with m
+ *            as e^{z - m} does, so the merges carry it exactly). Where q_rest > 0 the listed
+ *            entries leave the statistics pass (ce_soft_mark_rev: -inf in the staged slice, an
+ *            edge element flagged, one more barrier of the group per row), each thread takes
+ *            log q_rest s off its own u, and the pairs' holders add their entries with their
+ *            own log q_i (ce_soft_terms_rev). So the unlisted mass is summed, never found as
+ *            1 minus the listed (which, times a log q_rest of hundreds of nats at temperature
+ *            0.05, cost 0.002-0.004 nats in fp32: session 51). Where q_rest = 0 nothing is
+ *            marked: the pass sums every entry and the holders take e^{z_i - m} log q_i off u.
+ *     loss = KL * loss_scale * w[row]
+ *     grad = g p_j (z_j - lse - log q_j - KL) dz/dx   (lf_ce_grad_elem's RKL form: for the
+ *            entries not listed one zc per row, the listed ones patched after the row's end)
+ * +inf where p has mass that q lacks: a listed pair at log q_i = -inf under a student entry that
+ * is not -inf, or, where q_rest = 0, a student entry that is not -inf off the list (counted:
+ * each thread's elements that are not -inf, minus its listed pairs', summed by the merges in
+ * wz, which holds that count instead of the z sum; the z sum's -inf tells a thread to count its
+ * elements one by one); and, as kl_distill.cu's dense kernels (lf_kl_rev_fit), a finite KL past
+ * FLT_MAX ln 2 (a listed log q_i near -FLT_MAX under the student's mass). An infinite or NaN KL
+ * gives a NaN gradient row (lossfuse.h's reference).
+ * H(p) is not available (u holds the pairs' terms): ent_p_out must be NULL. */
 #ifndef CE_SOFT_PAIRS
 #define CE_SOFT_PAIRS 2
 #endif
 struct ce_soft {
     static constexpr bool on = false;
+    static constexpr bool rev = false; /* the reverse KL (ce_soft_rev) */
     static constexpr int groups = CE_RES_GROUPS;
     static constexpr int min_stages = CE_RES_MIN_STAGES;
     const int32_t *idx;  /* [N, ld]: the listed columns */
@@ -982,12 +1008,27 @@ struct ce_soft {
     float loss_scale;
     float *kl_out, *ent_p_out, *ent_q_out; /* optional [N] */
 };
+struct ce_soft_rev : ce_soft {
+    static constexpr bool rev = true;
+};
 template <class X>
 struct ce_is_soft {
     static constexpr bool value = false;
 };
 template <>
 struct ce_is_soft<ce_soft> {
+    static constexpr bool value = true;
+};
+template <>
+struct ce_is_soft<ce_soft_rev> {
+    static constexpr bool value = true;
+};
+template <class X> /* (a trait: the other hooks, ce_xchg_none and the exchanges, have no rev) */
+struct ce_is_soft_rev {
+    static constexpr bool value = false;
+};
+template <>
+struct ce_is_soft_rev<ce_soft_rev> {
     static constexpr bool value = true;
 };
 
@@ -1095,6 +1136,138 @@ static __device__ __forceinline__ void ce_soft_terms(lf_row_stats &st, ce_soft_p
     st.wz = acc;
 }
 
+/* The elements of this thread's part of the row (its body vectors, its edge element) that are not
+ * -inf, one by one: where its z sum came out -inf (an element -inf, or finfo.min ones overflowed
+ * it). Rare: masked vocabularies. */
+template <int TH, typename T, bool SOFTCAP>
+static __device__ __noinline__ float ce_soft_rev_count_rare(const uint4 *b, int sb, int se, const lf_edge &edge, const lf_xform t)
+{
+    const int PV = lf_elem<T>::per_vec;
+    int n = 0;
+    for (int v = sb + (int)threadIdx.x; v < se; v += TH) {
+        float xs[PV];
+        lf_elem<T>::unpack(b[v - sb], xs);
+        for (int e = 0; e < PV; ++e) n += lf_xform_apply<SOFTCAP>(xs[e], t) != -LF_INF_F;
+    }
+    if (edge.j >= 0) n += lf_xform_apply<SOFTCAP>(edge.x, t) != -LF_INF_F;
+    return (float)n;
+}
+
+/* ce_soft_rev where q_rest > 0 (lr finite), before the statistics pass: this thread's listed
+ * pairs that the CTA holds take their raw logit (pr[u].x) and log q_i (pr[u].q), and their entries
+ * leave the pass: a body entry becomes -inf in the staged slice b (then fence.proxy.async: the
+ * stage's next bulk load is the async proxy's write over it), an edge element (rank 0's, read
+ * from x) is flagged in *emask, bit = its thread (lf_row_edge_issue: threads 0..7 the head,
+ * 8..15 the tail). The pairs of other CTAs: pr[u].j = -1. The group's barrier follows. */
+template <typename T>
+static __device__ __forceinline__ void ce_soft_mark_rev(ce_soft_pair *pr, const ce_soft &xc, float shift, const T *x, uint4 *b,
+                                                        const lf_row_span &sp, int sb, int se, bool edges, unsigned *emask)
+{
+    const int PV = lf_elem<T>::per_vec;
+    bool wrote = false;
+#pragma unroll
+    for (int u = 0; u < CE_SOFT_PAIRS; ++u) {
+        if (pr[u].j < 0) continue;
+        const int32_t j = pr[u].j;
+        const int64_t jb = (int64_t)j - sp.head;
+        if (jb < 0 || jb >= (int64_t)sp.nvec * PV) {
+            if (!edges) {
+                pr[u].j = -1;
+                continue;
+            }
+            pr[u].x = lf_elem<T>::to_f32(x[j]);
+            atomicOr(emask, 1u << (jb < 0 ? j : 8 + (int)(jb - (int64_t)sp.nvec * PV)));
+        } else {
+            const int v = (int)(jb / PV);
+            if (v < sb || v >= se) {
+                pr[u].j = -1;
+                continue;
+            }
+            T *e = reinterpret_cast<T *>(b + (v - sb)) + (int)(jb % PV);
+            pr[u].x = lf_elem<T>::to_f32(*e);
+            *e = lf_elem<T>::from_f32(-LF_INF_F);
+            wrote = true;
+        }
+        pr[u].q = fmaf(pr[u].q, xc.lq_scale, -shift);
+    }
+    if (wrote) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+/* ce_soft_rev's part of ce_soft_terms, by each thread before the block merge: its listed pairs'
+ * terms into st.lse, and in st.wz (its z sum until now) the entries where p has mass that q
+ * lacks, counted (see ce_soft_rev). lr = log q_rest. marked: ce_soft_mark_rev ran (lr finite;
+ * pr[] holds the raw logits and log q_i already, the pass left the pairs out): u takes lr s off,
+ * and each pair adds e^{z_i - m} to s and e^{z_i - m} (z_i - m - log q_i) to u. Not marked
+ * (lr -inf or NaN): the pass summed the pairs, whose - e^{z_i - m} log q_i joins u. The pairs
+ * it holds keep their raw logit and log q_i in pr[] for the gradient's patch. */
+template <int TH, typename T, bool SOFTCAP>
+static __device__ __forceinline__ void ce_soft_terms_rev(lf_row_stats &st, ce_soft_pair *pr, const ce_soft &xc, float lr,
+                                                         float shift, bool marked, const T *x, const uint4 *b,
+                                                         const lf_row_span &sp, int sb, int se, const lf_edge &edge,
+                                                         bool edges, const lf_xform &t)
+{
+    const bool none_off = lr == -LF_INF_F; /* q has no mass off the list */
+    float bad = 0.0f;
+    if (none_off) { /* this thread's elements not -inf, less (below) its listed ones not -inf */
+        if (st.wz == -LF_INF_F) {
+            bad = ce_soft_rev_count_rare<TH, T, SOFTCAP>(b, sb, se, edge, t);
+        } else {
+            const int nv = (int)threadIdx.x < se - sb ? (se - sb - 1 - (int)threadIdx.x) / TH + 1 : 0;
+            bad = (float)(nv * lf_elem<T>::per_vec + (edge.j >= 0));
+        }
+    }
+    if (marked) st.lse.u = fmaf(-lr, st.lse.s, st.lse.u); /* e^{z_j - m} (z_j - m - log q_rest) */
+#pragma unroll
+    for (int u = 0; u < CE_SOFT_PAIRS; ++u) {
+        if (pr[u].j < 0) continue;
+        if (!marked) {
+            float xv;
+            if (!ce_soft_held<T>(x, b, sp, sb, se, edges, pr[u].j, &xv)) {
+                pr[u].j = -1; /* another CTA's column */
+                continue;
+            }
+            pr[u].x = xv;
+            pr[u].q = fmaf(pr[u].q, xc.lq_scale, -shift); /* log q_i */
+        }
+        const float lq = pr[u].q;
+        const float z = lf_xform_apply<SOFTCAP>(pr[u].x, t);
+        if (z == -LF_INF_F) continue; /* no mass, and not counted above */
+        if (none_off) bad -= 1.0f;
+        if (marked && !(z < LF_INF_F)) { /* a NaN or +inf the pass did not see: the row is NaN */
+            st.lse.s = NAN;
+            continue;
+        }
+        if (lq == -LF_INF_F) {
+            bad += 1.0f; /* q_i = 0 under p_i's (if only below fp32's range) mass */
+            continue;
+        }
+        if (lf_massless(z)) continue; /* finfo.min: no mass (lossfuse.h's reference) */
+        if (z > st.lse.m) { /* (another thread summed it, or nobody did: this one's maximum may lie below) */
+            lf_impl_lse_rescale(st.lse.m, z, &st.lse.s, &st.lse.u);
+            st.lse.m = z;
+        }
+        const float e = lf_exp_diff(z, st.lse.m);
+        if (marked) {
+            st.lse.s += e;
+            st.lse.u = fmaf(e, fmaxf(z - st.lse.m, -3.402823466e38f) - lq, st.lse.u); /* (as lf_lse_push) */
+        } else {
+            st.lse.u = fmaf(-e, lq, st.lse.u);
+        }
+    }
+    st.wz = bad;
+}
+
+/* ce_soft_rev: the row's KL from its merged statistics (rs.wz: the count of ce_soft_terms_rev)
+ * and lr = log q_rest; NaN where p has no finite lse or the target is bad (lr NaN); +inf for a
+ * support mismatch, or a KL past FLT_MAX ln 2 (as lf_kl_rev_fit). */
+static __device__ __forceinline__ float ce_soft_rev_kl(const lf_row_stats &rs, float lr)
+{
+    if (!(fabsf(lf_lse_final(rs.lse)) < LF_INF_F) || lr != lr) return NAN;
+    if (rs.wz > 0.0f) return LF_INF_F;
+    const float kl = rs.lse.u / rs.lse.s - logf(rs.lse.s);
+    return kl < LF_INF_F && !(__fmul_rn(kl, LF_LOG2E) < LF_INF_F) ? LF_INF_F : kl;
+}
+
 /* A soft-target row's outputs, by one thread: its loss where the reduction finds it (acc, cache:
  * as ce_row_outputs) and the per-row values asked for. */
 template <class S> /* (S = ce_soft: a template, so that a file without soft targets compiles none) */
@@ -1104,6 +1277,14 @@ static __device__ __forceinline__ void ce_soft_row_outputs(const ce_kparams &p, 
     const float lse = lf_lse_final(rs.lse);
     const float h = xc.ent_q ? xc.ent_q[row] : 0.0f;
     const bool ok = fabsf(lse) < LF_INF_F && h == h;
+    if constexpr (S::rev) { /* (the row's lr is NaN where h is: kl_topk_prep_kernel) */
+        const float kl = ce_soft_rev_kl(rs, __ldg(xc.rest + row));
+        if (xc.kl_out) xc.kl_out[row] = kl;
+        if (xc.ent_q_out) xc.ent_q_out[row] = ok ? h : NAN;
+        if (p.lse) p.lse[row] = lse;
+        ce_row_loss_out(p, row, lse, kl * xc.loss_scale * (xc.w ? xc.w[row] : 1.0f), 0.0f, acc, cache, false);
+        return;
+    }
     float ce = (rs.lse.m - rs.wz) + logf(rs.lse.s); /* lse - sum q z, without lse's rounding */
     if (!(fabsf(lse) < LF_INF_F)) ce = NAN;
     const float kl = ce - h;
@@ -1170,6 +1351,7 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
     __shared__ unsigned am_key[G][CE_SLOTS];
     __shared__ int am_nan[G][CE_SLOTS];
     __shared__ float xy_s[G][CE_SLOTS];
+    __shared__ unsigned emask[G]; /* ce_soft_rev: the listed edge elements of the group's row (ce_soft_mark_rev) */
     __shared__ int is_last;
 
     const int grp = (int)threadIdx.y, bar = 1 + grp;
@@ -1202,6 +1384,7 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
         }
         lf_mbar_init_fence();
     }
+    if (threadIdx.x == 0) emask[grp] = 0u;
     if (threadIdx.x < CE_SLOTS) {
         am_key[grp][threadIdx.x] = lf_argmax_key(-LF_INF_F);
         am_nan[grp][threadIdx.x] = INT_MAX;
@@ -1380,7 +1563,8 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
          * the row's coefficients */
         [[maybe_unused]] ce_soft_pair pr[SOFT ? CE_SOFT_PAIRS : 1];
         [[maybe_unused]] lf_grad_coef s_coef;
-        [[maybe_unused]] float q_rest = 0.0f, s_gs = 0.0f;
+        [[maybe_unused]] float q_rest = 0.0f, s_gs = 0.0f; /* (ce_soft_rev: q_rest holds log q_rest) */
+        [[maybe_unused]] float s_zc = 0.0f;                /* ce_soft_rev: lse + KL, for the patch */
         if constexpr (SOFT) {
 #pragma unroll
             for (int u = 0; u < CE_SOFT_PAIRS; ++u) pr[u].j = -1;
@@ -1405,13 +1589,31 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
                 shift = __ldg(xc.shift + row);
                 ce_soft_pairs_load<TH>(pr, xc, row);
             }
+            [[maybe_unused]] bool marked = false; /* ce_soft_rev: the pairs left the pass (ce_soft_mark_rev) */
+            if constexpr (ce_is_soft_rev<X>::value) {
+                marked = q_rest > -LF_INF_F; /* (the row's, so the group's barrier is uniform) */
+                if (marked) {
+                    ce_soft_mark_rev<T>(pr, xc, shift, x, const_cast<uint4 *>(b), sp, sb, se, rank == 0, &emask[grp]);
+                    lf_block_bar<TH>(bar);
+                }
+            }
             if (fast)
                 lf_piece_stats_fast<TH, T, FULL, CE_RES_POLY, !SOFT>(st, la, &am_key[grp][par], b, sp, sb, se, p.xf,
                                                                      SOFT || p.eps > 0.0f); /* (no argmax for a soft target) */
             else lf_piece_stats<TH, T, FULL, SOFTCAP>(st, b, sp, sb, se, p.xf, p.class_w);
             const lf_edge edge = lf_edge_resolve<T>(eraw);
-            lf_edge_stats<FULL, SOFTCAP>(st, edge, p.xf, p.class_w);
-            if constexpr (SOFT)
+            if constexpr (ce_is_soft_rev<X>::value) {
+                lf_edge es = edge; /* a listed edge element, flagged, is its holder's to add */
+                if (marked && edge.j >= 0 && (emask[grp] >> threadIdx.x & 1u)) {
+                    es.j = -1;
+                    atomicAnd(&emask[grp], ~(1u << threadIdx.x)); /* (read and cleared by this thread only) */
+                }
+                lf_edge_stats<FULL, SOFTCAP>(st, es, p.xf, p.class_w);
+                ce_soft_terms_rev<TH, T, SOFTCAP>(st, pr, xc, q_rest, shift, marked, x, b, sp, sb, se, edge, rank == 0, p.xf);
+            } else {
+                lf_edge_stats<FULL, SOFTCAP>(st, edge, p.xf, p.class_w);
+            }
+            if constexpr (SOFT && !ce_is_soft_rev<X>::value)
                 ce_soft_terms<TH, T, SOFTCAP>(st, pr, xc, row, q_rest, shift, x, b, sp, sb, se, edge, rank == 0, p.xf);
             draw_label();
             CE_TR(1);
@@ -1515,18 +1717,26 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
                     inv_div = d == 0.0f ? 0.0f : 1.0f / d;
                 }
                 lf_grad_coef coef = lf_grad_coef_make(g * inv_div, lse, p.eps, p.lam, w_y, wsum, YV, p.xf);
-                if constexpr (SOFT) { /* (eps and lam 0, w_y 1: a = g scale) the rest's mass everywhere */
+                constexpr bool RKL = ce_is_soft_rev<X>::value; /* a p_j (z_j - zc) (ce_soft_rev) */
+                [[maybe_unused]] float zc = 0.0f;
+                if constexpr (RKL) { /* zc = lse + KL + log q_rest for the entries not listed */
+                    const float kl = ce_soft_rev_kl(st, q_rest);
+                    if (!(fabsf(kl) < LF_INF_F)) coef.a = NAN; /* an infinite KL has no gradient */
+                    coef.e = 0.0f;
+                    s_zc = lse + kl;
+                    zc = s_zc + (q_rest == -LF_INF_F ? 0.0f : q_rest); /* (none there: p_j = 0, any zc) */
+                } else if constexpr (SOFT) { /* (eps and lam 0, w_y 1: a = g scale) the rest's mass everywhere */
                     s_gs = coef.a;
                     coef.e = coef.a * q_rest;
                 }
                 lf_grad_coef_onto_max_for<T>(coef, mx, sx); /* p_j against m: no lse rounding */
                 const bool vec_ok = ((uintptr_t)out & 15u) == (uintptr_t)sp.phase;
-                if (rank == 0) lf_edge_grad_store<FULL, SOFTCAP>(out, edge, coef, p.xf, p.class_w);
+                if (rank == 0) lf_edge_grad_store<FULL, SOFTCAP, T, RKL>(out, edge, coef, p.xf, p.class_w, zc);
                 if constexpr (SOFT) s_coef = coef;
                 if (!((SOFT ? fast : fast_grad) && vec_ok &&
-                      lf_piece_grad_fast_if_ok<TH, T, CE_RES_POLY, SOFT>(out, b, sp, sb, se, coef, lf_grad_fast_k(coef),
-                                                                         p.xf.scale_l2e)))
-                    lf_piece_grad_store<TH, FULL, SOFTCAP>(out, vec_ok, b, sp, sb, se, coef, p.xf, p.class_w);
+                      lf_piece_grad_fast_if_ok<TH, T, CE_RES_POLY, SOFT && !RKL, RKL>(
+                          out, b, sp, sb, se, coef, lf_grad_fast_k(coef), p.xf.scale_l2e, p.xf.scale, zc)))
+                    lf_piece_grad_store<TH, FULL, SOFTCAP, T, RKL>(out, vec_ok, b, sp, sb, se, coef, p.xf, p.class_w, zc);
                 if (y_here) ce_label_grad_patch<TH, T, FULL, SOFTCAP>(out, b, sp, sb, se, edge, rank == 0, yl, coef, p);
             }
             /* the CTA that writes the row's outputs: the label's (its logit is there); with an
@@ -1543,13 +1753,19 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
          * last warp to finish reload it instead, counted with a shared atomic, is no faster; with a
          * fence before the count it is 9% slower, the fence waiting for the gradient stores.) */
         lf_block_bar<TH>(bar);
-        if constexpr (SOFT && GRAD) { /* the listed entries: g (p_i - q_i), after every thread's dense stores */
+        if constexpr (SOFT && GRAD) { /* the listed entries: g (p_i - q_i), after every thread's dense stores
+                                       * (ce_soft_rev: g p_i (z_i - lse - KL - log q_i)) */
 #pragma unroll
             for (int u = 0; u < CE_SOFT_PAIRS; ++u) {
                 if (pr[u].j < 0) continue;
-                lf_grad_coef ck = s_coef;
-                ck.b = s_gs * (pr[u].q - q_rest);
-                out[pr[u].j] = lf_elem<T>::from_f32(lf_ce_label_grad<FULL, SOFTCAP>(pr[u].x, pr[u].j, ck, p.xf, nullptr));
+                if constexpr (ce_is_soft_rev<X>::value) {
+                    out[pr[u].j] = lf_elem<T>::from_f32(
+                        lf_ce_grad_elem<FULL, SOFTCAP, true>(pr[u].x, pr[u].j, s_coef, p.xf, nullptr, s_zc + pr[u].q));
+                } else {
+                    lf_grad_coef ck = s_coef;
+                    ck.b = s_gs * (pr[u].q - q_rest);
+                    out[pr[u].j] = lf_elem<T>::from_f32(lf_ce_label_grad<FULL, SOFTCAP>(pr[u].x, pr[u].j, ck, p.xf, nullptr));
+                }
             }
         }
         if (threadIdx.x == 0 && dyn) {

@@ -20,7 +20,11 @@
  *   at the k listed entries, so the loss is examples/cross_entropy.cu's row-resident kernel with
  *   label smoothing's per-row mass q_r and k patched labels (its hook ce_soft), each student row
  *   read once: soft CE = lse - sum_j q_j z_j, forward KL = soft CE - H(q), H(q) and the
- *   teacher's lse per row from its k + 1 values (kl_topk_prep_kernel, in double). Every other
+ *   teacher's lse per row from its k + 1 values (kl_topk_prep_kernel, in double). Reverse KL
+ *   (and JSD at beta 1) takes it too where neither kl_fwd nor ent_s is asked for (its hook
+ *   ce_soft_rev: KL = -H(p) - log q_r - sum_listed p_i (log q_i - log q_r), the pairs' terms
+ *   carried in the entropy sum of the student's online softmax, gradient p_j (log p_j - log q_j
+ *   - KL) with the listed entries patched; the entropy of p is then not available). Every other
  *   case builds the teacher in shared memory, piece by piece (fill with the rest value, scatter
  *   the pairs), and runs the dense passes: every loss and option above works with it.
  *   (definitions and gradients: lossfuse.h section 8, lf_ref_kl_row). Forward + backward in ONE
@@ -232,8 +236,9 @@ typedef struct kl_args {
  *                      whole row-pair slices in a ring of stages filled by the copy engine;
  *                      pairs too wide for three stages are split over a cluster. Each pair is
  *                      read from HBM once. With a sparse teacher: the soft-target path (forward
- *                      KL or soft CE, 16-bit student, k <= KL_SOFT_MAX_K, no kl_rev output;
- *                      kl_launch_soft), each student row read once. Where it does not apply,
+ *                      KL or soft CE without a kl_rev output, or reverse KL without kl_fwd and
+ *                      ent_s outputs; 16-bit student, k <= KL_SOFT_MAX_K; kl_launch_soft), each
+ *                      student row read once. Where it does not apply,
  *                      LF_ERR_ARG (or, for the device, LF_ERR_DEVICE; the soft-target path where
  *                      its ring cannot hold a row, or n_rows >= 2^32: LF_ERR_SIZE).
  *   KL_SCHED_AUTO      resident for forward + backward of every kind where it applies (a
@@ -363,8 +368,9 @@ typedef struct kl_kparams {
     float *s_shift, *s_rest, *s_ent_t;
 } kl_kparams;
 
-/* 0 valid, 1 masked, 2 bad label or bad top-k pairs (also masked) */
-static __device__ __forceinline__ int kl_row_status(const kl_kparams &p, int64_t row)
+/* 0 valid, 1 masked, 2 bad label or bad top-k pairs (also masked; with_pairs false: the pairs'
+ * status, which kl_topk_prep_kernel writes, left out) */
+static __device__ __forceinline__ int kl_row_status(const kl_kparams &p, int64_t row, bool with_pairs = true)
 {
     if (p.mask && !p.mask[row]) return 1;
     if (p.labels) {
@@ -372,7 +378,7 @@ static __device__ __forceinline__ int kl_row_status(const kl_kparams &p, int64_t
         if (y == p.ignore_index) return 1;
         if (y < 0 || y >= p.vocab) return 2;
     }
-    return p.ws_status ? p.ws_status[row] : 0;
+    return with_pairs && p.ws_status ? p.ws_status[row] : 0;
 }
 
 /* The mean's divisor: the caller's device scalar, else the host's n_rows where nothing can mask
@@ -384,33 +390,98 @@ static __device__ __forceinline__ float kl_mean_divisor(const kl_kparams &p)
 }
 
 /* A sparse teacher's rows, one warp each, before the main kernel: the pairs checked (indices
- * in [0, V) and distinct: k^2 / 64 compares per lane, fine for the k of stored top-k lists)
- * and the raw value of the V - k untracked entries,
+ * in [0, V) and distinct) and the raw value of the V - k untracked entries,
  *     spread:  log((1 - sum_i exp(lp_i)) / (V - k)), the sum in double;
  *     -inf when dropped, when nothing is left (the sum >= 1) or k = V;
  *     NaN when a log-probability is NaN or +inf (the row's outputs NaN, as for dense input).
  * For the soft-target path (p.soft, kl_launch_soft) also, in double: the teacher at tau, l_i =
- * lp_i / tau and r / tau for the others, its lse (s_shift), q_r = exp(r / tau - lse) (s_rest),
+ * lp_i / tau and r / tau for the others, its lse (s_shift), q_r = exp(r / tau - lse) (s_rest;
+ * for reverse KL its log, r / tau - lse, or -inf where there is no rest: ce_soft_rev),
  * H(q) = lse - sum_j q_j l_j (s_ent_t), all NaN for a row without mass or with a bad value; and
  * the row's label for cross-entropy (0, or -100 where the row is masked: mask byte, ignore_index,
- * a bad label or bad pairs, which count in *n_errors here). */
+ * a bad label or bad pairs, which count in *n_errors here).
+ * Distinct indices: rows of k <= 32 x KL_PREP_REG pairs (every k of the soft-target path) hold
+ * their pairs in registers, KL_PREP_REG per lane, and insert them into the warp's hash table in
+ * dynamic shared memory (KL_PREP_SMEM, launched only for such k; open addressing, at most half
+ * full; an index found there is a repeat), O(k) per row; longer rows compare each pair with the
+ * later ones, k^2 / 64 loads per lane. (Measured
+ * on an H100 at 4096 rows of 64 pairs, before the table: 11.8 us, as long as a warp's row: the
+ * compares' loads one after another, bench/RESULTS.md, session 50.) */
+#define KL_PREP_REG 16
+#define KL_PREP_HASH_BITS 10
+#define KL_PREP_HASH (1 << KL_PREP_HASH_BITS)
+static_assert(KL_PREP_HASH >= 2 * 32 * KL_PREP_REG, "the table at most half full");
+#define KL_PREP_SMEM (8 * KL_PREP_HASH * (int)sizeof(int32_t)) /* a table per warp, 8 warps */
+
+/* Inserts index id (>= 0) into a warp's table (empty slots -1): its slot, or -1 where it was there
+ * already (*bad set). */
+static __device__ __forceinline__ int kl_prep_insert(int32_t *tab, int32_t id, int *bad)
+{
+    unsigned h = ((unsigned)id * 2654435761u) >> (32 - KL_PREP_HASH_BITS);
+    for (;;) {
+        const int32_t old = atomicCAS(&tab[h], -1, id);
+        if (old == -1) return (int)h;
+        if (old == id) {
+            *bad = 1;
+            return -1;
+        }
+        h = (h + 1) & (KL_PREP_HASH - 1);
+    }
+}
+
 __global__ void __launch_bounds__(256) kl_topk_prep_kernel(const kl_kparams p)
 {
+    extern __shared__ int32_t tab_all[]; /* KL_PREP_SMEM bytes where hashed, else none */
     const int lane = (int)(threadIdx.x & 31u);
     const int64_t warps = (int64_t)gridDim.x * 8, w0 = (int64_t)blockIdx.x * 8 + threadIdx.x / 32;
     const int64_t k = p.topk;
+    const bool hashed = k <= 32 * KL_PREP_REG;
+    int32_t *tab = tab_all + (threadIdx.x / 32) * KL_PREP_HASH;
+    if (hashed) {
+        for (int t = lane; t < KL_PREP_HASH; t += 32) tab[t] = -1;
+        __syncwarp();
+    }
     for (int64_t row = w0; row < p.n_rows; row += warps) {
         const int32_t *idx = p.topk_idx + row * p.topk_stride;
         const float *lp = p.topk_lp + row * p.topk_stride;
+        /* the mask's and the label's status (loaded before the pairs' work, not after it) */
+        const int st0 = p.soft && lane == 0 ? kl_row_status(p, row, false) : 0;
         int bad = 0, nonfinite = 0;
         double in = 0.0;
-        for (int64_t i = lane; i < k; i += 32) {
-            const int32_t id = idx[i];
-            const float l = lp[i];
-            bad |= id < 0 || id >= p.vocab;
-            for (int64_t j = i + 1; j < k; ++j) bad |= idx[j] == id;
-            nonfinite |= !(l < LF_INF_F);
-            in += l < LF_INF_F ? exp((double)l) : 0.0;
+        if (hashed) {
+            int32_t id[KL_PREP_REG];
+            float l[KL_PREP_REG];
+            int slot[KL_PREP_REG];
+#pragma unroll
+            for (int u = 0; u < KL_PREP_REG; ++u) {
+                const int64_t i = lane + 32 * u;
+                id[u] = i < k ? idx[i] : -1;
+                l[u] = i < k ? lp[i] : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < KL_PREP_REG; ++u) {
+                slot[u] = -1;
+                if (lane + 32 * u < k) { /* (in the order of the loop below: the same sum) */
+                    nonfinite |= !(l[u] < LF_INF_F);
+                    in += l[u] < LF_INF_F ? exp((double)l[u]) : 0.0;
+                    if (id[u] < 0 || id[u] >= p.vocab) bad = 1;
+                    else slot[u] = kl_prep_insert(tab, id[u], &bad);
+                }
+            }
+            __syncwarp(); /* every lane's inserts and finds done: empty the table for the next row */
+#pragma unroll
+            for (int u = 0; u < KL_PREP_REG; ++u)
+                if (slot[u] >= 0) tab[slot[u]] = -1;
+            __syncwarp();
+        } else {
+            for (int64_t i = lane; i < k; i += 32) {
+                const int32_t id = idx[i];
+                const float l = lp[i];
+                bad |= id < 0 || id >= p.vocab;
+                for (int64_t j = i + 1; j < k; ++j) bad |= idx[j] == id;
+                nonfinite |= !(l < LF_INF_F);
+                in += l < LF_INF_F ? exp((double)l) : 0.0;
+            }
         }
         bad = __any_sync(0xffffffffu, bad);
         nonfinite = __any_sync(0xffffffffu, nonfinite);
@@ -450,7 +521,7 @@ __global__ void __launch_bounds__(256) kl_topk_prep_kernel(const kl_kparams p)
         S = lf_warp_sum_f64(S);
         A = lf_warp_sum_f64(A);
         if (lane != 0) continue;
-        int st = kl_row_status(p, row); /* mask and label first: a row they mask is not checked */
+        int st = st0; /* mask and label first: a row they mask is not checked */
         if (st == 0 && bad) st = 2;
         if (st == 2 && p.n_errors) atomicAdd(p.n_errors, 1u);
         p.s_label[row] = st == 0 ? 0 : -100;
@@ -458,7 +529,8 @@ __global__ void __launch_bounds__(256) kl_topk_prep_kernel(const kl_kparams p)
         const double lse = M + log(S);
         p.s_shift[row] = ok ? (float)lse : NAN;
         /* (a rest with mass stays > 0 where fp32 flushes it: its student -inf entries make +inf) */
-        p.s_rest[row] = !ok ? NAN : has_rest ? fmaxf((float)exp(rt - lse), FLT_TRUE_MIN) : 0.0f;
+        if (p.kind == LF_KL_REVERSE) p.s_rest[row] = !ok ? NAN : has_rest ? (float)(rt - lse) : -LF_INF_F;
+        else p.s_rest[row] = !ok ? NAN : has_rest ? fmaxf((float)exp(rt - lse), FLT_TRUE_MIN) : 0.0f;
         p.s_ent_t[row] = ok ? (float)(lse - A / S) : NAN;
     }
 }
@@ -1585,9 +1657,9 @@ static lf_status kl_launch_resident(kl_kparams p, const kl_args *a, bool forced,
     }
 }
 
-/* A sparse teacher's forward KL and soft CE, student-only (kl_launch_soft's cross-entropy
- * kernel): plan it (dry) or launch it. */
-template <typename TS, bool GRAD, bool SOFTCAP>
+/* A sparse teacher's forward KL, soft CE (X = ce_soft) or reverse KL (X = ce_soft_rev),
+ * student-only (kl_launch_soft's cross-entropy kernel): plan it (dry) or launch it. */
+template <typename TS, bool GRAD, bool SOFTCAP, class X>
 static lf_status kl_soft_ce(const kl_kparams &p, const kl_args *a, bool dry, cudaStream_t s, cudaError_t *e, bool *launched)
 {
     ce_kparams c;
@@ -1613,7 +1685,7 @@ static lf_status kl_soft_ce(const kl_kparams &p, const kl_args *a, bool dry, cud
     c.ws = kl_soft_ce_ws(a->workspace, a->n_rows);
     c.ws_loss = (float *)(c.ws + 1);
     c.ws_z = c.ws_loss + a->n_rows;
-    ce_soft xc;
+    X xc;
     xc.idx = a->topk_idx;
     xc.lq = a->topk_lp;
     xc.k = a->topk;
@@ -1625,14 +1697,14 @@ static lf_status kl_soft_ce(const kl_kparams &p, const kl_args *a, bool dry, cud
     xc.w = a->weights;
     xc.sub_ent = p.kind == LF_KL_FORWARD;
     xc.loss_scale = p.tau2_scale;
-    xc.kl_out = a->kl_fwd;
-    xc.ent_p_out = a->ent_s;
+    xc.kl_out = X::rev ? a->kl_rev : a->kl_fwd;
+    xc.ent_p_out = X::rev ? nullptr : a->ent_s; /* (reverse KL: none, kl_soft_plan) */
     xc.ent_q_out = a->ent_t;
     ce_plan cp;
     memset(&cp, 0, sizeof cp);
     cudaError_t ce_err = cudaSuccess;
     const bool after_divisor = a->reduction == LF_REDUCE_MEAN && !a->divisor;
-    const lf_status st = ce_launch_resident<TS, GRAD, true, SOFTCAP, ce_soft>(c, a->max_cluster, a->stages, a->static_rows == 1,
+    const lf_status st = ce_launch_resident<TS, GRAD, true, SOFTCAP, X>(c, a->max_cluster, a->stages, a->static_rows == 1,
                                                                               a->schedule == KL_SCHED_RESIDENT, after_divisor, &cp,
                                                                               s, &ce_err, launched, xc, 0, dry);
     if (e && ce_err != cudaSuccess) *e = ce_err;
@@ -1650,27 +1722,34 @@ static lf_status kl_soft_ce(const kl_kparams &p, const kl_args *a, bool dry, cud
     return st;
 }
 
-static lf_status kl_soft_go(const kl_kparams &p, const kl_args *a, bool dry, cudaStream_t s, cudaError_t *e, bool *launched)
+template <class X>
+static lf_status kl_soft_go_x(const kl_kparams &p, const kl_args *a, bool dry, cudaStream_t s, cudaError_t *e, bool *launched)
 {
     const bool g = a->grad != nullptr, cap = a->opts.softcap > 0.0f;
     if (a->s_dtype == LF_BF16) {
-        if (g) return cap ? kl_soft_ce<__nv_bfloat16, true, true>(p, a, dry, s, e, launched)
-                          : kl_soft_ce<__nv_bfloat16, true, false>(p, a, dry, s, e, launched);
-        return cap ? kl_soft_ce<__nv_bfloat16, false, true>(p, a, dry, s, e, launched)
-                   : kl_soft_ce<__nv_bfloat16, false, false>(p, a, dry, s, e, launched);
+        if (g) return cap ? kl_soft_ce<__nv_bfloat16, true, true, X>(p, a, dry, s, e, launched)
+                          : kl_soft_ce<__nv_bfloat16, true, false, X>(p, a, dry, s, e, launched);
+        return cap ? kl_soft_ce<__nv_bfloat16, false, true, X>(p, a, dry, s, e, launched)
+                   : kl_soft_ce<__nv_bfloat16, false, false, X>(p, a, dry, s, e, launched);
     }
-    if (g) return cap ? kl_soft_ce<__half, true, true>(p, a, dry, s, e, launched) : kl_soft_ce<__half, true, false>(p, a, dry, s, e, launched);
-    return cap ? kl_soft_ce<__half, false, true>(p, a, dry, s, e, launched) : kl_soft_ce<__half, false, false>(p, a, dry, s, e, launched);
+    if (g) return cap ? kl_soft_ce<__half, true, true, X>(p, a, dry, s, e, launched) : kl_soft_ce<__half, true, false, X>(p, a, dry, s, e, launched);
+    return cap ? kl_soft_ce<__half, false, true, X>(p, a, dry, s, e, launched) : kl_soft_ce<__half, false, false, X>(p, a, dry, s, e, launched);
+}
+static lf_status kl_soft_go(const kl_kparams &p, const kl_args *a, bool dry, cudaStream_t s, cudaError_t *e, bool *launched)
+{
+    return p.kind == LF_KL_REVERSE ? kl_soft_go_x<ce_soft_rev>(p, a, dry, s, e, launched) : kl_soft_go_x<ce_soft>(p, a, dry, s, e, launched);
 }
 
 /* Whether a sparse teacher's launch takes the soft-target path (kl_args.schedule): forward KL
- * or soft CE (JSD at beta 0 too), a 16-bit student, at most KL_SOFT_MAX_K pairs per row, no
- * reverse-KL output, not streamed by request, and the cross-entropy plan resident (sm_90). */
+ * or soft CE (JSD at beta 0 too) without a reverse-KL output, or reverse KL (JSD at beta 1 too)
+ * without forward-KL and student-entropy outputs; a 16-bit student, at most KL_SOFT_MAX_K pairs
+ * per row, not streamed by request, and the cross-entropy plan resident (sm_90). */
 static lf_status kl_soft_plan(const kl_kparams &p, const kl_args *a, cudaStream_t s, cudaError_t *e, bool *soft)
 {
     *soft = false;
-    const bool fits = (p.kind == LF_KL_FORWARD || p.kind == LF_KL_SOFT_CE) && !a->kl_rev &&
-                      (a->s_dtype == LF_BF16 || a->s_dtype == LF_F16) && a->topk <= KL_SOFT_MAX_K;
+    const bool kind_ok = p.kind == LF_KL_REVERSE ? !a->kl_fwd && !a->ent_s
+                                                 : (p.kind == LF_KL_FORWARD || p.kind == LF_KL_SOFT_CE) && !a->kl_rev;
+    const bool fits = kind_ok && (a->s_dtype == LF_BF16 || a->s_dtype == LF_F16) && a->topk <= KL_SOFT_MAX_K;
     if (a->schedule == KL_SCHED_STREAM || !fits) return a->schedule == KL_SCHED_RESIDENT ? LF_ERR_ARG : LF_OK;
     return kl_soft_go(p, a, true, s, e, soft);
 }
@@ -1726,8 +1805,9 @@ static lf_status kl_dispatch_t(const kl_kparams &p, lf_dtype tt, bool lin, const
 
 /* Validate, then launch (one kernel; one more for reduction mean without a divisor where a mask,
  * labels, weights or a sparse teacher are given, kl_divisor_kernel, and one more with a sparse
- * teacher: kl_topk_prep_kernel, k^2 / 64 compares per row; the soft-target path: the prep, the
- * divisor kernel where it runs, the cross-entropy kernel). Returns LF_OK,
+ * teacher: kl_topk_prep_kernel, O(k) per row to k = 512 and k^2 / 64 compares past it; the
+ * soft-target path: the prep, the divisor kernel where it runs, the cross-entropy kernel).
+ * Returns LF_OK,
  * LF_ERR_* for bad arguments (nothing launched), or LF_ERR_DEVICE with *cuda_err set. */
 static lf_status kl_launch(const kl_args *a, cudaStream_t stream, cudaError_t *cuda_err)
 {
@@ -1849,7 +1929,8 @@ static lf_status kl_launch(const kl_args *a, cudaStream_t stream, cudaError_t *c
             p.s_ent_t = p.s_rest + a->n_rows;
         }
         const int64_t blocks = (a->n_rows + 7) / 8;
-        kl_topk_prep_kernel<<<(unsigned)(blocks < 4096 ? blocks : 4096), 256, 0, stream>>>(p);
+        const int prep_smem = a->topk <= 32 * KL_PREP_REG ? KL_PREP_SMEM : 0; /* the hash tables */
+        kl_topk_prep_kernel<<<(unsigned)(blocks < 4096 ? blocks : 4096), 256, prep_smem, stream>>>(p);
         KL_CHECK(cudaGetLastError());
         if (soft) return kl_launch_soft(p, a, stream, cuda_err);
     }

@@ -97,7 +97,8 @@ struct Case {
     bool dloss = false;
     float grad_scale = 1.0f;
     bool stats = false;      /* request kl_fwd, kl_rev, ent_s, ent_t */
-    bool no_rev = false;     /* with stats: not kl_rev (the soft-target path has none) */
+    bool no_rev = false;     /* with stats: not kl_rev (the soft-target path's forward KL has none) */
+    bool no_fwd = false;     /* with stats: neither kl_fwd nor ent_s (the soft-target path's reverse KL has neither) */
     int soft = -1;           /* a sparse teacher on sm_90: the plan must (1) or must not (0) be the soft-target path */
     float noise = 1.5f;      /* teacher = student + noise (0: identical rows) */
     float outlier = 40.0f;
@@ -315,7 +316,9 @@ static void run_case(const Case &c)
      * the loss, but KL log2(e) is not, so the gradient's log2 form cannot hold it; the contract
      * takes such a row as a support mismatch (+inf loss, NaN gradient) every time. (A row 3 of
      * seed 1795882861, N = 9, V = 1000, came out with its loss finite and every gradient element
-     * ~-p_j FLT_MAX before lf_kl_rev_fit.) */
+     * ~-p_j FLT_MAX before lf_kl_rev_fit.) A sparse teacher lists that entry only where fewer
+     * than k of its entries are above the floor: otherwise it is one of the rest, whose q_rest
+     * the KL takes there, finite (~10 nats; 8ef26ba's test wanted +inf of it): rev_big_inf. */
     const int64_t rev_big_row = rev_tmin_row >= 0 && N >= 7 && !planted.count(6) ? 6 : -1;
     if (rev_big_row >= 0) {
         const int64_t j0 = V / 3;
@@ -400,11 +403,11 @@ static void run_case(const Case &c)
             klp[6 * kst + 1] = INFINITY;                         /* row 6: +inf log-prob: NaN row */
             for (int64_t i = 0; i < 7; ++i) planted.insert(i);
             topk_bad[0] = topk_bad[1] = topk_bad[2] = 1;
-            /* repeats kl_topk_prep_kernel must find, placed for any form of its check (a per-warp
-             * hash table with 32 lanes of registers was written in session 50, bench/RESULTS.md):
-             * positions 0 and min(K - 1, 32) (for K > 32 in one lane's two registers), and 0, K / 2,
-             * K - 1 (for K > 32 across lanes and registers; three times for K >= 3); the last two
-             * rows too, which with more rows than the prep's warps (32768) are a warp's second row */
+            /* repeats the warp's hash table must find (kl_topk_prep_kernel): positions 0 and
+             * min(K - 1, 32) (for K > 32 in one lane's two registers), and 0, K / 2, K - 1 (for K > 32
+             * across lanes and registers; three times for K >= 3); the last two rows too, which
+             * with more rows than the prep's warps (32768) are a warp's second row, after a first
+             * that filled its table */
             auto plant_repeats = [&](int64_t r1, int64_t r2) {
                 kidx[r1 * kst + std::min<int64_t>(K - 1, 32)] = kidx[r1 * kst + 0];
                 kidx[r2 * kst + K - 1] = kidx[r2 * kst + K / 2] = kidx[r2 * kst + 0];
@@ -528,9 +531,9 @@ static void run_case(const Case &c)
     a.grad_stride = gs;
     a.loss = (float *)loss.p;
     if (c.stats) {
-        a.kl_fwd = (float *)kf.p;
+        a.kl_fwd = c.no_fwd ? NULL : (float *)kf.p;
         a.kl_rev = c.no_rev ? NULL : (float *)kr.p;
-        a.ent_s = (float *)ens.p;
+        a.ent_s = c.no_fwd ? NULL : (float *)ens.p;
         a.ent_t = (float *)ent.p;
     }
     a.n_errors = (unsigned *)cnt.p;
@@ -670,8 +673,8 @@ static void run_case(const Case &c)
     for (int64_t i = 0; i < nloss; ++i) unwritten += bits(lossh[i]) == POISON32;
     if (c.stats)
         for (int64_t i = 0; i < N; ++i)
-            unwritten += (bits(kfh[i]) == POISON32) + (!c.no_rev && bits(krh[i]) == POISON32) + (bits(ensh[i]) == POISON32) +
-                         (bits(enth[i]) == POISON32);
+            unwritten += (!c.no_fwd && bits(kfh[i]) == POISON32) + (!c.no_rev && bits(krh[i]) == POISON32) +
+                         (!c.no_fwd && bits(ensh[i]) == POISON32) + (bits(enth[i]) == POISON32);
     EXPECT(unwritten == 0, "%lld per-row outputs left unwritten", (long long)unwritten);
     if (c.grad == 1) {
         DevBuf counts(16);
@@ -780,15 +783,20 @@ static void run_case(const Case &c)
     auto loss_tol = [&](double wi, const lf_kl_row &r, double tol_abs) {
         return wi * scale2 * (1e-5 * fabs(r.loss / scale2) + tol_abs);
     };
+    bool rev_big_inf = rev_big_row >= 0; /* row 6's loss: the support mismatch (see above) */
+    if (rev_big_inf && sparse) {
+        rev_big_inf = false;
+        for (int64_t q = 0; q < K; ++q) rev_big_inf |= kidx[rev_big_row * kst + q] == (int32_t)(V / 3);
+    }
     for (int64_t i : rows) {
         const float *xsr = hs[i].data();
         bool rejected;
         /* rev_tmin_row: the kernel's sums overflowed (the loss is +inf) or held the loss;
-         * rev_big_row: always the support mismatch */
-        const bool overflowed = (i == rev_tmin_row || i == rev_big_row) && lossh[i] == INFINITY;
+         * rev_big_row: the support mismatch where rev_big_inf */
+        const bool overflowed = (i == rev_tmin_row || (i == rev_big_row && rev_big_inf)) && lossh[i] == INFINITY;
         if (i == rev_tmin_row)
             printf("     row 3, the teacher alone at finfo.min: %s\n", overflowed ? "+inf, a support mismatch" : "the finite loss");
-        if (i == rev_big_row)
+        if (i == rev_big_row && rev_big_inf)
             EXPECT(overflowed, "row 6 (KL log2 e past FLT_MAX): loss %.9g, want +inf (a support mismatch)", lossh[i]);
         const lf_kl_row r = ref_row(i, lq.data(), dx.data(), &rejected, overflowed);
         if (rejected) EXPECT(topk_bad[i], "row %lld: the reference rejects its top-k pairs", (long long)i);
@@ -840,10 +848,12 @@ static void run_case(const Case &c)
             const double kfw = ok_row ? r.kl_fwd : 0.0, krw = ok_row ? r.kl_rev : 0.0;
             const double esw = ok_row ? r.ent_s : 0.0, etw = ok_row ? r.ent_t : 0.0;
             const double tk = tight_row ? tight_abs : tol_abs;
-            EXPECT(close(kfh[i], kfw, 1e-5 * fabs(kfw) + tk), "row %lld kl_fwd %.9g want %.9g", (long long)i, kfh[i], kfw);
+            if (!c.no_fwd)
+                EXPECT(close(kfh[i], kfw, 1e-5 * fabs(kfw) + tk), "row %lld kl_fwd %.9g want %.9g", (long long)i, kfh[i], kfw);
             if (!c.no_rev)
                 EXPECT(close(krh[i], krw, 1e-5 * fabs(krw) + tk), "row %lld kl_rev %.9g want %.9g", (long long)i, krh[i], krw);
-            EXPECT(close(ensh[i], esw, 1e-5 * fabs(esw) + tol_abs), "row %lld ent_s %.9g want %.9g", (long long)i, ensh[i], esw);
+            if (!c.no_fwd)
+                EXPECT(close(ensh[i], esw, 1e-5 * fabs(esw) + tol_abs), "row %lld ent_s %.9g want %.9g", (long long)i, ensh[i], esw);
             EXPECT(close(enth[i], etw, 1e-5 * fabs(etw) + tol_abs), "row %lld ent_t %.9g want %.9g", (long long)i, enth[i], etw);
         }
         if (!c.grad) continue;
@@ -1202,9 +1212,16 @@ static void test_arguments(void)
     b.teacher = xt.p;
     EXPECT(kl_launch(&b, 0, &ce) == LF_ERR_ARG, "dense and sparse teacher together accepted");
     b = sp;
-    b.schedule = KL_SCHED_RESIDENT; /* the soft-target path takes forward KL and soft CE only */
-    b.opts.kind = LF_KL_REVERSE;
-    EXPECT(kl_launch(&b, 0, &ce) == LF_ERR_ARG, "resident schedule with a sparse teacher's reverse KL accepted");
+    b.schedule = KL_SCHED_RESIDENT; /* the soft-target path takes forward KL, soft CE and reverse KL only */
+    b.opts.kind = LF_KL_JSD;
+    EXPECT(kl_launch(&b, 0, &ce) == LF_ERR_ARG, "resident schedule with a sparse teacher's JSD accepted");
+    b.opts.kind = LF_KL_REVERSE; /* ... reverse KL without kl_fwd and ent_s */
+    b.kl_fwd = (float *)l.p;     /* (not written: refused before any launch) */
+    EXPECT(kl_launch(&b, 0, &ce) == LF_ERR_ARG, "resident schedule with a sparse teacher's reverse KL and kl_fwd accepted");
+    b.kl_fwd = NULL;
+    b.ent_s = (float *)l.p;
+    EXPECT(kl_launch(&b, 0, &ce) == LF_ERR_ARG, "resident schedule with a sparse teacher's reverse KL and ent_s accepted");
+    b.ent_s = NULL;
     b.opts.kind = LF_KL_FORWARD;
     b.kl_rev = (float *)l.p; /* (not written: refused before any launch) */
     EXPECT(kl_launch(&b, 0, &ce) == LF_ERR_ARG, "resident schedule with a sparse teacher and kl_rev accepted");
@@ -1552,10 +1569,10 @@ int main(int argc, char **argv)
                 c = b; c.name = "sparse none, dloss, strides +5 / k+3"; c.red = LF_REDUCE_NONE; c.dloss = true; c.spad = 5; c.kpad = 3; run_case(c);
                 c = b; c.name = "sparse planted pairs"; c.plant_topk = true; c.stats = true; c.red = LF_REDUCE_NONE; run_case(c);
                 c = b; c.name = "sparse planted pairs, drop, mean"; c.plant_topk = true; c.rest = LF_KL_REST_DROP; run_case(c);
-                /* the prep's check with 16 pairs per lane, and past 512 pairs */
+                /* the prep's hash table with pairs in every register (KL_PREP_REG), and its compares past it */
                 c = b; c.name = "sparse planted pairs, 512 pairs"; c.plant_topk = true; c.topk = 512; c.red = LF_REDUCE_NONE; run_case(c);
                 c = b; c.name = "sparse planted pairs, 600 pairs"; c.plant_topk = true; c.topk = 600; c.red = LF_REDUCE_NONE; run_case(c);
-                if (V == 1000) { /* more rows than the prep's warps: repeats in a warp's second row */
+                if (V == 1000) { /* more rows than the prep's warps: tables reused, repeats in second rows */
                     c = b; c.name = "sparse planted pairs, 40000 rows of 64"; c.plant_topk = true; c.N = 40000; c.topk = 64;
                     run_case(c);
                 }
@@ -1584,11 +1601,13 @@ int main(int argc, char **argv)
         run_case(c);
     }
 
-    /* A sparse teacher's forward KL and soft CE on the soft-target path (kl_launch_soft: the
-     * cross-entropy kernel with a soft target, sm_90, 16-bit students), forced (below sm_90 the
-     * automatic plan, checked the same), at every vocabulary from 1 to 262144, k from 0 to
-     * KL_SOFT_MAX_K, both rest modes and 16-bit dtypes, every option and planted value; the
-     * statistics it has (kl_fwd, ent_s, ent_t: not kl_rev). */
+    /* A sparse teacher's forward KL, soft CE and reverse KL on the soft-target path
+     * (kl_launch_soft: the cross-entropy kernel with a soft target, ce_soft / ce_soft_rev, sm_90,
+     * 16-bit students), forced (below sm_90 the automatic plan, checked the same), at every
+     * vocabulary from 1 to 262144, k from 0 to KL_SOFT_MAX_K, both rest modes and 16-bit dtypes,
+     * every option and planted value; the statistics each has (forward KL and soft CE: kl_fwd,
+     * ent_s, ent_t; reverse KL: kl_rev, ent_t). (The sparse cases above without statistics take
+     * this path too where the plan is automatic.) */
     {
         const int sched = g_cc_major >= 9 ? KL_SCHED_RESIDENT : KL_SCHED_AUTO;
         const int want = g_cc_major >= 9 ? 1 : 0;
@@ -1596,12 +1615,13 @@ int main(int argc, char **argv)
         const int64_t *Vs = g_small ? Vs_small : Vs_full;
         const int nVs = g_small ? 5 : 9;
         const int64_t ks[6] = {0, 1, 7, 64, 300, KL_SOFT_MAX_K};
-        const lf_kl_kind soft_kinds[2] = {LF_KL_FORWARD, LF_KL_SOFT_CE};
-        sparse_sweep("soft target sweep", soft_kinds, 2, Vs, nVs, ks, 6, 5, KL_SOFT_MAX_K, [&](Case &c, int t) {
+        const lf_kl_kind soft_kinds[3] = {LF_KL_FORWARD, LF_KL_SOFT_CE, LF_KL_REVERSE};
+        sparse_sweep("soft target sweep", soft_kinds, 3, Vs, nVs, ks, 6, 5, KL_SOFT_MAX_K, [&](Case &c, int t) {
             c.N = 7;
             c.sdt = t % 2 ? LF_F16 : LF_BF16;
             c.red = t % 3 == 0 ? LF_REDUCE_NONE : t % 3 == 1 ? LF_REDUCE_MEAN : LF_REDUCE_SUM;
-            c.no_rev = true;
+            c.no_rev = c.kind != LF_KL_REVERSE;
+            c.no_fwd = c.kind == LF_KL_REVERSE;
             c.schedule = sched;
             c.soft = want;
         });
@@ -1610,7 +1630,8 @@ int main(int argc, char **argv)
                 Case b = sparse_base(kd, V);
                 b.schedule = sched;
                 b.soft = want;
-                b.no_rev = true;
+                b.no_rev = kd != LF_KL_REVERSE;
+                b.no_fwd = kd == LF_KL_REVERSE;
                 Case c;
                 c = b; c.name = "soft target tau 0.05"; c.tau = 0.05f; c.stats = true; run_case(c);
                 c = b; c.name = "soft target drop, tau 20 + tau^2"; c.rest = LF_KL_REST_DROP; c.tau = 20.0f; c.tau2 = 1; run_case(c);
@@ -1650,7 +1671,11 @@ int main(int argc, char **argv)
         c = b; c.name = "soft target automatic plan: kl_rev asked"; c.stats = true; c.soft = 0; run_case(c);
         c = b; c.name = "soft target automatic plan: k past the limit"; c.topk = KL_SOFT_MAX_K + 1; c.soft = 0; run_case(c);
         c = b; c.name = "soft target automatic plan: fp32 student"; c.sdt = LF_F32; c.soft = 0; run_case(c);
-        c = b; c.name = "soft target automatic plan: reverse KL"; c.kind = LF_KL_REVERSE; c.soft = 0; run_case(c);
+        c = b; c.name = "soft target automatic plan: reverse KL"; c.kind = LF_KL_REVERSE; c.soft = want; run_case(c);
+        c = b; c.name = "soft target automatic plan: jsd beta 1"; c.kind = LF_KL_JSD; c.beta = 1.0f; c.soft = want; run_case(c);
+        c = b; c.name = "soft target automatic plan: reverse KL, kl_fwd asked"; c.kind = LF_KL_REVERSE; c.stats = true; c.soft = 0; run_case(c);
+        c = b; c.name = "soft target automatic plan: reverse KL, kl_rev and ent_t asked"; c.kind = LF_KL_REVERSE; c.stats = true;
+        c.no_fwd = true; c.soft = want; run_case(c);
         c = b; c.name = "soft target automatic plan: streamed by request"; c.schedule = KL_SCHED_STREAM; c.soft = 0; run_case(c);
         /* kl_args.static_rows and stages reach the cross-entropy ring (a fixed share per CTA; a
          * fourth stage) */
@@ -1658,6 +1683,7 @@ int main(int argc, char **argv)
         c = b; c.name = "soft target 4 stages, V 131072"; c.V = 131072; c.N = 17; c.stages = 4; c.schedule = sched; c.soft = want; run_case(c);
         c = b; c.name = "soft target determinism, in place"; c.N = g_small ? 40 : 2048; c.V = g_small ? 16385 : 151936;
         c.topk = 100; c.grad = 2; c.determinism = true; c.schedule = sched; c.soft = want; run_case(c);
+        c.name = "soft target reverse KL determinism, in place"; c.kind = LF_KL_REVERSE; run_case(c);
         c = b; c.name = "soft target 200000 rows"; c.N = 200000; c.V = g_small ? 7 : 31; c.topk = 5; c.labels = true;
         c.bad_frac = 0.01; c.schedule = sched; c.soft = want; run_case(c);
         c = b; c.name = "soft target 30000 rows, mask, weights, mean"; c.N = 30000; c.V = g_small ? 7 : 300; c.topk = 5; c.labels = true;
