@@ -43,7 +43,8 @@
  *      rows handed out dynamically (lf_ring_draw, lf_ring_next)
  *   4. Vectorized row access: lf_row_span (head / 16-byte body / tail), 16-byte loads/stores
  *   5. Shared-memory pieces and the online-softmax row pass: cp.async, lf_bulk_load (sm_90:
- *      the copy engine, one instruction per row slice; lf_bulk_prefetch_l2), lf_row_slice,
+ *      the copy engine, one instruction per row slice; lf_bulk_prefetch_l2; lf_fence_proxy_async_smem
+ *      before a stage edited in place is loaded again), lf_row_slice,
  *      lf_piece_load, lf_row_edge_load (or _issue + lf_edge_resolve), lf_piece_stats (every
  *      option), lf_piece_stats_fast (no softcap / class weights: about half the instructions,
  *      lazy argmax), lf_edge_stats; lf_warp_row_pass (one warp reads a row straight from global
@@ -811,6 +812,17 @@ static __device__ __forceinline__ void lf_bulk_load(void *smem, const void *gmem
     (void)bytes;
     (void)bar;
     __trap();
+#endif
+}
+
+/* After this thread's ordinary stores into a shared-memory buffer that a bulk load (the async
+ * proxy) will fill again: orders them before that load's writes (fence.proxy.async; the barrier
+ * before the reload still orders the threads). E.g. a stage edited in place before its pass
+ * (examples/cross_entropy.cu, ce_soft_mark_rev). sm_90; a no-op below. */
+static __device__ __forceinline__ void lf_fence_proxy_async_smem(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 #endif
 }
 

@@ -1155,8 +1155,8 @@ static __device__ __noinline__ float ce_soft_rev_count_rare(const uint4 *b, int 
 
 /* ce_soft_rev where q_rest > 0 (lr finite), before the statistics pass: this thread's listed
  * pairs that the CTA holds take their raw logit (pr[u].x) and log q_i (pr[u].q), and their entries
- * leave the pass: a body entry becomes -inf in the staged slice b (then fence.proxy.async: the
- * stage's next bulk load is the async proxy's write over it), an edge element (rank 0's, read
+ * leave the pass: a body entry becomes -inf in the staged slice b (then lf_fence_proxy_async_smem:
+ * the stage's next bulk load is the async proxy's write over it), an edge element (rank 0's, read
  * from x) is flagged in *emask, bit = its thread (lf_row_edge_issue: threads 0..7 the head,
  * 8..15 the tail). The pairs of other CTAs: pr[u].j = -1. The group's barrier follows. */
 template <typename T>
@@ -1190,7 +1190,7 @@ static __device__ __forceinline__ void ce_soft_mark_rev(ce_soft_pair *pr, const 
         }
         pr[u].q = fmaf(pr[u].q, xc.lq_scale, -shift);
     }
-    if (wrote) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    if (wrote) lf_fence_proxy_async_smem();
 }
 
 /* ce_soft_rev's part of ce_soft_terms, by each thread before the block merge: its listed pairs'
