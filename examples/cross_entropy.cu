@@ -1455,13 +1455,6 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
     int xq = 0, par = 0;
     int q = grp;          /* stage of local row k: k mod nstages (nstages > G) */
     unsigned use_par = 0; /* parity of k / nstages: the stage's phase for row k */
-    /* ce_soft_rev: the group's next row's target (its q_rest, shift and this thread's pairs),
-     * loaded during this row's merge and gradient (ce_soft_mark_rev needs them before the pass:
-     * loaded at the row's start they cost a memory latency per row). pf_row: the row they are
-     * of, -1 none (the first row, or a dynamic next row not yet in its stage: loaded then). */
-    [[maybe_unused]] int64_t pf_row = -1;
-    [[maybe_unused]] float pf_rest = 0.0f, pf_shift = 0.0f;
-    [[maybe_unused]] ce_soft_pair pf_pr[ce_is_soft_rev<X>::value ? CE_SOFT_PAIRS : 1];
     for (int64_t k = grp; k < my_rows; k += G) {
         int64_t row = cid + k * nclusters;         /* static; dynamic: known once the stage has landed */
         const int64_t k_next = k + nstages;         /* the local row this stage takes next */
@@ -1592,16 +1585,9 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
             lf_lazy_argmax la = lf_lazy_argmax_init();
             [[maybe_unused]] float shift = 0.0f; /* SOFT: the row's target, loaded ahead of the pass */
             if constexpr (SOFT) { /* (the thread's pairs too: their loads' latency hides behind the pass) */
-                if (ce_is_soft_rev<X>::value && pf_row == row) {
-                    q_rest = pf_rest;
-                    shift = pf_shift;
-#pragma unroll
-                    for (int u = 0; u < CE_SOFT_PAIRS; ++u) pr[u] = pf_pr[u];
-                } else {
-                    q_rest = __ldg(xc.rest + row);
-                    shift = __ldg(xc.shift + row);
-                    ce_soft_pairs_load<TH>(pr, xc, row);
-                }
+                q_rest = __ldg(xc.rest + row);
+                shift = __ldg(xc.shift + row);
+                ce_soft_pairs_load<TH>(pr, xc, row);
             }
             [[maybe_unused]] bool marked = false; /* ce_soft_rev: the pairs left the pass (ce_soft_mark_rev) */
             if constexpr (ce_is_soft_rev<X>::value) {
@@ -1629,27 +1615,6 @@ __global__ void __launch_bounds__(CE_RES_THREADS, 1)
             }
             if constexpr (SOFT && !ce_is_soft_rev<X>::value)
                 ce_soft_terms<TH, T, SOFTCAP>(st, pr, xc, row, q_rest, shift, x, b, sp, sb, se, edge, rank == 0, p.xf);
-            if constexpr (ce_is_soft_rev<X>::value) {
-                /* the next row's target (pf_row): static, row_of(k + G); dynamic, the row of its
-                 * stage once loaded (the ticket's acquire orders stage_row: lane 0 reads both) */
-                int q2 = q + G;
-                if (q2 >= nstages) q2 -= nstages;
-                int64_t r2 = -1;
-                if (dyn) {
-                    uint32_t rr = UINT32_MAX;
-                    if ((threadIdx.x & 31u) == 0 && lf_ticket_load(&stage_k[q2]) == k + G) rr = stage_row[q2];
-                    rr = __shfl_sync(0xffffffffu, rr, 0);
-                    r2 = rr == UINT32_MAX ? -1 : (int64_t)rr;
-                } else {
-                    r2 = row_of(k + G);
-                }
-                pf_row = r2;
-                if (r2 >= 0) {
-                    pf_rest = __ldg(xc.rest + r2);
-                    pf_shift = __ldg(xc.shift + r2);
-                    ce_soft_pairs_load<TH>(pf_pr, xc, r2);
-                }
-            }
             draw_label();
             CE_TR(1);
             {

@@ -22,9 +22,11 @@
  *   read once: soft CE = lse - sum_j q_j z_j, forward KL = soft CE - H(q), H(q) and the
  *   teacher's lse per row from its k + 1 values (kl_topk_prep_kernel, in double). Reverse KL
  *   (and JSD at beta 1) takes it too where neither kl_fwd nor ent_s is asked for (its hook
- *   ce_soft_rev: KL = -H(p) - log q_r - sum_listed p_i (log q_i - log q_r), the pairs' terms
- *   carried in the entropy sum of the student's online softmax, gradient p_j (log p_j - log q_j
- *   - KL) with the listed entries patched; the entropy of p is then not available). Every other
+ *   ce_soft_rev: KL = sum_j p_j (log p_j - log q_j), each entry's -log q_j carried in the
+ *   entropy sum of the student's online softmax; where q_r > 0 the listed entries leave the
+ *   row's pass and their holders add them, so the unlisted mass is summed, not found as 1 minus
+ *   the listed; gradient p_j (log p_j - log q_j - KL) with the listed entries patched; the
+ *   entropy of p is then not available). Every other
  *   case builds the teacher in shared memory, piece by piece (fill with the rest value, scatter
  *   the pairs), and runs the dense passes: every loss and option above works with it.
  *   (definitions and gradients: lossfuse.h section 8, lf_ref_kl_row). Forward + backward in ONE
